@@ -1,0 +1,76 @@
+"""Command line: `python -m specpcg generate ...` and `python -m specpcg gsm8k ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-path", default=None, help="HF dir or .gguf (default: SmolLM2-135M)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--disable-cuda-graph", action="store_true")
+
+
+def _make_engine(args):
+    from specpcg.engine import Engine
+
+    return Engine(model_path=args.model_path, device=args.device, dtype=args.dtype,
+                  attention_backend=args.attention_backend,
+                  speculative_algorithm=args.speculative_algorithm,
+                  max_total_tokens=args.max_total_tokens, disable_cuda_graph=args.disable_cuda_graph)
+
+
+def _generate(args) -> None:
+    engine = _make_engine(args)
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    kwargs = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
+    out = engine.generate(sampling_params=params, **kwargs)
+    print(out["text"])
+    print(json.dumps(out["meta_info"], default=str), file=sys.stderr)
+
+
+def _gsm8k(args) -> None:
+    from specpcg.gsm8k import evaluate
+
+    engine = _make_engine(args)
+    res = evaluate(engine, args.num_questions, args.num_shots, args.max_new_tokens, args.batch_size)
+    for i, (pred, gold) in enumerate(zip(res["predictions"], res["golds"])):
+        print(f"Q{i}: predicted {pred}  gold {gold}  {'OK' if pred == gold else 'wrong'}")
+    summary = {k: v for k, v in res.items() if k not in ("predictions", "golds", "output_ids", "texts")}
+    summary["device"] = str(engine.device)
+    print(json.dumps(summary, indent=1))
+    if args.output:
+        with open(args.output, "a") as f:
+            f.write(json.dumps(summary) + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specpcg")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    gen = sub.add_parser("generate", help="complete one prompt")
+    _engine_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="apply the chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.set_defaults(func=_generate)
+    ev = sub.add_parser("gsm8k", help="few-shot GSM8K accuracy and speed")
+    _engine_args(ev)
+    ev.add_argument("--num-questions", type=int, default=8)
+    ev.add_argument("--num-shots", type=int, default=5)
+    ev.add_argument("--max-new-tokens", type=int, default=256)
+    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument("--output", default=None, help="append the summary as a JSON line")
+    ev.set_defaults(func=_gsm8k)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The attention backend interface every backend implements.
+
+A backend computes paged attention for the forward in flight: it writes the new tokens' K/V to
+their slots (`out_cache_loc`), then attends each request's new queries over that request's whole
+KV row (`req_to_token[req, :seq_len]`), causally (query j of a request with prefix P sees keys
+0..P+j). Metadata comes from `init_forward_metadata`, planned eagerly from the live batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpcg.core import ForwardBatch
+from specpcg.kv_cache import KVCache
+
+
+class AttentionBackend:
+    name = "base"
+    supports_cuda_graph = False
+
+    def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int,
+                 scale: float):
+        self.kv_cache = kv_cache
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Plans per-batch metadata before the forward (eagerly, outside any graph)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: ForwardBatch) -> torch.Tensor:
+        """q: [T, num_heads * head_dim]; k, v: [T, num_kv_heads * head_dim]; returns like q."""
+        raise NotImplementedError
+
+    def _save_kv(self, k, v, layer_id: int, batch: ForwardBatch) -> None:
+        num_tokens = k.shape[0]
+        self.kv_cache.pool.write(
+            layer_id, batch.out_cache_loc[:num_tokens],
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            v.view(num_tokens, self.num_kv_heads, self.head_dim))

@@ -1,0 +1,36 @@
+"""Reference attention in plain torch: one SDPA call per request. Runs on CPU and GPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specpcg.attention.base import AttentionBackend
+from specpcg.core import ForwardBatch
+
+
+class TorchAttnBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        self._save_kv(k, v, layer_id, batch)
+        pool = self.kv_cache.pool
+        req_to_token = self.kv_cache.req_pool.req_to_token
+        out = torch.empty_like(q)
+        group = self.num_heads // self.num_kv_heads
+        start = 0
+        for i, (seq_len, ext_len) in enumerate(zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)):
+            prefix_len = seq_len - ext_len
+            slots = req_to_token[batch.req_pool_indices[i], :seq_len].long()
+            keys = pool.k_buffers[layer_id][slots].to(q.dtype)  # [seq_len, Hkv, D]
+            values = pool.v_buffers[layer_id][slots].to(q.dtype)
+            keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, seq_len, D]
+            values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+            queries = q[start:start + ext_len].view(ext_len, self.num_heads, self.head_dim)
+            q_pos = torch.arange(ext_len, device=q.device)[:, None] + prefix_len
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos  # [ext, seq_len]
+            o = F.scaled_dot_product_attention(queries.transpose(0, 1), keys, values,
+                                               attn_mask=mask, scale=self.scale)
+            out[start:start + ext_len] = o.transpose(0, 1).reshape(ext_len, -1)
+            start += ext_len
+        return out

@@ -1,0 +1,90 @@
+"""Paged attention through our Triton kernels (extend with prefix, split-K decode).
+
+Metadata lives in persistent int32 buffers that `init_forward_metadata` overwrites in place, so a
+decode graph captured with this backend reads the live batch's lengths on every replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpcg.attention import triton_kernels
+from specpcg.attention.base import AttentionBackend
+from specpcg.core import ForwardBatch, ForwardMode
+
+
+class TritonAttnBackend(AttentionBackend):
+    name = "triton"
+    supports_cuda_graph = True
+
+    def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 num_kv_splits=None):
+        """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch."""
+        super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
+        assert num_heads % num_kv_heads == 0, "GQA needs num_heads to be a multiple of num_kv_heads"
+        if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
+            raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits!r}")
+        self._fixed_kv_splits = num_kv_splits
+        self.device = kv_cache.req_pool.req_to_token.device
+        self._alloc_metadata(kv_cache.req_pool.req_to_token.shape[0])
+        if self.device.type == "cuda":
+            self._num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        else:
+            self._num_sms = 4  # the interpreter: any small count keeps splits few
+        self._num_reqs = 0
+        self._num_real_tokens = 0
+        self._max_extend_len = 0
+        self._num_kv_splits = 1
+
+    def _alloc_metadata(self, max_reqs: int) -> None:
+        # NOTE: graphs capture these addresses; reallocating (a larger batch than any seen)
+        # invalidates graphs captured before, so size for every request row up front.
+        kw = dict(dtype=torch.int32, device=self.device)
+        self._req_pool_indices = torch.zeros(max_reqs, **kw)  # [max_reqs]
+        self._seq_lens = torch.zeros(max_reqs, **kw)  # [max_reqs]
+        self._extend_lens = torch.zeros(max_reqs, **kw)  # [max_reqs]
+        self._q_starts = torch.zeros(max_reqs + 1, **kw)  # [max_reqs + 1] exclusive cumsum
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        num_reqs = batch.batch_size
+        if num_reqs > self._seq_lens.shape[0]:
+            self._alloc_metadata(num_reqs)
+        # Copies stay on the device (no host sync); int64 batch tensors are cast to int32 here.
+        self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
+        self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
+        self._extend_lens[:num_reqs].copy_(batch.extend_seq_lens[:num_reqs])
+        torch.cumsum(self._extend_lens[:num_reqs], dim=0, dtype=torch.int32,
+                     out=self._q_starts[1:num_reqs + 1])
+        self._num_reqs = num_reqs
+        self._num_real_tokens = int(sum(batch.extend_seq_lens_cpu))
+        self._max_extend_len = int(max(batch.extend_seq_lens_cpu, default=0))
+        self._num_kv_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
+            num_reqs, self.num_kv_heads, self._num_sms)
+
+    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        """q: [T, num_heads * head_dim]; rows past the real tokens (padding) come back as zeros."""
+        assert self._num_reqs == batch.batch_size, "call init_forward_metadata(batch) first"
+        self._save_kv(k, v, layer_id, batch)
+        num_tokens = q.shape[0]
+        q3 = q.view(num_tokens, self.num_heads, self.head_dim)
+        out = torch.empty(num_tokens, self.num_heads * self.head_dim, dtype=q.dtype,
+                          device=q.device)  # [T, H * D]
+        out3 = out.view(num_tokens, self.num_heads, self.head_dim)
+        pool = self.kv_cache.pool
+        req_to_token = self.kv_cache.req_pool.req_to_token
+        if batch.forward_mode == ForwardMode.DECODE:
+            num_real = self._num_reqs  # one query per request, request i in row i
+            triton_kernels.decode_attention(
+                q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
+                self._req_pool_indices, self._seq_lens, self._num_reqs, self._num_kv_splits,
+                self.scale)
+        else:
+            num_real = self._num_real_tokens
+            triton_kernels.extend_attention(
+                q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
+                self._req_pool_indices, self._seq_lens, self._extend_lens, self._q_starts,
+                self._max_extend_len, self._num_reqs, self.scale)
+        if num_tokens > num_real:
+            # Padding rows hold no request; zeros keep NaN/garbage out of the layers after us.
+            out[num_real:].zero_()
+        return out

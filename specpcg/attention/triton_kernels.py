@@ -1,0 +1,262 @@
+"""Paged attention kernels in Triton: extend (prefill on top of a cached prefix) and decode.
+
+Both read K/V through `req_to_token`: key position `p` of request `i` lives in pool slot
+`req_to_token[req_pool_indices[i], p]`. The new tokens' K/V are written to the pool before a
+kernel runs, so the kernels only read the pool. Scores are computed in the exp2 domain (the scale
+is pre-multiplied by log2(e)) with an online softmax and fp32 accumulation.
+
+Only this module and the backends import triton; `import specpcg` must work without it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _extend_attn_kernel(
+    q_ptr, k_buf_ptr, v_buf_ptr, out_ptr,
+    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, extend_lens_ptr, q_starts_ptr,
+    stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_out_tok, stride_out_head, stride_req_row,
+    scale_log2,
+    HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: BLOCK_M queries of one request and one query head, over that request's keys."""
+    req = tl.program_id(0)
+    q_block = tl.program_id(1)
+    head = tl.program_id(2)
+    extend_len = tl.load(extend_lens_ptr + req)
+    # Requests shorter than the longest one have no work in their trailing query blocks.
+    if q_block * BLOCK_M >= extend_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    prefix_len = seq_len - extend_len
+    q_start = tl.load(q_starts_ptr + req).to(tl.int64)
+    row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
+    kv_head = head // GROUP_SIZE
+
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the request
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < extend_len
+    mask_d = offs_d < HEAD_DIM  # BLOCK_D is HEAD_DIM padded to a power of two
+    q_offs = (q_start + offs_m)[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [M, D]
+
+    # Query j sits at position prefix_len + j and sees keys 0..prefix_len + j (causal).
+    q_pos = prefix_len + offs_m
+    kv_end = tl.minimum(seq_len, prefix_len + (q_block + 1) * BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, kv_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        # Masked positions read slot 0 (the sink), which is always a valid address.
+        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_buf_ptr + slots[:, None] * stride_k_slot + kv_head * stride_k_head
+                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
+                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
+        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+        s = tl.where(visible, s, float("-inf"))  # [M, N]
+        # Key 0 is visible to every row, so m_new is finite from the first block on.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    out_offs = (q_start + offs_m)[:, None] * stride_out_tok + head * stride_out_head + offs_d[None, :]
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr,
+    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
+    stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+    stride_req_row,
+    scale_log2,
+    HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: every query head of one KV head (loads each key once) over one key split."""
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    # Splits are whole multiples of BLOCK_N so only the last block of a request is ragged.
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_start = split * split_len
+    split_end = tl.minimum(split_start + split_len, seq_len)
+    row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
+
+    offs_g = tl.arange(0, BLOCK_H)  # BLOCK_H is GROUP_SIZE padded up to what tl.dot needs
+    mask_h = offs_g < GROUP_SIZE
+    heads = kv_head * GROUP_SIZE + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q_offs = req.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [H, D]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for start_n in range(split_start, split_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < split_end
+        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_buf_ptr + slots[:, None] * stride_k_slot + kv_head * stride_k_head
+                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
+                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
+                     input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # An empty split (short request) reports lse = -inf, which gives it zero weight in the reduce.
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+    mid_row = (req.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split  # [bs, H, S] layout
+    tl.store(mid_lse_ptr + mid_row, lse, mask=mask_h)
+    tl.store(mid_out_ptr + mid_row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
+             mask=mask_h[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_out_ptr, mid_lse_ptr, out_ptr, stride_out_tok, stride_out_head,
+    HEAD_DIM: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program: merges the per-split partial outputs of one (request, head) by their lse."""
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mid_rows = (req.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + offs_s
+    lse = tl.load(mid_lse_ptr + mid_rows)  # [S]
+    lse_max = tl.max(lse, 0)
+    # seq_len 0 (a padded request) leaves every split empty: output zeros, not NaN.
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.exp2(lse - lse_max)  # [S]
+    parts = tl.load(mid_out_ptr + mid_rows[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=mask_d[None, :], other=0.0)  # [S, D]
+    total = tl.sum(weights, 0)
+    out = tl.sum(weights[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + req.to(tl.int64) * stride_out_tok + head * stride_out_head + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    # tl.dot needs every dimension >= 16; non-power-of-two head dims are masked up to BLOCK_D.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # NOTE: fp32 must not silently drop to tf32 on GPU, or fp32 runs stop matching the reference.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check_shapes(q: torch.Tensor, k_buf: torch.Tensor, out: torch.Tensor) -> None:
+    assert q.dim() == 3 and out.shape == q.shape, "q and out are [num_tokens, num_heads, head_dim]"
+    assert k_buf.dim() == 3 and k_buf.shape[2] == q.shape[2], "pool buffers are [slots, Hkv, D]"
+    assert q.shape[1] % k_buf.shape[1] == 0, "num_heads must be a multiple of num_kv_heads"
+    assert q.stride(2) == 1 and k_buf.stride(2) == 1 and out.stride(2) == 1
+
+
+def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens,
+                     q_starts, max_extend_len: int, num_reqs: int, scale: float) -> None:
+    """Writes attention of each request's new queries over its whole KV row into `out`.
+
+    q, out: [num_tokens, num_heads, head_dim]; rows past sum(extend_lens) are not touched.
+    req_pool_indices, seq_lens, extend_lens, q_starts: int32 [>= num_reqs] on q's device.
+    """
+    _check_shapes(q, k_buf, out)
+    if num_reqs == 0 or max_extend_len == 0:
+        return
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_d = _padded_head_dim(head_dim)
+    # Small blocks on the interpreter keep numpy work small; 64x64 suits GPUs up to head_dim 128.
+    block_m, block_n = (16, 16) if q.device.type == "cpu" else (64, 64 if block_d <= 64 else 32)
+    grid = (num_reqs, triton.cdiv(max_extend_len, block_m), num_heads)
+    _extend_attn_kernel[grid](
+        q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens, q_starts,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        out.stride(0), out.stride(1), req_to_token.stride(0),
+        scale * LOG2_E,
+        HEAD_DIM=head_dim, GROUP_SIZE=num_heads // k_buf.shape[1],
+        DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=4 if block_d <= 64 else 8, num_stages=1 if q.device.type == "cpu" else 2,
+    )
+
+
+def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
+                     num_reqs: int, num_kv_splits: int, scale: float) -> None:
+    """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
+
+    The key range of each request is cut into `num_kv_splits` (a power of two) pieces handled by
+    separate programs, so batch 1 with a long context still fills the GPU; a second kernel merges.
+    """
+    _check_shapes(q, k_buf, out)
+    assert num_kv_splits >= 1 and num_kv_splits & (num_kv_splits - 1) == 0
+    if num_reqs == 0:
+        return
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_buf.shape[1]
+    group_size = num_heads // num_kv_heads
+    block_d = _padded_head_dim(head_dim)
+    mid_out = torch.empty(num_reqs, num_heads, num_kv_splits, head_dim, dtype=torch.float32,
+                          device=q.device)  # [bs, H, S, D] per-split normalised outputs
+    mid_lse = torch.empty(num_reqs, num_heads, num_kv_splits, dtype=torch.float32,
+                          device=q.device)  # [bs, H, S] per-split log2-sum-exp2
+    _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
+        q, k_buf, v_buf, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        req_to_token.stride(0),
+        scale * LOG2_E,
+        HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads, NUM_SPLITS=num_kv_splits,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_H=max(16, triton.next_power_of_2(group_size)),
+        BLOCK_N=16 if q.device.type == "cpu" else 64, BLOCK_D=block_d,
+        num_warps=4, num_stages=1 if q.device.type == "cpu" else 2,
+    )
+    _decode_reduce_kernel[(num_reqs, num_heads)](
+        mid_out, mid_lse, out, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_HEADS=num_heads, NUM_SPLITS=num_kv_splits, BLOCK_D=block_d,
+        num_warps=1 if block_d <= 64 else 2,
+    )
+
+
+def pick_num_kv_splits(num_reqs: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
+    """Enough (request, kv head, split) programs to cover the SMs about twice, as a power of two.
+
+    Depends only on the batch size, so a decode graph captured for a bucket stays valid.
+    """
+    wanted = math.ceil(2 * num_sms / max(1, num_reqs * num_kv_heads))
+    return min(max_splits, triton.next_power_of_2(max(1, wanted)))

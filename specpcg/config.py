@@ -1,0 +1,97 @@
+"""EngineConfig: every engine argument (SGLang's names), validated once, frozen after."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+LOAD_FORMATS = ("auto", "dummy")
+DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Optional[str] = None  # HF dir, .gguf file, "shape:<preset>", None = default
+    tokenizer_path: Optional[str] = None
+    skip_tokenizer_init: bool = False  # no tokenizer: input_ids in, output_ids out
+    load_format: str = "auto"  # "dummy": the checkpoint's shape with random weights
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    attention_backend: str = "auto"
+    context_length: Optional[int] = None
+    mem_fraction_static: float = 0.8  # GPU: share of free memory for weights + KV
+    max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 2048  # token budget of one prefill forward
+    random_seed: int = 0
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    disable_cuda_graph: bool = False
+    disable_piecewise_cuda_graph: bool = False
+    enforce_piecewise_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
+    piecewise_cuda_graph_max_tokens: int = 4096
+    show_progress: bool = True
+    log_level: str = "warning"
+
+    def __post_init__(self):
+        self._validate()
+
+    @staticmethod
+    def from_kwargs(kwargs: dict) -> "EngineConfig":
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown Engine argument(s) {unknown}")
+        return EngineConfig(**kwargs)
+
+    def _validate(self) -> None:
+        algo = self.speculative_algorithm
+        if algo is not None and algo not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm {algo!r} is unknown; choose one of "
+                             f"{list(SPECULATIVE_ALGORITHMS)} or None")
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        _check_choice("dtype", self.dtype, tuple(DTYPES))
+        if not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static!r}")
+        for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs",
+                     "piecewise_cuda_graph_max_tokens"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("max_total_tokens", "context_length", "speculative_num_steps",
+                     "speculative_eagle_topk", "speculative_num_draft_tokens"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dev = torch.device(self.device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} was asked for but CUDA is not available")
+        return dev
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        dtype = DTYPES[self.dtype]
+        if dtype is None:
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return dtype
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} {value!r} is not one of {list(choices)}")
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

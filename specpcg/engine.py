@@ -1,0 +1,124 @@
+"""Engine: the public entry point. Wires model, KV cache, attention, runner and scheduler."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from specpcg.attention import create_attention_backend
+from specpcg.config import EngineConfig
+from specpcg.inputs import build_requests, normalize_inputs
+from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+from specpcg.model_runner import ModelRunner
+from specpcg.models.loading import load_target
+from specpcg.sampler import make_generator
+from specpcg.scheduler import Scheduler
+from specpcg.stopping import StopChecker, trim_stop_string
+
+logger = logging.getLogger("specpcg")
+CPU_DEFAULT_KV_TOKENS = 32768
+
+
+class Engine:
+    def __init__(self, **kwargs):
+        self.config = cfg = EngineConfig.from_kwargs(kwargs)
+        logging.basicConfig(level=cfg.log_level.upper())
+        if cfg.speculative_algorithm is not None:
+            raise NotImplementedError(
+                f"speculative_algorithm {cfg.speculative_algorithm!r} is not available yet")
+        self.device = cfg.resolve_device()
+        self.dtype = cfg.resolve_dtype(self.device)
+        t0 = time.perf_counter()
+        self.model, self.model_config, self.tokenizer = load_target(cfg, self.device, self.dtype)
+        self.load_time_s = time.perf_counter() - t0
+        mc = self.model_config
+        self.context_len = min(cfg.context_length or mc.max_position_embeddings,
+                               mc.max_position_embeddings)
+        self.kv_cache = self._make_kv_cache()
+        self.attn_backend = create_attention_backend(
+            cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
+            mc.head_dim, mc.head_dim ** -0.5)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device)
+        eos = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
+        self.stop_checker = StopChecker(self.tokenizer, tuple(eos), self.context_len)
+        self.scheduler = Scheduler(self.runner, self.kv_cache, self.stop_checker,
+                                   cfg.max_running_requests, cfg.chunked_prefill_size, self.device)
+        self._stats = {"num_requests": 0, "num_generated_tokens": 0}
+
+    def _make_kv_cache(self) -> KVCache:
+        mc, cfg = self.model_config, self.config
+        per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        if self.device.type == "cuda":
+            free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+            budget = free_bytes - (1 - cfg.mem_fraction_static) * total_bytes
+            slots = int(max(budget, 0) // per_slot)
+            if cfg.max_total_tokens:
+                slots = min(slots, cfg.max_total_tokens)
+        else:
+            slots = cfg.max_total_tokens or CPU_DEFAULT_KV_TOKENS
+        if slots < 2:
+            raise RuntimeError(f"no memory left for the KV cache ({slots} slots); raise "
+                               f"mem_fraction_static or free GPU memory")
+        max_requests = cfg.max_running_requests + 8  # rows for chunked and preempted requests
+        pool = KVPool(slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        logger.info("KV cache: %d slots (%.1f MiB)", slots, slots * per_slot / 2**20)
+        return KVCache(pool, ReqToTokenPool(max_requests, self.context_len, self.device))
+
+    # -- public API ----------------------------------------------------------------------------
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, messages=None,
+                 return_logprob=False, logprob_start_len=None, apply_chat_template=False):
+        items, single = normalize_inputs(prompt, input_ids, messages)
+        reqs = build_requests(items, sampling_params, return_logprob, logprob_start_len,
+                              self.tokenizer, apply_chat_template, self.model_config.vocab_size,
+                              self.context_len, self.kv_cache.total_slots)
+        for req in reqs:
+            req.generator = make_generator(req.params, self.device, self.config.random_seed, req.rid)
+            self.scheduler.add(req)
+        pending = {r.rid for r in reqs}
+        while pending:
+            for req in self.scheduler.step():
+                pending.discard(req.rid)
+        outputs = [self._format_output(r) for r in reqs]
+        return outputs[0] if single else outputs
+
+    def get_server_info(self) -> dict:
+        return {
+            "model_path": self.config.model_path, "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "attention_backend": self.attn_backend.name, "context_length": self.context_len,
+            "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "internal_states": [dict(self._stats)],
+        }
+
+    def shutdown(self) -> None:
+        self.scheduler = None
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def _format_output(self, req) -> dict:
+        self._stats["num_requests"] += 1
+        self._stats["num_generated_tokens"] += len(req.output_ids)
+        text = ""
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output_ids, req.params.skip_special_tokens)
+            text = trim_stop_string(text, req)
+        meta = {
+            "id": req.rid, "prompt_tokens": len(req.prompt_ids),
+            "completion_tokens": len(req.output_ids), "finish_reason": req.finish_reason,
+            "e2e_latency": req.finished_at - req.created_at,
+            "ttft": (req.first_token_at or req.finished_at) - req.created_at,
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = list(req.output_logprobs)
+            meta["input_token_logprobs"] = list(req.input_logprobs)
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}

@@ -1,0 +1,146 @@
+"""Paged KV cache: a token pool of slots, a req_to_token table, and a free-slot allocator.
+
+Slot 0 is the sink: padded tokens write their KV there, so graphs need no masks. It is never
+handed out, so `free_slots == total_slots` whenever no request holds KV.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SINK_SLOT = 0
+
+
+class KVPoolFullError(RuntimeError):
+    pass
+
+
+class TokenAllocator:
+    """Free list of KV slots 1..total_slots (slot 0 is the sink)."""
+
+    def __init__(self, total_slots: int):
+        self.total_slots = total_slots
+        self._free = list(range(total_slots, 0, -1))  # pop() hands out low slots first
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def alloc(self, num_tokens: int) -> list:
+        if num_tokens > len(self._free):
+            raise KVPoolFullError(
+                f"KV cache needs {num_tokens} free slots but only {len(self._free)} of "
+                f"{self.total_slots} are free; raise mem_fraction_static / max_total_tokens "
+                f"or lower max_running_requests")
+        out = self._free[-num_tokens:] if num_tokens else []
+        del self._free[len(self._free) - num_tokens:]
+        return out[::-1]
+
+    def free(self, slots) -> None:
+        slots = [int(s) for s in slots]
+        assert SINK_SLOT not in slots, "the sink slot is never allocated"
+        self._free.extend(slots)
+        assert len(self._free) <= self.total_slots, "double free of KV slots"
+
+
+class ReqToTokenPool:
+    """req_to_token[req_pool_idx, pos] = KV slot of that request's token at `pos`."""
+
+    def __init__(self, max_requests: int, max_context_len: int, device):
+        # [max_requests, max_context_len]
+        self.req_to_token = torch.zeros(max_requests, max_context_len, dtype=torch.int32,
+                                        device=device)
+        self.max_context_len = max_context_len
+        self._free = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def free_requests(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise KVPoolFullError("no free request rows; lower the number of running requests")
+        return self._free.pop()
+
+    def free(self, idx: int) -> None:
+        self._free.append(idx)
+
+
+class KVPool:
+    """Per-layer K and V buffers of shape [total_slots + 1, num_kv_heads, head_dim]."""
+
+    def __init__(self, total_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        shape = (total_slots + 1, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.allocator = TokenAllocator(total_slots)
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def write(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [num_tokens, num_kv_heads, head_dim]."""
+        self.k_buffers[layer_id][slots] = k.to(self.dtype)
+        self.v_buffers[layer_id][slots] = v.to(self.dtype)
+
+
+class KVCache:
+    """Owns both pools and keeps each request's req_to_token row in step with its slots."""
+
+    def __init__(self, pool: KVPool, req_pool: ReqToTokenPool):
+        self.pool = pool
+        self.req_pool = req_pool
+        self._slots: dict = {}  # req_pool_idx -> list of slots, position order
+
+    @property
+    def total_slots(self) -> int:
+        return self.pool.allocator.total_slots
+
+    @property
+    def free_slots(self) -> int:
+        return self.pool.allocator.free_slots
+
+    def can_fit(self, num_tokens: int) -> bool:
+        return num_tokens <= self.free_slots and self.req_pool.free_requests > 0
+
+    def new_request(self) -> int:
+        idx = self.req_pool.alloc()
+        self._slots[idx] = []
+        return idx
+
+    def extend(self, req_pool_idx: int, num_tokens: int) -> list:
+        """Allocates slots for the next `num_tokens` positions of a request; returns them."""
+        slots = self._slots[req_pool_idx]
+        start = len(slots)
+        if start + num_tokens > self.req_pool.max_context_len:
+            raise KVPoolFullError(
+                f"request needs {start + num_tokens} positions but the context holds "
+                f"{self.req_pool.max_context_len}")
+        new = self.pool.allocator.alloc(num_tokens)
+        slots.extend(new)
+        if new:
+            row = self.req_pool.req_to_token[req_pool_idx]
+            row[start:start + num_tokens] = torch.tensor(new, dtype=torch.int32).to(row.device)
+        return new
+
+    def truncate(self, req_pool_idx: int, keep_len: int) -> None:
+        """Frees every slot past `keep_len` (rejected draft tokens, rollback)."""
+        slots = self._slots[req_pool_idx]
+        self.pool.allocator.free(slots[keep_len:])
+        del slots[keep_len:]
+
+    def release(self, req_pool_idx: int) -> None:
+        self.pool.allocator.free(self._slots.pop(req_pool_idx))
+        self.req_pool.free(req_pool_idx)
+
+    def num_tokens(self, req_pool_idx: int) -> int:
+        return len(self._slots[req_pool_idx])
+
+    def info(self) -> dict:
+        return {"total_slots": self.total_slots, "free_slots": self.free_slots,
+                "max_context_len": self.req_pool.max_context_len,
+                "free_request_rows": self.req_pool.free_requests}

@@ -1,0 +1,165 @@
+"""Continuous batching: prefill new requests (chunked under a token budget) while others decode.
+
+Each `step` is schedule -> run -> sample -> finish. Prefill has priority, as in SGLang: a step runs
+either an EXTEND batch (new prompts or prompt chunks) or a DECODE batch of all running requests.
+When KV runs out during decode, the most recently admitted requests are preempted: their KV is
+freed and they are re-prefilled later from prompt + output so far (greedy tokens do not change).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from specpcg.core import ForwardBatch, ForwardMode, Request
+from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
+
+
+class Scheduler:
+    def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
+                 chunked_prefill_size: int, device: torch.device):
+        self.runner = runner
+        self.kv_cache = kv_cache
+        self.stop_checker = stop_checker
+        self.max_running_requests = max_running_requests
+        self.chunked_prefill_size = chunked_prefill_size
+        self.device = device
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list:
+        """Runs one forward; returns the requests that finished in it."""
+        picked = self._schedule_prefill()
+        if picked:
+            return self._run_prefill(picked)
+        if self.running:
+            return self._run_decode()
+        return []
+
+    # -- prefill -------------------------------------------------------------------------------
+    def _schedule_prefill(self) -> list:
+        budget, picked = self.chunked_prefill_size, []
+        while self.waiting and budget > 0:
+            req = self.waiting[0]
+            new_row = req.req_pool_idx is None
+            if new_row and len(self.running) + len(picked) >= self.max_running_requests:
+                break
+            chunk_len = min(len(req.all_ids) - req.num_cached, budget)
+            # Keep one slot per running request free for its next decode token.
+            reserve = len(self.running) + len(picked) + 1
+            if not self.kv_cache.can_fit(chunk_len + reserve) and (self.running or picked):
+                break
+            self.waiting.popleft()
+            if new_row:
+                req.req_pool_idx = self.kv_cache.new_request()
+            self.kv_cache.extend(req.req_pool_idx, chunk_len)
+            picked.append((req, chunk_len))
+            budget -= chunk_len
+        return picked
+
+    def _run_prefill(self, picked: list) -> list:
+        reqs = [r for r, _ in picked]
+        starts = [r.num_cached for r in reqs]
+        batch = make_batch(self.kv_cache, ForwardMode.EXTEND, reqs,
+                           [r.all_ids[s:s + n] for (r, n), s in zip(picked, starts)], self.device)
+        batch.return_all_logits = any(r.wants_input_logprobs for r in reqs)
+        out = self.runner.forward(batch)
+        done, chunked, row = [], [], 0
+        for (req, chunk_len), start in zip(picked, starts):
+            req.num_cached += chunk_len
+            if req.wants_input_logprobs and start < len(req.prompt_ids):
+                record_input_logprobs(req, out.all_logits[row:row + chunk_len], start)
+            row += chunk_len
+            (done if req.num_cached == len(req.all_ids) else chunked).append(req)
+        self.waiting.extendleft(reversed(chunked))
+        last = torch.tensor([reqs.index(r) for r in done], dtype=torch.long, device=self.device)
+        return self._sample_and_finish(done, out.logits[last] if done else None)
+
+    # -- decode --------------------------------------------------------------------------------
+    def _run_decode(self) -> list:
+        self._make_room_for_decode()
+        if not self.running:
+            return []
+        for req in self.running:
+            self.kv_cache.extend(req.req_pool_idx, 1)
+        batch = make_batch(self.kv_cache, ForwardMode.DECODE, self.running,
+                           [[r.all_ids[-1]] for r in self.running], self.device)
+        out = self.runner.forward(batch)
+        for req in self.running:
+            req.num_cached += 1
+        return self._sample_and_finish(list(self.running), out.logits)
+
+    def _make_room_for_decode(self) -> None:
+        while self.running and self.kv_cache.free_slots < len(self.running):
+            victim = self.running.pop()  # most recently admitted
+            self.kv_cache.release(victim.req_pool_idx)
+            victim.req_pool_idx, victim.num_cached = None, 0
+            victim.num_preemptions += 1
+            self.num_preemptions += 1
+            if victim.seq_len + 1 > self.kv_cache.total_slots:
+                # It can never fit again: finish it instead of looping forever.
+                victim.finish_reason = {"type": "abort", "message": "KV cache is full"}
+                victim.finished_at = time.perf_counter()
+                self.waiting.append(victim)  # collected as finished by _collect_aborted
+            else:
+                self.waiting.appendleft(victim)
+
+    # -- sample and finish ---------------------------------------------------------------------
+    def _sample_and_finish(self, reqs: list, logits) -> list:
+        finished = self._collect_aborted()
+        if not reqs:
+            return finished
+        next_ids = sample(logits, reqs)
+        record_output_logprobs(logits, next_ids, reqs)
+        now = time.perf_counter()
+        running_ids = {id(r) for r in self.running}
+        for req, token in zip(reqs, next_ids.tolist()):
+            if req.params.max_new_tokens > 0:
+                req.output_ids.append(token)
+            req.first_token_at = req.first_token_at or now
+            self.stop_checker.check(req)
+            if req.finished:
+                req.finished_at = now
+                self.kv_cache.release(req.req_pool_idx)
+                req.req_pool_idx = None
+                finished.append(req)
+            elif id(req) not in running_ids:
+                self.running.append(req)
+        self.running = [r for r in self.running if not r.finished]
+        return finished
+
+    def _collect_aborted(self) -> list:
+        aborted = [r for r in self.waiting if r.finished]
+        if aborted:
+            self.waiting = deque(r for r in self.waiting if not r.finished)
+        return aborted
+
+
+def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -> ForwardBatch:
+    """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots."""
+    ext_lens = [len(ids) for ids in new_ids]
+    seq_lens = [r.num_cached + n for r, n in zip(reqs, ext_lens)]
+    req_to_token = kv_cache.req_pool.req_to_token
+    rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.long)
+    positions = torch.cat([torch.arange(r.num_cached, s) for r, s in zip(reqs, seq_lens)])
+    row_of_token = torch.repeat_interleave(rows, torch.tensor(ext_lens))
+    out_cache_loc = req_to_token[row_of_token.to(req_to_token.device), positions.to(req_to_token.device)]
+    flat_ids = [t for ids in new_ids for t in ids]
+    return ForwardBatch(
+        forward_mode=mode,
+        input_ids=torch.tensor(flat_ids, dtype=torch.long, device=device),
+        positions=positions.to(device),
+        out_cache_loc=out_cache_loc.long().to(device),
+        req_pool_indices=rows.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        extend_seq_lens=torch.tensor(ext_lens, dtype=torch.int32, device=device),
+        seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens)

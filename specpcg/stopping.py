@@ -1,0 +1,45 @@
+"""When a request is done: max_new_tokens, EOS, stop token ids, stop strings, context length."""
+
+from __future__ import annotations
+
+from specpcg.core import Request
+
+
+class StopChecker:
+    def __init__(self, tokenizer, eos_token_ids: tuple, context_len: int):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.context_len = context_len
+
+    def check(self, req: Request) -> None:
+        """Sets req.finish_reason if the last output token ends the request."""
+        params = req.params
+        token = req.output_ids[-1] if req.output_ids else None
+        if token is not None and token in params.stop_token_ids:
+            req.finish_reason = {"type": "stop", "matched": token}
+        elif token is not None and not params.ignore_eos and token in self.eos_token_ids:
+            req.finish_reason = {"type": "stop", "matched": token}
+        elif params.stop and self.tokenizer is not None and self._stop_string(req):
+            req.finish_reason = {"type": "stop", "matched": req.matched_stop}
+        elif len(req.output_ids) >= params.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+        elif req.seq_len >= self.context_len:
+            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+
+    def _stop_string(self, req: Request) -> bool:
+        # Only the tail can hold a new match: decode enough tokens to cover the longest stop string.
+        longest = max(len(s) for s in req.params.stop)
+        tail = self.tokenizer.decode(req.output_ids[-(longest + 8):], skip_special_tokens=False)
+        for s in req.params.stop:
+            if s in tail:
+                req.matched_stop = s
+                return True
+        return False
+
+
+def trim_stop_string(text: str, req: Request) -> str:
+    if isinstance(req.matched_stop, str):
+        cut = text.rfind(req.matched_stop)
+        if cut >= 0:
+            return text[:cut]
+    return text

@@ -1,0 +1,216 @@
+"""Attention backends: the Triton backend matches the torch reference; the factory's rules."""
+
+import importlib.util
+import math
+import os
+
+import torch
+
+# Without a GPU, Triton kernels run in the interpreter. The flag is read when a kernel is
+# decorated, so it must be set before specpcg's triton kernels are first imported.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from specpcg.attention import (create_attention_backend,  # noqa: E402
+                               resolve_attention_backend_name)
+from specpcg.attention.torch_backend import TorchAttnBackend  # noqa: E402
+from specpcg.core import ForwardBatch, ForwardMode  # noqa: E402
+from specpcg.kv_cache import SINK_SLOT, KVCache, KVPool, ReqToTokenPool  # noqa: E402
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_cpu_triton = pytest.mark.skipif(
+    not HAS_TRITON or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton and the interpreter (TRITON_INTERPRET=1) for CPU tensors")
+needs_cuda_triton = pytest.mark.skipif(
+    not HAS_TRITON or not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+    reason="needs triton and a CUDA GPU (without the interpreter)")
+
+NUM_HEADS, NUM_KV_HEADS = 4, 2
+LAYER = 0
+
+
+def _make_cache(device, dtype, head_dim, num_kv_heads=NUM_KV_HEADS, total_slots=4096,
+                max_context_len=2048):
+    pool = KVPool(total_slots, num_layers=2, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                  dtype=dtype, device=device)
+    return KVCache(pool, ReqToTokenPool(8, max_context_len, device))
+
+
+def _make_batch(cache, lens, mode, num_pad_tokens=0, seed=0):
+    """lens: [(prefix_len, extend_len)]. Fills the prefixes' KV with random values and returns
+    the batch; requests' slots interleave so each KV row is scattered through the pool."""
+    gen = torch.Generator().manual_seed(seed)
+    pool, device = cache.pool, cache.pool.device
+    reqs = [cache.new_request() for _ in lens]
+    for idx, (prefix_len, _) in zip(reqs, lens):
+        slots = torch.tensor(cache.extend(idx, prefix_len), dtype=torch.long)
+        shape = (prefix_len, *pool.k_buffers[LAYER].shape[1:])
+        pool.k_buffers[LAYER][slots] = torch.randn(shape, generator=gen).to(pool.dtype).to(device)
+        pool.v_buffers[LAYER][slots] = torch.randn(shape, generator=gen).to(pool.dtype).to(device)
+    new_slots = {idx: cache.extend(idx, ext) for idx, (_, ext) in reversed(list(zip(reqs, lens)))}
+    out_cache_loc = sum((new_slots[idx] for idx in reqs), []) + [SINK_SLOT] * num_pad_tokens
+    positions = sum((list(range(p, p + e)) for p, e in lens), []) + [0] * num_pad_tokens
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    return ForwardBatch(
+        forward_mode=mode, input_ids=as_tensor([0] * len(positions)), positions=as_tensor(positions),
+        out_cache_loc=as_tensor(out_cache_loc), req_pool_indices=as_tensor(reqs),
+        seq_lens=as_tensor([p + e for p, e in lens]), extend_seq_lens=as_tensor([e for _, e in lens]),
+        seq_lens_cpu=[p + e for p, e in lens], extend_seq_lens_cpu=[e for _, e in lens])
+
+
+def _random_qkv(batch, head_dim, dtype, device, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    num_tokens = batch.num_tokens
+    q = torch.randn(num_tokens, NUM_HEADS * head_dim, generator=gen)  # [T, H * D]
+    k = torch.randn(num_tokens, NUM_KV_HEADS * head_dim, generator=gen)  # [T, Hkv * D]
+    v = torch.randn(num_tokens, NUM_KV_HEADS * head_dim, generator=gen)  # [T, Hkv * D]
+    return [t.to(dtype).to(device) for t in (q, k, v)]
+
+
+def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv_splits=None):
+    """Runs triton and torch on one batch; returns the max abs difference over the real rows."""
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    cache = _make_cache(device, dtype, head_dim)
+    batch = _make_batch(cache, lens, mode, num_pad_tokens)
+    q, k, v = _random_qkv(batch, head_dim, dtype, device)
+    scale = 1.0 / math.sqrt(head_dim)
+    ref_backend = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale)
+    # The reference attends in fp32 over the same (possibly bf16) pool.
+    ref = ref_backend.forward(q.float(), k, v, LAYER, batch)
+    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale,
+                                num_kv_splits=num_kv_splits)
+    backend.init_forward_metadata(batch)
+    out = backend.forward(q, k, v, LAYER, batch)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    num_real = sum(e for _, e in lens)
+    assert torch.all(out[num_real:] == 0), "padding rows must come back as zeros"
+    diff = (out[:num_real].float() - ref[:num_real]).abs().max().item()
+    assert diff < atol, f"max abs diff {diff} >= {atol}"
+    return diff
+
+
+# (prefix_len, extend_len) per request: no prefix, one new token, ragged mixes, > one block.
+EXTEND_CASES = {
+    "single_prefill": [(0, 7)],
+    "mixed": [(0, 5), (3, 1), (17, 20), (40, 2)],
+    "one_token_each": [(0, 1), (9, 1)],
+    "long_extend": [(5, 37), (0, 33)],
+}
+DECODE_CASES = {
+    "mixed": [(0, 1), (4, 1), (31, 1), (70, 1)],
+    "single_long": [(150, 1)],
+}
+
+
+@needs_cpu_triton
+@pytest.mark.parametrize("head_dim", [16, 24])
+@pytest.mark.parametrize("case", list(EXTEND_CASES))
+def test_triton_extend_matches_torch(case, head_dim):
+    _compare("cpu", torch.float32, head_dim, EXTEND_CASES[case], ForwardMode.EXTEND, atol=1e-4)
+
+
+@needs_cpu_triton
+def test_triton_target_verify_uses_extend_path():
+    _compare("cpu", torch.float32, 16, [(6, 4), (12, 4)], ForwardMode.TARGET_VERIFY, atol=1e-4)
+
+
+@needs_cpu_triton
+@pytest.mark.parametrize("head_dim", [16, 24])
+def test_triton_extend_with_padded_tokens(head_dim):
+    _compare("cpu", torch.float32, head_dim, EXTEND_CASES["mixed"], ForwardMode.EXTEND,
+             atol=1e-4, num_pad_tokens=5)
+
+
+@needs_cpu_triton
+@pytest.mark.parametrize("num_kv_splits", [None, 1, 4, 16])
+@pytest.mark.parametrize("head_dim", [16, 24])
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_triton_decode_matches_torch(case, head_dim, num_kv_splits):
+    _compare("cpu", torch.float32, head_dim, DECODE_CASES[case], ForwardMode.DECODE, atol=1e-4,
+             num_kv_splits=num_kv_splits)
+
+
+@needs_cpu_triton
+def test_triton_decode_with_padded_rows():
+    _compare("cpu", torch.float32, 16, DECODE_CASES["mixed"], ForwardMode.DECODE, atol=1e-4,
+             num_pad_tokens=3)
+
+
+@pytest.mark.parametrize("device,expected", [("cpu", "torch"), ("cuda", "triton" if HAS_TRITON else "torch")])
+def test_auto_resolves_by_device(device, expected):
+    assert resolve_attention_backend_name("auto", device) == expected
+
+
+def test_explicit_names_resolve(monkeypatch):
+    assert resolve_attention_backend_name("torch", "cpu") == "torch"
+    assert resolve_attention_backend_name("torch", "cuda") == "torch"
+    if HAS_TRITON:
+        assert resolve_attention_backend_name("triton", "cuda") == "triton"
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert resolve_attention_backend_name("triton", "cpu") == "triton"
+
+
+def test_unknown_name_is_refused():
+    with pytest.raises(ValueError, match=r"attention_backend='sdpa'.*valid.*'torch'.*'triton'"):
+        resolve_attention_backend_name("sdpa", "cpu")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_triton_on_cpu_needs_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"attention_backend='triton'.*'cpu'.*TRITON_INTERPRET=1"):
+        resolve_attention_backend_name("triton", "cpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None,
+                    reason="flashinfer is installed here")
+def test_flashinfer_missing_is_refused():
+    with pytest.raises(ValueError, match=r"flashinfer is not installed.*specpcg\[flashinfer\]"):
+        resolve_attention_backend_name("flashinfer", "cuda")
+
+
+def test_factory_builds_torch_backend():
+    cache = _make_cache("cpu", torch.float32, 16)
+    backend = create_attention_backend("auto", "cpu", cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
+    assert isinstance(backend, TorchAttnBackend) and backend.scale == 0.25
+
+
+@needs_cpu_triton
+def test_factory_builds_triton_backend():
+    cache = _make_cache("cpu", torch.float32, 16)
+    backend = create_attention_backend("triton", "cpu", cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
+    assert backend.name == "triton" and backend.supports_cuda_graph
+
+
+# ---- GPU: compiled kernels in bf16 against an fp32 reference over the same bf16 pool ----
+
+BF16_ATOL = 2e-2  # bf16 has an 8-bit mantissa: ~4e-3 relative per rounding of q, p and out
+
+
+@pytest.mark.cuda
+@needs_cuda_triton
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("case", list(EXTEND_CASES) + ["big"])
+def test_cuda_extend_bf16(case, head_dim):
+    lens = [(100, 150), (0, 129), (900, 3)] if case == "big" else EXTEND_CASES[case]
+    _compare("cuda", torch.bfloat16, head_dim, lens, ForwardMode.EXTEND, atol=BF16_ATOL,
+             num_pad_tokens=7)
+
+
+@pytest.mark.cuda
+@needs_cuda_triton
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("lens", [[(0, 1), (4, 1), (31, 1), (70, 1)], [(1000, 1)], [(200, 1)] * 6])
+def test_cuda_decode_bf16(lens, head_dim):
+    _compare("cuda", torch.bfloat16, head_dim, lens, ForwardMode.DECODE, atol=BF16_ATOL,
+             num_pad_tokens=2)
+
+
+@pytest.mark.cuda
+@needs_cuda_triton
+def test_cuda_extend_fp32_is_exact_enough():
+    # fp32 must use IEEE dots on GPU (not tf32) to stay this close to the reference.
+    _compare("cuda", torch.float32, 64, EXTEND_CASES["mixed"], ForwardMode.EXTEND, atol=1e-4)
