@@ -214,3 +214,43 @@ def test_cuda_decode_bf16(lens, head_dim):
 def test_cuda_extend_fp32_is_exact_enough():
     # fp32 must use IEEE dots on GPU (not tf32) to stay this close to the reference.
     _compare("cuda", torch.float32, 64, EXTEND_CASES["mixed"], ForwardMode.EXTEND, atol=1e-4)
+
+
+@pytest.mark.cuda
+@needs_cuda_triton
+def test_cuda_graph_decode_replays_live_lengths():
+    """A decode graph captured once reads the next batch's lengths from the metadata buffers."""
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    head_dim, dtype = 64, torch.bfloat16
+    cache = _make_cache("cuda", dtype, head_dim)
+    batch = _make_batch(cache, [(10, 1), (50, 1), (3, 1)], ForwardMode.DECODE)
+    q, k, v = _random_qkv(batch, head_dim, dtype, "cuda")
+    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, 0.125)
+    backend.init_forward_metadata(batch)
+    backend.forward(q, k, v, LAYER, batch)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(q, k, v, LAYER, batch)
+
+    # Next step: every request grew (random KV for the growth), one new token each.
+    gen = torch.Generator().manual_seed(5)
+    pool = cache.pool
+    new_slots = []
+    for idx, extra in zip(batch.req_pool_indices.tolist(), [200, 7, 640]):
+        slots = torch.tensor(cache.extend(idx, extra), dtype=torch.long)
+        for buf in (pool.k_buffers[LAYER], pool.v_buffers[LAYER]):
+            buf[slots] = torch.randn((extra, *buf.shape[1:]), generator=gen).to(dtype).cuda()
+        new_slots += cache.extend(idx, 1)
+    seq_lens_cpu = [cache.num_tokens(i) for i in batch.req_pool_indices.tolist()]
+    batch.out_cache_loc.copy_(torch.tensor(new_slots))
+    batch.seq_lens.copy_(torch.tensor(seq_lens_cpu))
+    batch.seq_lens_cpu = seq_lens_cpu
+    for static, fresh in zip((q, k, v), _random_qkv(batch, head_dim, dtype, "cuda", seed=9)):
+        static.copy_(fresh)
+    backend.init_forward_metadata(batch)
+    graph.replay()
+    ref = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, 0.125).forward(
+        q.float(), k, v, LAYER, batch)
+    assert (out.float() - ref).abs().max().item() < BF16_ATOL

@@ -78,13 +78,19 @@ def _meta(reader: GGUFReader, key: str, model_path: str, default=_REQUIRED):
     return field.contents()
 
 
+def _float_meta(reader: GGUFReader, key: str, model_path: str, default=_REQUIRED) -> float:
+    # GGUF floats are float32: 1e-5 reads back as 9.99999975e-06. Take the shortest decimal that
+    # rounds to the same float32, which is the value the HF config.json held.
+    return float(str(np.float32(_meta(reader, key, model_path, default))))
+
+
 def _rope_scaling(reader: GGUFReader, arch: str, model_path: str):
     kind = _meta(reader, f"{arch}.rope.scaling.type", model_path, "none")
     if kind == "none":
         return None
     if kind == "linear":
         return {"rope_type": "linear",
-                "factor": float(_meta(reader, f"{arch}.rope.scaling.factor", model_path))}
+                "factor": _float_meta(reader, f"{arch}.rope.scaling.factor", model_path)}
     raise ValueError(f"model_path={model_path!r}: rope scaling type {kind!r} is not supported "
                      "(supported: none, linear)")
 
@@ -122,8 +128,8 @@ def model_config_from_gguf(reader: GGUFReader, model_path: str) -> ModelConfig:
         intermediate_size=int(_meta(reader, f"{arch}.feed_forward_length", model_path)),
         num_layers=int(_meta(reader, f"{arch}.block_count", model_path)),
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        rms_norm_eps=float(_meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", model_path)),
-        rope_theta=float(_meta(reader, f"{arch}.rope.freq_base", model_path, 10000.0)),
+        rms_norm_eps=_float_meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", model_path),
+        rope_theta=_float_meta(reader, f"{arch}.rope.freq_base", model_path, 10000.0),
         rope_scaling=_rope_scaling(reader, arch, model_path),
         max_position_embeddings=int(_meta(reader, f"{arch}.context_length", model_path, 4096)),
         # No separate output matrix means the LM head reuses the embedding.

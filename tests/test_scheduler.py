@@ -1,0 +1,109 @@
+"""Continuous batching, chunked prefill, preemption and slot accounting on a tiny model (CPU)."""
+
+import pytest
+import torch
+
+from specpcg import Engine
+from tests.tiny_models import save_tiny_checkpoint
+
+GREEDY = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    save_tiny_checkpoint("llama", path)
+    return str(path)
+
+
+def _engine(path, **kw):
+    kw = {"device": "cpu", "dtype": "float32", "max_total_tokens": 2048, **kw}
+    return Engine(model_path=path, skip_tokenizer_init=True, **kw)
+
+
+def _prompts(n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 128, (int(torch.randint(1, 60, (1,), generator=gen)),),
+                          generator=gen).tolist() for _ in range(n)]
+
+
+def test_batch_equals_alone(tiny_path):
+    engine = _engine(tiny_path)
+    prompts = _prompts(8)
+    alone = [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
+    batched = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in batched] == alone
+    assert all(len(a) == 20 for a in alone)
+
+
+def test_chunked_prefill_and_preemption_keep_tokens(tiny_path):
+    prompts = _prompts(8, seed=1)
+    ref = _engine(tiny_path).generate(input_ids=prompts, sampling_params=GREEDY)
+    # 16-token prefill budget chunks every long prompt; 200 slots force preemption in decode.
+    tight = _engine(tiny_path, chunked_prefill_size=16, max_total_tokens=200)
+    out = tight.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+    assert tight.get_server_info()["num_preemptions"] > 0
+    kv = tight.get_server_info()["kv_cache"]
+    assert kv["free_slots"] == kv["total_slots"]
+
+
+def test_max_running_requests_caps_batch(tiny_path):
+    engine = _engine(tiny_path, max_running_requests=3)
+    prompts = _prompts(7, seed=2)
+    ref = _engine(tiny_path).generate(input_ids=prompts, sampling_params=GREEDY)
+    seen = []
+    step = engine.scheduler.step
+
+    def spy():
+        seen.append(len(engine.scheduler.running))
+        return step()
+
+    engine.scheduler.step = spy
+    out = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert max(seen) <= 3
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+
+
+def test_hundred_requests_leave_no_slot(tiny_path):
+    engine = _engine(tiny_path, max_total_tokens=1024)
+    total = engine.get_server_info()["kv_cache"]["total_slots"]
+    params = [{"max_new_tokens": 1 + i % 9, "temperature": 0.7 * (i % 2), "seed": i,
+               "ignore_eos": True}
+              for i in range(100)]
+    outs = engine.generate(input_ids=_prompts(100, seed=3), sampling_params=params)
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [1 + i % 9 for i in range(100)]
+    kv = engine.get_server_info()["kv_cache"]
+    assert kv["free_slots"] == kv["total_slots"] == total
+
+
+def test_stop_token_ids_and_meta_info(tiny_path):
+    engine = _engine(tiny_path)
+    free = engine.generate(input_ids=[1, 2, 3], sampling_params=GREEDY)
+    stop_at = free["output_ids"][4]
+    out = engine.generate(input_ids=[1, 2, 3], sampling_params={**GREEDY, "stop_token_ids": [stop_at]})
+    first = free["output_ids"].index(stop_at)
+    assert out["output_ids"] == free["output_ids"][:first + 1]
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "stop", "matched": stop_at}
+    assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == first + 1
+    assert 0 < meta["ttft"] <= meta["e2e_latency"]
+    assert free["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
+
+
+def test_context_length_ends_generation(tiny_path):
+    engine = _engine(tiny_path, context_length=32)
+    out = engine.generate(input_ids=list(range(1, 21)), sampling_params=GREEDY)
+    assert out["meta_info"]["completion_tokens"] == 12
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_path):
+    engine = _engine(tiny_path)
+    p = {"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 7,
+         "ignore_eos": True}
+    a = engine.generate(input_ids=[5, 6, 7], sampling_params=p)["output_ids"]
+    batch = engine.generate(input_ids=[[9, 9], [5, 6, 7]], sampling_params=[{**p, "seed": 1}, p])
+    assert batch[1]["output_ids"] == a
+    other = engine.generate(input_ids=[5, 6, 7], sampling_params={**p, "seed": 8})["output_ids"]
+    assert other != a
