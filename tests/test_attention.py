@@ -54,9 +54,10 @@ def _make_batch(cache, lens, mode, num_pad_tokens=0, seed=0):
     positions = sum((list(range(p, p + e)) for p, e in lens), []) + [0] * num_pad_tokens
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     return ForwardBatch(
-        forward_mode=mode, input_ids=as_tensor([0] * len(positions)), positions=as_tensor(positions),
-        out_cache_loc=as_tensor(out_cache_loc), req_pool_indices=as_tensor(reqs),
-        seq_lens=as_tensor([p + e for p, e in lens]), extend_seq_lens=as_tensor([e for _, e in lens]),
+        forward_mode=mode, input_ids=as_tensor([0] * len(positions)),
+        positions=as_tensor(positions), out_cache_loc=as_tensor(out_cache_loc),
+        req_pool_indices=as_tensor(reqs), seq_lens=as_tensor([p + e for p, e in lens]),
+        extend_seq_lens=as_tensor([e for _, e in lens]),
         seq_lens_cpu=[p + e for p, e in lens], extend_seq_lens_cpu=[e for _, e in lens])
 
 
@@ -69,10 +70,9 @@ def _random_qkv(batch, head_dim, dtype, device, seed=1):
     return [t.to(dtype).to(device) for t in (q, k, v)]
 
 
-def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv_splits=None):
-    """Runs triton and torch on one batch; returns the max abs difference over the real rows."""
-    from specpcg.attention.triton_backend import TritonAttnBackend
-
+def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv_splits=None,
+             backend_name="triton"):
+    """Runs a backend and torch on one batch; returns the max abs difference over the real rows."""
     cache = _make_cache(device, dtype, head_dim)
     batch = _make_batch(cache, lens, mode, num_pad_tokens)
     q, k, v = _random_qkv(batch, head_dim, dtype, device)
@@ -80,8 +80,14 @@ def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv
     ref_backend = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale)
     # The reference attends in fp32 over the same (possibly bf16) pool.
     ref = ref_backend.forward(q.float(), k, v, LAYER, batch)
-    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale,
-                                num_kv_splits=num_kv_splits)
+    if backend_name == "triton":
+        from specpcg.attention.triton_backend import TritonAttnBackend
+
+        backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale,
+                                    num_kv_splits=num_kv_splits)
+    else:
+        backend = create_attention_backend(backend_name, device, cache, NUM_HEADS, NUM_KV_HEADS,
+                                           head_dim, scale)
     backend.init_forward_metadata(batch)
     out = backend.forward(q, k, v, LAYER, batch)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -139,7 +145,8 @@ def test_triton_decode_with_padded_rows():
              num_pad_tokens=3)
 
 
-@pytest.mark.parametrize("device,expected", [("cpu", "torch"), ("cuda", "triton" if HAS_TRITON else "torch")])
+@pytest.mark.parametrize("device,expected",
+                         [("cpu", "torch"), ("cuda", "triton" if HAS_TRITON else "torch")])
 def test_auto_resolves_by_device(device, expected):
     assert resolve_attention_backend_name("auto", device) == expected
 
@@ -254,3 +261,13 @@ def test_cuda_graph_decode_replays_live_lengths():
     ref = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, 0.125).forward(
         q.float(), k, v, LAYER, batch)
     assert (out.float() - ref).abs().max().item() < BF16_ATOL
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("flashinfer") is None,
+                    reason="needs flashinfer and a CUDA GPU")
+@pytest.mark.parametrize("mode,lens", [(ForwardMode.EXTEND, EXTEND_CASES["mixed"]),
+                                       (ForwardMode.DECODE, DECODE_CASES["mixed"])])
+def test_cuda_flashinfer_bf16(mode, lens):
+    _compare("cuda", torch.bfloat16, 64, lens, mode, atol=BF16_ATOL, num_pad_tokens=3,
+             backend_name="flashinfer")

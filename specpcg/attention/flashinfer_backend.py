@@ -1,4 +1,4 @@
-"""Paged attention through flashinfer's batch wrappers (optional: `pip install specpcg[flashinfer]`).
+"""Paged attention through flashinfer's batch wrappers (optional: the `specpcg[flashinfer]` extra).
 
 Our pool is flashinfer's paged layout with page size 1: a slot is a page, so a request's page
 list is its `req_to_token` row and every last page holds exactly one token. flashinfer's causal

@@ -27,10 +27,19 @@ class TorchAttnBackend(AttentionBackend):
             keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, seq_len, D]
             values = values.repeat_interleave(group, dim=1).transpose(0, 1)
             queries = q[start:start + ext_len].view(ext_len, self.num_heads, self.head_dim)
-            q_pos = torch.arange(ext_len, device=q.device)[:, None] + prefix_len
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos  # [ext, seq_len]
             o = F.scaled_dot_product_attention(queries.transpose(0, 1), keys, values,
-                                               attn_mask=mask, scale=self.scale)
+                                               attn_mask=_causal_mask(ext_len, seq_len, q.device),
+                                               is_causal=prefix_len == 0 and ext_len > 1,
+                                               scale=self.scale)
             out[start:start + ext_len] = o.transpose(0, 1).reshape(ext_len, -1)
             start += ext_len
         return out
+
+
+def _causal_mask(ext_len: int, seq_len: int, device):
+    """None where SDPA needs no mask (a fresh prompt uses is_causal, one query sees all keys)."""
+    prefix_len = seq_len - ext_len
+    if ext_len == 1 or prefix_len == 0:
+        return None
+    q_pos = torch.arange(ext_len, device=device)[:, None] + prefix_len
+    return torch.arange(seq_len, device=device)[None, :] <= q_pos  # [ext, seq_len]

@@ -79,7 +79,8 @@ def _extend_attn_kernel(
         m_i = m_new
 
     out = acc / l_i[:, None]
-    out_offs = (q_start + offs_m)[:, None] * stride_out_tok + head * stride_out_head + offs_d[None, :]
+    out_offs = ((q_start + offs_m)[:, None] * stride_out_tok + head * stride_out_head
+                + offs_d[None, :])
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_d[None, :])
 
@@ -206,7 +207,8 @@ def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     grid = (num_reqs, triton.cdiv(max_extend_len, block_m), num_heads)
     _extend_attn_kernel[grid](
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens, q_starts,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1),
         out.stride(0), out.stride(1), req_to_token.stride(0),
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=num_heads // k_buf.shape[1],
@@ -237,7 +239,8 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
     _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
         q, k_buf, v_buf, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads, NUM_SPLITS=num_kv_splits,
