@@ -1,5 +1,17 @@
-"""Shared pytest setup: the `cuda` marker for tests that need a GPU (they skip without one)."""
+"""Shared pytest setup: tests marked `cuda` need a GPU and skip without one."""
+
+import pytest
+import torch
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; skipped when torch.cuda is unavailable")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

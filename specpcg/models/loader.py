@@ -21,6 +21,9 @@ def default_model_path() -> str:
     The package is located, never imported: importing it would need its plugin host
     (`llm`, `llama_cpp`), which we neither need nor install.
     """
+    override = os.environ.get("SPECPCG_DEFAULT_MODEL")  # machines without the package
+    if override:
+        return override
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:

@@ -1,0 +1,323 @@
+"""Engine speed against Hugging Face transformers on the same GPU and the same weights.
+
+Measures, in one run, decode tokens/s (batch 1 and 32; 32-token prompts, 256 new tokens, greedy,
+EOS ignored) and time to first token (batch 1; 128/512/2048-token prompts, max_new_tokens=1,
+median of --repeats) for specpcg, HF `generate` with its dynamic cache ("hf_eager") and HF with
+`cache_implementation="static"` ("hf_static"). Every measurement is one JSON line appended to
+--out; then a Markdown table is printed and a bar plot saved next to it (engine.png).
+
+Decode time is the time after the first token: for specpcg `e2e_latency - ttft` of the batch
+(the slowest request of each), for HF the time of generate(N) minus generate(1) on the same
+inputs; tokens/s = batch * (N - 1) / decode time, the tokens made in that time. Prompts are
+deterministic token ids cut from the GSM8K test questions, identical for every system.
+
+    python benchmarks/bench_engine.py --model-path /path/SmolLM2-135M-Instruct.Q4_1.gguf
+    python benchmarks/bench_engine.py --quick --out /tmp/engine.jsonl     # CPU smoke run
+    python benchmarks/bench_engine.py --table-only benchmarks/results/engine.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+import common
+
+common.add_repo_to_path()
+
+SYSTEMS = {"specpcg": "specpcg", "hf_eager": "HF eager", "hf_static": "HF static"}
+METRICS = {"decode_tok_s": "decode tok/s (higher is better)", "ttft_ms": "TTFT ms (lower is better)"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    decode_batches: tuple = (1, 32)
+    decode_prompt_len: int = 32
+    new_tokens: int = 256
+    ttft_prompt_lens: tuple = (128, 512, 2048)
+
+    def kv_tokens(self) -> int:
+        """KV slots the runs need, with room to spare (the engine's default takes most of HBM)."""
+        decode = max(self.decode_batches) * (self.decode_prompt_len + self.new_tokens)
+        return 2 * max(decode, max(self.ttft_prompt_lens) + 1) + 256
+
+
+QUICK = Settings(decode_batches=(1, 2), decode_prompt_len=16, new_tokens=8, ttft_prompt_lens=(16, 32))
+
+
+def gsm8k_token_stream(tokenizer, num_questions: int = 300) -> list[int]:
+    from specpcg.gsm8k import load_split
+
+    text = "\n\n".join(q["question"] for q in load_split("test")[:num_questions])
+    return tokenizer.encode(text)
+
+
+def make_prompts(stream: list[int], batch_size: int, prompt_len: int) -> list[list[int]]:
+    """`batch_size` distinct rows of `prompt_len` ids, each a window of the (cycled) stream."""
+    rows = []
+    for row in range(batch_size):
+        start = (row * 997) % len(stream)  # 997: prime stride, so rows differ
+        rows.append(list(itertools.islice(itertools.cycle(stream), start, start + prompt_len)))
+    return rows
+
+
+# -- systems: decode_s(ids, n) -> seconds after the first token, ttft_s(ids) -> seconds ----------
+class SpecpcgRunner:
+    system = "specpcg"
+
+    def __init__(self, args, settings: Settings):
+        from specpcg import Engine
+
+        self.engine = Engine(model_path=args.model_path, device=args.device, dtype=args.dtype,
+                             attention_backend=args.attention_backend,
+                             max_total_tokens=settings.kv_tokens(),
+                             disable_cuda_graph=args.disable_cuda_graph, show_progress=False)
+        self.device = self.engine.device
+        self.attention_backend = self.engine.attn_backend.name
+
+    def _generate(self, ids, num_new: int) -> list[dict]:
+        params = {"max_new_tokens": num_new, "temperature": 0, "ignore_eos": True}
+        outs = self.engine.generate(input_ids=ids, sampling_params=params)
+        assert all(o["meta_info"]["completion_tokens"] == num_new for o in outs), "short output"
+        return outs
+
+    def decode_s(self, ids, num_new: int) -> float:
+        metas = [o["meta_info"] for o in self._generate(ids, num_new)]
+        return max(m["e2e_latency"] for m in metas) - max(m["ttft"] for m in metas)
+
+    def ttft_s(self, ids) -> float:
+        return common.timed(lambda: self._generate(ids, 1), self.device)[1]
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.engine = None
+
+
+class HFRunner:
+    def __init__(self, model, device: torch.device, cache_implementation):
+        self.model, self.device, self.cache = model, device, cache_implementation
+        self.system = "hf_static" if cache_implementation == "static" else "hf_eager"
+        self.attention_backend = f"hf:{model.config._attn_implementation}"
+        eos = model.generation_config.eos_token_id
+        self.pad_id = (eos[0] if isinstance(eos, list) else eos) or 0
+
+    def _generate(self, ids, num_new: int):
+        input_ids = torch.tensor(ids, device=self.device)  # [bs, prompt_len]
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+            max_new_tokens=num_new, min_new_tokens=num_new, pad_token_id=self.pad_id,
+            cache_implementation=self.cache)
+        assert out.shape[1] == input_ids.shape[1] + num_new, "short output"
+
+    def decode_s(self, ids, num_new: int) -> float:
+        total = common.timed(lambda: self._generate(ids, num_new), self.device)[1]
+        return total - self.ttft_s(ids)
+
+    def ttft_s(self, ids) -> float:
+        return common.timed(lambda: self._generate(ids, 1), self.device)[1]
+
+    def close(self) -> None:
+        self.model = None
+
+
+def load_hf_model(model_path: str, device: torch.device, dtype: torch.dtype):
+    """The HF model with the weights specpcg loads: from the GGUF through transformers, or,
+    where that fails, a LlamaForCausalLM built from our own loaded config and state dict."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    is_dir = os.path.isdir(model_path)
+    directory = model_path if is_dir else os.path.dirname(os.path.abspath(model_path))
+    kwargs = {} if is_dir else {"gguf_file": os.path.basename(model_path)}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
+    except (ImportError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"HF from_pretrained failed ({type(exc).__name__}: {exc}); building "
+              "LlamaForCausalLM from specpcg's loaded checkpoint", file=sys.stderr)
+        model = hf_model_from_checkpoint(model_path, dtype)
+    return model.to(device).eval()
+
+
+def hf_model_from_checkpoint(model_path: str, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specpcg.models.loader import load_checkpoint
+
+    cfg, state_dict = load_checkpoint(model_path)
+    if cfg.family != "llama":
+        raise RuntimeError(f"the fallback builds Llama only, not {cfg.architecture}; install "
+                           "accelerate and gguf so transformers can load the checkpoint itself")
+    rope = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
+    hf_cfg = LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_parameters=rope,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.attention_bias,
+        bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids) or None)
+    model = LlamaForCausalLM(hf_cfg)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model.to(dtype)
+
+
+# -- measuring -------------------------------------------------------------------------------
+def measure(runner, settings: Settings, stream, repeats: int, info: dict) -> list[dict]:
+    def record(metric, batch_size, prompt_len, num_new, value):
+        rec = {"bench": "engine", "system": runner.system, "metric": metric,
+               "batch_size": batch_size, "prompt_len": prompt_len, "new_tokens": num_new,
+               "value": value, **info, "attention_backend": runner.attention_backend,
+               "timestamp": common.now_iso()}
+        print(f"  {runner.system:10s} {metric:13s} bs={batch_size:<3d} prompt={prompt_len:<5d} "
+              f"new={num_new:<4d} {common.fmt(value)}", flush=True)
+        return rec
+
+    records, num_new = [], settings.new_tokens
+    for bs in settings.decode_batches:
+        ids = make_prompts(stream, bs, settings.decode_prompt_len)
+        runner.decode_s(ids, num_new)  # warm-up: first use of this shape (autotune, allocator)
+        decode_s = common.median(runner.decode_s(ids, num_new) for _ in range(repeats))
+        records.append(record("decode_tok_s", bs, settings.decode_prompt_len, num_new,
+                              bs * (num_new - 1) / decode_s))
+    for prompt_len in settings.ttft_prompt_lens:
+        ids = make_prompts(stream, 1, prompt_len)
+        runner.ttft_s(ids)  # warm-up
+        ttft_s = common.median(runner.ttft_s(ids) for _ in range(repeats))
+        records.append(record("ttft_ms", 1, prompt_len, 1, 1000 * ttft_s))
+    return records
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_all(args, settings: Settings) -> list[dict]:
+    from specpcg.models.loader import default_model_path
+    from specpcg.tokenizer import load_tokenizer
+
+    args.model_path = args.model_path or default_model_path()
+    stream = gsm8k_token_stream(load_tokenizer(args.model_path))
+    runner = SpecpcgRunner(args, settings)
+    device, dtype = runner.device, runner.engine.dtype
+    info = {**common.machine_info(device), "dtype": str(dtype).replace("torch.", ""),
+            "cuda_graph": device.type == "cuda" and not args.disable_cuda_graph}
+    print(f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
+          f"git {info['git']}, model {args.model_path}", flush=True)
+    records = measure(runner, settings, stream, args.repeats, info)
+    runner.close()
+    del runner
+    free_memory(device)
+    if not args.skip_hf:
+        model = load_hf_model(args.model_path, device, dtype)
+        hf_info = {**info, "cuda_graph": False}
+        for cache in (None, "static"):
+            records += measure(HFRunner(model, device, cache), settings, stream, args.repeats, hf_info)
+        del model
+        free_memory(device)
+    return records
+
+
+# -- reporting -------------------------------------------------------------------------------
+def latest_values(records: list[dict]) -> dict:
+    """{(metric, bs, prompt_len, new_tokens): {system: value}} from the latest line of each,
+    among the lines measured on the same device as the file's last engine line."""
+    records = [r for r in records if r.get("bench") == "engine"]
+    if not records:
+        raise ValueError("no engine benchmark lines to render")
+    device = records[-1]["device"]
+    table: dict = {}
+    for r in records:
+        if r["device"] == device:
+            key = (r["metric"], r["batch_size"], r["prompt_len"], r["new_tokens"])
+            table.setdefault(key, {})[r["system"]] = r["value"]
+    return dict(sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])))
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def render_table(records: list[dict]) -> str:
+    headers = ["metric", "setting", *SYSTEMS.values(), "specpcg / HF eager", "specpcg / HF static"]
+    rows = []
+    for (metric, bs, prompt_len, num_new), vals in latest_values(records).items():
+        setting = f"bs={bs} prompt={prompt_len}" + (f" new={num_new}" if metric != "ttft_ms" else "")
+        ours = vals.get("specpcg")
+        rows.append([METRICS.get(metric, metric), setting,
+                     *(common.fmt(vals.get(s)) for s in SYSTEMS),
+                     common.fmt(ratio(ours, vals.get("hf_eager"))),
+                     common.fmt(ratio(ours, vals.get("hf_static")))])
+    return common.markdown_table(headers, rows)
+
+
+def render_plot(records: list[dict], path) -> None:
+    values, last = latest_values(records), [r for r in records if r.get("bench") == "engine"][-1]
+    panels = []
+    for metric, ylabel in METRICS.items():
+        keys = [k for k in values if k[0] == metric]
+        if not keys:
+            continue
+        if metric == "ttft_ms":
+            title, labels = "time to first token (batch 1)", [f"prompt {k[2]}" for k in keys]
+        else:
+            title = f"decode (prompt {keys[0][2]}, {keys[0][3]} new tokens, greedy)"
+            labels = [f"batch {k[1]}" for k in keys]
+        panels.append({"title": title, "ylabel": ylabel, "labels": labels,
+                       "values": {SYSTEMS[s]: [values[k].get(s) for k in keys] for s in SYSTEMS}})
+    title = (f"specpcg vs HF transformers on {last['device']} ({last.get('dtype')}; torch "
+             f"{last['torch']}, transformers {last['transformers']}, git {last.get('git')}, "
+             f"specpcg attention {last.get('attention_backend')})")
+    common.grouped_bar_plot(panels, list(SYSTEMS.values()), path, title)
+
+
+def report(records: list[dict], out_path) -> None:
+    png = os.path.join(os.path.dirname(os.path.abspath(out_path)), "engine.png")
+    print(render_table(records))
+    render_plot(records, png)
+    print(f"\nplot: {png}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None, help="HF dir or .gguf (default: SmolLM2-135M)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="bfloat16", help="both systems load the weights in this")
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--skip-hf", action="store_true", help="measure specpcg only")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a CPU smoke run")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per point (median)")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "engine.jsonl"))
+    p.add_argument("--table-only", metavar="FILE", default=None,
+                   help="re-render the table and plot from an existing JSON-lines file")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.table_only:
+        report(common.read_jsonl(args.table_only), args.table_only)
+        return
+    records = run_all(args, QUICK if args.quick else Settings())
+    common.append_jsonl(args.out, records)
+    print(f"\nappended {len(records)} lines to {args.out}\n")
+    report(common.read_jsonl(args.out), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Shared helpers for the benchmark scripts: timing, machine description, JSON lines, tables, plots.
+
+Benchmarks are scripts (never timed tests). Each measurement is one JSON line; a script appends
+its lines to a results file and renders a Markdown table and a PNG from them, so a table can be
+re-rendered later from the file alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+GIT_ENV = "SPECPCG_GIT_COMMIT"  # set it where the checkout has no .git (a copied working tree)
+
+
+def add_repo_to_path() -> None:
+    """Lets `python benchmarks/x.py` import specpcg from this checkout without an install."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+
+
+# -- timing ------------------------------------------------------------------------------------
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable, device: torch.device):
+    """(fn(), seconds); the device is synchronized before and after so queued kernels count."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - t0
+
+
+def median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
+
+
+# -- machine description -----------------------------------------------------------------------
+def git_commit() -> Optional[str]:
+    """Short commit of the checkout, read from .git files (no git process); None if unknown."""
+    if os.environ.get(GIT_ENV):
+        return os.environ[GIT_ENV][:7]
+    git_dir = REPO_ROOT / ".git"
+    head_file = git_dir / "HEAD"
+    if not head_file.is_file():
+        return None
+    head = head_file.read_text().strip()
+    if not head.startswith("ref: "):
+        return head[:7]
+    ref = head[5:]
+    ref_file = git_dir / ref
+    if ref_file.is_file():
+        return ref_file.read_text().strip()[:7]
+    packed = git_dir / "packed-refs"
+    if packed.is_file():
+        for line in packed.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == ref:
+                return parts[0][:7]
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def machine_info(device: torch.device) -> dict:
+    """The fields every JSON line carries about where and with what it was measured."""
+    import transformers
+
+    return {"device": device_name(device), "torch": torch.__version__,
+            "transformers": transformers.__version__, "git": git_commit()}
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# -- JSON lines --------------------------------------------------------------------------------
+def append_jsonl(path, records: list[dict]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"results file {str(path)!r} does not exist")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# -- rendering ---------------------------------------------------------------------------------
+def fmt(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |",
+             "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def grouped_bar_plot(panels: list[dict], series: list[str], path, title: str) -> None:
+    """One subplot per panel; in each, one group of bars per x label and one bar per series.
+
+    panel: {"title": str, "ylabel": str, "labels": [str], "values": {series: [float|None]}}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    width = 0.8 / max(len(series), 1)
+    for ax, panel in zip(axes[0], panels):
+        for i, name in enumerate(series):
+            vals = panel["values"].get(name, [None] * len(panel["labels"]))
+            xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(vals))]
+            heights = [v or 0.0 for v in vals]
+            bars = ax.bar(xs, heights, width, label=name)
+            for bar, v in zip(bars, vals):
+                if v is not None:
+                    ax.annotate(fmt(v), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                                textcoords="offset points")
+        ax.set_xticks(range(len(panel["labels"])), panel["labels"])
+        ax.set_title(panel["title"])
+        ax.set_ylabel(panel["ylabel"])
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
