@@ -1,15 +1,13 @@
 """Engine speed against Hugging Face transformers on the same GPU and the same weights.
 
-Measures, in one run, decode tokens/s (batch 1 and 32; 32-token prompts, 256 new tokens, greedy,
-EOS ignored) and time to first token (batch 1; 128/512/2048-token prompts, max_new_tokens=1,
-median of --repeats) for specpcg, HF `generate` with its dynamic cache ("hf_eager") and HF with
-`cache_implementation="static"` ("hf_static"). Every measurement is one JSON line appended to
---out; then a Markdown table is printed and a bar plot saved next to it (engine.png).
-
-Decode time is the time after the first token: for specpcg `e2e_latency - ttft` of the batch
-(the slowest request of each), for HF the time of generate(N) minus generate(1) on the same
-inputs; tokens/s = batch * (N - 1) / decode time, the tokens made in that time. Prompts are
-deterministic token ids cut from the GSM8K test questions, identical for every system.
+One run measures decode tokens/s (batch 1 and 32; 32-token prompts, 256 new tokens, greedy, EOS
+ignored) and time to first token (batch 1; 128/512/2048-token prompts, max_new_tokens=1) for
+specpcg, HF `generate` with its dynamic cache ("hf_eager") and with `cache_implementation=
+"static"` ("hf_static"); medians of --repeats. Each measurement is one JSON line appended to
+--out; a Markdown table is printed and a bar plot saved next to it (engine.png).
+Decode time is the time after the first token: specpcg `e2e_latency - ttft` of the batch (its
+slowest request), HF generate(N) - generate(1) on the same inputs; tokens/s = batch * (N - 1) /
+decode time. Prompts: deterministic ids cut from the GSM8K test questions, the same for all.
 
     python benchmarks/bench_engine.py --model-path /path/SmolLM2-135M-Instruct.Q4_1.gguf
     python benchmarks/bench_engine.py --quick --out /tmp/engine.jsonl     # CPU smoke run
@@ -19,10 +17,8 @@ deterministic token ids cut from the GSM8K test questions, identical for every s
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +28,8 @@ import common
 common.add_repo_to_path()
 
 SYSTEMS = {"specpcg": "specpcg", "hf_eager": "HF eager", "hf_static": "HF static"}
-METRICS = {"decode_tok_s": "decode tok/s (higher is better)", "ttft_ms": "TTFT ms (lower is better)"}
+METRICS = {"decode_tok_s": "decode tok/s (higher is better)",
+           "ttft_ms": "TTFT ms (lower is better)"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,8 @@ class Settings:
         return 2 * max(decode, max(self.ttft_prompt_lens) + 1) + 256
 
 
-QUICK = Settings(decode_batches=(1, 2), decode_prompt_len=16, new_tokens=8, ttft_prompt_lens=(16, 32))
+QUICK = Settings(decode_batches=(1, 2), decode_prompt_len=16, new_tokens=8,
+                 ttft_prompt_lens=(16, 32))
 
 
 def gsm8k_token_stream(tokenizer, num_questions: int = 300) -> list[int]:
@@ -126,51 +124,6 @@ class HFRunner:
         self.model = None
 
 
-def load_hf_model(model_path: str, device: torch.device, dtype: torch.dtype):
-    """The HF model with the weights specpcg loads: from the GGUF through transformers, or,
-    where that fails, a LlamaForCausalLM built from our own loaded config and state dict."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    is_dir = os.path.isdir(model_path)
-    directory = model_path if is_dir else os.path.dirname(os.path.abspath(model_path))
-    kwargs = {} if is_dir else {"gguf_file": os.path.basename(model_path)}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
-    except (ImportError, OSError, ValueError, KeyError, RuntimeError) as exc:
-        print(f"HF from_pretrained failed ({type(exc).__name__}: {exc}); building "
-              "LlamaForCausalLM from specpcg's loaded checkpoint", file=sys.stderr)
-        model = hf_model_from_checkpoint(model_path, dtype)
-    return model.to(device).eval()
-
-
-def hf_model_from_checkpoint(model_path: str, dtype: torch.dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from specpcg.models.loader import load_checkpoint
-
-    cfg, state_dict = load_checkpoint(model_path)
-    if cfg.family != "llama":
-        raise RuntimeError(f"the fallback builds Llama only, not {cfg.architecture}; install "
-                           "accelerate and gguf so transformers can load the checkpoint itself")
-    rope = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
-    hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_parameters=rope,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.attention_bias,
-        bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids) or None)
-    model = LlamaForCausalLM(hf_cfg)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
-    if cfg.tie_word_embeddings:
-        model.tie_weights()
-    return model.to(dtype)
-
-
 # -- measuring -------------------------------------------------------------------------------
 def measure(runner, settings: Settings, stream, repeats: int, info: dict) -> list[dict]:
     def record(metric, batch_size, prompt_len, num_new, value):
@@ -197,13 +150,8 @@ def measure(runner, settings: Settings, stream, repeats: int, info: dict) -> lis
     return records
 
 
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def run_all(args, settings: Settings) -> list[dict]:
+def run_all(args, settings: Settings) -> None:
+    """Measures every system, appending each one's lines to --out as soon as it is done."""
     from specpcg.models.loader import default_model_path
     from specpcg.tokenizer import load_tokenizer
 
@@ -211,22 +159,23 @@ def run_all(args, settings: Settings) -> list[dict]:
     stream = gsm8k_token_stream(load_tokenizer(args.model_path))
     runner = SpecpcgRunner(args, settings)
     device, dtype = runner.device, runner.engine.dtype
-    info = {**common.machine_info(device), "dtype": str(dtype).replace("torch.", ""),
-            "cuda_graph": device.type == "cuda" and not args.disable_cuda_graph}
+    info = {**common.machine_info(device), "dtype": str(dtype).replace("torch.", "")}
     print(f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
           f"git {info['git']}, model {args.model_path}", flush=True)
-    records = measure(runner, settings, stream, args.repeats, info)
+    ours_info = {**info, "disable_cuda_graph": args.disable_cuda_graph}
+    common.append_jsonl(args.out, measure(runner, settings, stream, args.repeats, ours_info))
     runner.close()
     del runner
-    free_memory(device)
-    if not args.skip_hf:
-        model = load_hf_model(args.model_path, device, dtype)
-        hf_info = {**info, "cuda_graph": False}
-        for cache in (None, "static"):
-            records += measure(HFRunner(model, device, cache), settings, stream, args.repeats, hf_info)
-        del model
-        free_memory(device)
-    return records
+    common.free_memory(device)
+    if args.skip_hf:
+        return
+    model = common.load_hf_model(args.model_path, device, dtype)
+    for cache in (None, "static"):
+        runner = HFRunner(model, device, cache)
+        common.append_jsonl(args.out, measure(runner, settings, stream, args.repeats, info))
+        runner.close()
+    del model
+    common.free_memory(device)
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -242,28 +191,26 @@ def latest_values(records: list[dict]) -> dict:
         if r["device"] == device:
             key = (r["metric"], r["batch_size"], r["prompt_len"], r["new_tokens"])
             table.setdefault(key, {})[r["system"]] = r["value"]
-    return dict(sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])))
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
+    return dict(sorted(table.items()))
 
 
 def render_table(records: list[dict]) -> str:
-    headers = ["metric", "setting", *SYSTEMS.values(), "specpcg / HF eager", "specpcg / HF static"]
+    baselines = ("hf_eager", "hf_static")
+    headers = ["metric", "setting", *SYSTEMS.values(),
+               *(f"specpcg / {SYSTEMS[b]}" for b in baselines)]
     rows = []
     for (metric, bs, prompt_len, num_new), vals in latest_values(records).items():
-        setting = f"bs={bs} prompt={prompt_len}" + (f" new={num_new}" if metric != "ttft_ms" else "")
-        ours = vals.get("specpcg")
+        setting = f"bs={bs} prompt={prompt_len}"
+        setting += "" if metric == "ttft_ms" else f" new={num_new}"
+        ratios = [common.ratio(vals.get("specpcg"), vals.get(b)) for b in baselines]
         rows.append([METRICS.get(metric, metric), setting,
-                     *(common.fmt(vals.get(s)) for s in SYSTEMS),
-                     common.fmt(ratio(ours, vals.get("hf_eager"))),
-                     common.fmt(ratio(ours, vals.get("hf_static")))])
+                     *(common.fmt(vals.get(s)) for s in SYSTEMS), *map(common.fmt, ratios)])
     return common.markdown_table(headers, rows)
 
 
 def render_plot(records: list[dict], path) -> None:
     values, last = latest_values(records), [r for r in records if r.get("bench") == "engine"][-1]
+    ours = [r for r in records if r.get("system") == "specpcg" and r["device"] == last["device"]]
     panels = []
     for metric, ylabel in METRICS.items():
         keys = [k for k in values if k[0] == metric]
@@ -278,7 +225,7 @@ def render_plot(records: list[dict], path) -> None:
                        "values": {SYSTEMS[s]: [values[k].get(s) for k in keys] for s in SYSTEMS}})
     title = (f"specpcg vs HF transformers on {last['device']} ({last.get('dtype')}; torch "
              f"{last['torch']}, transformers {last['transformers']}, git {last.get('git')}, "
-             f"specpcg attention {last.get('attention_backend')})")
+             f"specpcg attention {ours[-1]['attention_backend'] if ours else '-'})")
     common.grouped_bar_plot(panels, list(SYSTEMS.values()), path, title)
 
 
@@ -313,9 +260,8 @@ def main(argv=None) -> None:
     if args.table_only:
         report(common.read_jsonl(args.table_only), args.table_only)
         return
-    records = run_all(args, QUICK if args.quick else Settings())
-    common.append_jsonl(args.out, records)
-    print(f"\nappended {len(records)} lines to {args.out}\n")
+    run_all(args, QUICK if args.quick else Settings())
+    print(f"\nappended to {args.out}\n")
     report(common.read_jsonl(args.out), args.out)
 
 

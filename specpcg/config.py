@@ -39,6 +39,8 @@ class EngineConfig:
     disable_piecewise_cuda_graph: bool = False
     enforce_piecewise_cuda_graph: bool = False
     cuda_graph_max_bs: int = 64
+    pp_size: int = 1  # pipeline parallel ranks (multi-GPU comes later; 1 only for now)
+    tp_size: int = 1
     piecewise_cuda_graph_max_tokens: int = 4096
     show_progress: bool = True
     log_level: str = "warning"
@@ -64,6 +66,9 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, tuple(DTYPES))
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static!r}")
+        if self.pp_size != 1 or self.tp_size != 1:
+            raise ValueError(f"tp_size={self.tp_size}, pp_size={self.pp_size}: only one GPU "
+                             f"(tp_size=1, pp_size=1) is supported in this release")
         for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs",
                      "piecewise_cuda_graph_max_tokens"):
             _check_positive_int(name, getattr(self, name))

@@ -11,8 +11,10 @@ from specpcg.attention import create_attention_backend
 from specpcg.config import EngineConfig
 from specpcg.inputs import build_requests, normalize_inputs
 from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+from specpcg.graphs.setup import build_graphs
 from specpcg.model_runner import ModelRunner
 from specpcg.models.loading import load_target
+from specpcg.router import ForwardRouter
 from specpcg.sampler import make_generator
 from specpcg.scheduler import Scheduler
 from specpcg.stopping import StopChecker, trim_stop_string
@@ -41,9 +43,12 @@ class Engine:
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
             mc.head_dim, mc.head_dim ** -0.5)
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device)
+        self.graphs = build_graphs(cfg, self.runner, self.context_len)
+        self.router = ForwardRouter(self.runner, self.graphs.piecewise, self.graphs.decode,
+                                    self.graphs.disabled_reasons())
         eos = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
         self.stop_checker = StopChecker(self.tokenizer, tuple(eos), self.context_len)
-        self.scheduler = Scheduler(self.runner, self.kv_cache, self.stop_checker,
+        self.scheduler = Scheduler(self.router, self.kv_cache, self.stop_checker,
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
 
@@ -90,6 +95,7 @@ class Engine:
             "attention_backend": self.attn_backend.name, "context_length": self.context_len,
             "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
             "num_preemptions": self.scheduler.num_preemptions,
+            **self.graphs.info(), "forward_stats": self.router.forward_stats(),
             "internal_states": [dict(self._stats)],
         }
 

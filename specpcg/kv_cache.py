@@ -47,10 +47,12 @@ class ReqToTokenPool:
     """req_to_token[req_pool_idx, pos] = KV slot of that request's token at `pos`."""
 
     def __init__(self, max_requests: int, max_context_len: int, device):
-        # [max_requests, max_context_len]
-        self.req_to_token = torch.zeros(max_requests, max_context_len, dtype=torch.int32,
+        # [max_requests + 1, max_context_len]; the extra row is never handed out
+        self.req_to_token = torch.zeros(max_requests + 1, max_context_len, dtype=torch.int32,
                                         device=device)
         self.max_context_len = max_context_len
+        # Graph padding requests read this row: every entry is the sink slot, forever.
+        self.pad_row = max_requests
         self._free = list(range(max_requests - 1, -1, -1))
 
     @property

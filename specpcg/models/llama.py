@@ -11,10 +11,12 @@ import torch
 from torch import nn
 
 from specpcg.forward_context import get_forward_context
+from specpcg.graphs.breakable import eager_break
 from specpcg.models.config import ModelConfig
 from specpcg.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 
+@eager_break
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
     """Paged attention for the forward in flight; the batch comes from the forward context."""
     ctx = get_forward_context()

@@ -1,0 +1,246 @@
+"""Breakable CUDA graphs: one forward captured as graph segments with eager calls between them.
+
+A function marked `@eager_break` (attention) cannot live inside a graph: it reads per-batch
+lengths on the host. Inside `breakable_capture`, calling it ends the segment being captured,
+runs the function eagerly once, records a replay closure, and begins the next segment in the same
+memory pool. `BreakableGraph.replay()` then runs segment 0, break 0, segment 1, ..., so the dense
+work replays from graphs while the break functions run eagerly on the live metadata.
+
+Needs nothing beyond torch (no torch.compile, no cuda-python). Importing this module makes no
+CUDA call, so `specpcg.models.llama` (which marks attention) imports on a CPU-only machine.
+
+Usage by a runner (one pool for every bucket, largest bucket first, inputs in static buffers):
+
+    pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.stream(capture_stream()):
+        model_forward(static_inputs)                     # warm-up: lazy init, autotune
+    for n in sorted(buckets, reverse=True):
+        graph = BreakableGraph()
+        with breakable_capture(graph, pool):
+            outputs[n] = model_forward(static_inputs[:n])
+    ...
+    graph.replay()                                       # outputs[n] now holds the new result
+
+Contract for a break function `fn` (NOTE: a violation gives stale or wrong outputs, not errors):
+- Its results must be returned tensors (None, a tensor, or a tuple/list of those): replay calls
+  fn again with the SAME argument objects and copies the new result into the tensors returned at
+  capture, in place. Or it writes into argument tensors (e.g. a buffer allocated in a segment)
+  and returns None.
+- Python values it reads from its arguments (ints such as `layer_id`) are frozen at capture;
+  values that change between replays must come from tensors or from ambient state it reads
+  itself (the forward context).
+- Tensors it allocates during capture come from the normal allocator, not the graph pool; the
+  closure keeps them (and its arguments) alive for as long as the graph lives.
+- It must leave no forked side stream un-joined (ending a segment would fail).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+class BreakableGraph:
+    """Graph segments with eager break closures between them: break i runs after segment i."""
+
+    def __init__(self):
+        self.segments: list = []  # torch.cuda.CUDAGraph, len(breaks) + 1 once captured
+        self.breaks: list[Callable[[], None]] = []
+        self.break_names: list[str] = []  # the break functions' names, for error messages
+
+    @property
+    def captured(self) -> bool:
+        return len(self.segments) == len(self.breaks) + 1
+
+    def replay(self) -> None:
+        if not self.captured:
+            raise RuntimeError("BreakableGraph has nothing to replay: capture it inside "
+                               "breakable_capture() first")
+        i, in_break = 0, False
+        # Re-raised, never absorbed: the wrapper only adds which step failed. Inference mode:
+        # replay records no autograd anyway, and outputs captured under inference_mode (the
+        # model runner's forward) accept the in-place copy only inside it.
+        try:
+            with torch.inference_mode():
+                for i, segment in enumerate(self.segments):
+                    in_break = False
+                    segment.replay()
+                    if i < len(self.breaks):
+                        in_break = True
+                        self.breaks[i]()
+        except Exception as exc:
+            step = f"break {i} ({self.break_names[i]})" if in_break else f"segment {i}"
+            raise RuntimeError(f"breakable graph replay failed in {step} of "
+                               f"{len(self.segments)} segments: {exc}") from exc
+
+    def reset(self) -> None:
+        """Drops the segments and closures (and the pool blocks and tensors they pin)."""
+        self.segments.clear()
+        self.breaks.clear()
+        self.break_names.clear()
+
+
+@dataclass
+class _CaptureState:
+    graph: BreakableGraph
+    pool: Any  # a graph_pool_handle(); None until the first segment creates a private pool
+    open_segment: Any = None  # the torch.cuda.CUDAGraph being captured; None inside a break
+
+
+_current: contextvars.ContextVar = contextvars.ContextVar("specpcg_breakable_capture", default=None)
+
+
+def is_capturing() -> bool:
+    """True inside `breakable_capture` (also while a break function runs eagerly during it)."""
+    return _current.get() is not None
+
+
+def capture_stream() -> torch.cuda.Stream:
+    """The side stream captures run on; warm up on it too.
+
+    It is torch.cuda.graph's own default side stream, created on first use: the caching allocator
+    reuses a pool's free blocks only on the stream that allocated them, so every graph meant to
+    share one pool (all buckets, and decode graphs captured with torch.cuda.graph) must be
+    captured on the same stream.
+    """
+    if torch.cuda.graph.default_capture_stream is None:
+        torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
+    return torch.cuda.graph.default_capture_stream
+
+
+def _begin_segment(state: _CaptureState) -> None:
+    segment = torch.cuda.CUDAGraph()
+    segment.capture_begin(pool=state.pool)
+    if state.pool is None:
+        state.pool = segment.pool()  # later segments must share the first one's pool
+    state.open_segment = segment
+
+
+def _end_segment(state: _CaptureState) -> None:
+    segment, state.open_segment = state.open_segment, None
+    assert segment is not None, "no segment is being captured"
+    with warnings.catch_warnings():
+        # Two breaks in a row (or a break first/last) leave an empty segment; replaying it is a
+        # harmless no-op, so torch's "empty graph" warning would only be noise here.
+        warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
+        segment.capture_end()
+    state.graph.segments.append(segment)
+
+
+def _abort(state: _CaptureState) -> None:
+    """After an exception inside the capture: end the stream capture, leave the graph empty."""
+    if state.open_segment is not None:
+        segment, state.open_segment = state.open_segment, None
+        try:
+            segment.capture_end()
+        except RuntimeError:
+            pass  # an invalidated capture fails to end; the exception in flight is the cause
+    state.graph.reset()
+
+
+@contextmanager
+def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | None = None):
+    """Captures everything run inside into `graph`, split at every `@eager_break` call.
+
+    pool: a `torch.cuda.graph_pool_handle()` shared by every segment of every bucket (capture the
+    largest bucket first so smaller ones reuse its blocks); None gives the graph a private pool.
+    stream: the side stream to capture on; default `capture_stream()`.
+    """
+    if _current.get() is not None:
+        raise RuntimeError("breakable_capture is already active: nested captures are not "
+                           "supported; finish the outer capture first")
+    if graph.segments or graph.breaks:
+        raise RuntimeError("this BreakableGraph is already captured; use a new one or reset() it")
+    state = _CaptureState(graph=graph, pool=pool)
+    stream = capture_stream() if stream is None else stream
+    # Inputs may still be written on the current stream; the side stream must see them finished.
+    torch.cuda.synchronize()
+    token = _current.set(state)
+    try:
+        with torch.cuda.stream(stream):
+            _begin_segment(state)
+            try:
+                yield graph
+            except BaseException:
+                _abort(state)  # capture_end must run on the capture stream, so before leaving it
+                raise
+            _end_segment(state)
+    finally:
+        _current.reset(token)
+        torch.cuda.synchronize()
+
+
+def eager_break(fn: Callable) -> Callable:
+    """Marks `fn` as a graph break point; outside a capture it is a plain call (see module doc)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        state = _current.get()
+        if state is None or state.open_segment is None:
+            # Not capturing, or called from inside another break that is already running eagerly.
+            return fn(*args, **kwargs)
+        return _capture_break(state, fn, args, kwargs)
+
+    return wrapper
+
+
+def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict):
+    _end_segment(state)
+    # Eagerly once, so real outputs exist at fixed addresses for the next segment to read.
+    out = fn(*args, **kwargs)
+    _check_output(fn, out)
+    state.graph.breaks.append(_replay_closure(fn, args, dict(kwargs), out))
+    state.graph.break_names.append(_name(fn))
+    _begin_segment(state)
+    return out
+
+
+def _replay_closure(fn: Callable, args: tuple, kwargs: dict, captured_out) -> Callable[[], None]:
+    # Strong references on purpose: the arguments and outputs stay allocated for the graph's life,
+    # so nothing captured later can reuse their memory. The cost is memory per bucket (about
+    # layers x (q + k + v + out) bytes per token for attention), traded for no weak-ref tricks.
+    def replay() -> None:
+        _copy_into(captured_out, fn(*args, **kwargs), fn)
+
+    return replay
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def _check_output(fn: Callable, out) -> None:
+    if out is None or isinstance(out, torch.Tensor):
+        return
+    if isinstance(out, (tuple, list)):
+        for item in out:
+            _check_output(fn, item)
+        return
+    raise TypeError(f"eager_break function {_name(fn)!r} returned "
+                    f"{type(out).__name__} during capture; a break may return only None, tensors, "
+                    "or tuples/lists of them (other values would be frozen into the graph)")
+
+
+def _copy_into(dst, src, fn: Callable) -> None:
+    """Copies a replay's result into the tensors returned at capture, which later segments read."""
+    if dst is src:
+        return  # fn returned its (in-place written) argument again
+    if isinstance(dst, torch.Tensor):
+        if not isinstance(src, torch.Tensor) or src.shape != dst.shape:
+            got = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
+            raise RuntimeError(f"{_name(fn)} returned {got} on replay but "
+                               f"{tuple(dst.shape)} at capture; a break must keep its output shape")
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        if not isinstance(src, (tuple, list)) or len(src) != len(dst):
+            raise RuntimeError(f"{_name(fn)} changed the structure of its output on replay")
+        for d, s in zip(dst, src):
+            _copy_into(d, s, fn)
+    elif src is not None:
+        raise RuntimeError(f"{_name(fn)} returned None at capture but a value on replay")

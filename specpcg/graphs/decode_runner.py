@@ -1,0 +1,140 @@
+"""Full CUDA graphs for DECODE and TARGET_VERIFY: one graph per (mode, batch-size bucket).
+
+Attention is inside the graph, so the backend must keep its metadata in static buffers
+(`supports_cuda_graph`). Padded requests sit on the KV pool's padding row (all sink slots) and
+write their KV to the sink slot; their outputs are sliced away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+from specpcg.forward_context import ForwardContext, forward_context
+from specpcg.graphs.breakable import capture_stream
+from specpcg.graphs.buckets import pick_bucket
+from specpcg.graphs.piecewise_runner import StaticInputs
+from specpcg.router import Refusal, hidden_refusal
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeGraphRunner:
+    def __init__(self, model_runner, batch_buckets: list, hidden_mode: CaptureHiddenMode,
+                 aux_layers: tuple, pool, num_verify_tokens: int = 0, show_progress: bool = True):
+        """num_verify_tokens: tokens per request of TARGET_VERIFY graphs (0: none captured)."""
+        self.model_runner = model_runner
+        self.buckets = sorted(batch_buckets)
+        self.hidden_mode = hidden_mode
+        self.aux_layers = tuple(aux_layers)
+        self.pool = pool
+        self.show_progress = show_progress
+        self.tokens_per_req = {ForwardMode.DECODE: 1}
+        if num_verify_tokens:
+            self.tokens_per_req[ForwardMode.TARGET_VERIFY] = num_verify_tokens
+        max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
+        self.inputs = StaticInputs(max_tokens, model_runner.device)
+        dev = model_runner.device
+        self.req_pool_indices = torch.zeros(self.buckets[-1], dtype=torch.long, device=dev)
+        self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
+        self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
+        self.graphs: dict = {}  # (mode, bs) -> CUDAGraph
+        self.outputs: dict = {}
+        self.capture_time_s = 0.0
+        self.capture_memory_bytes = 0
+
+    @property
+    def max_bs(self) -> int:
+        return self.buckets[-1]
+
+    def refusal(self, batch: ForwardBatch):
+        width = self.tokens_per_req.get(batch.forward_mode)
+        if width is None:
+            return Refusal.MODE_NOT_CAPTURED
+        if any(n != width for n in batch.extend_seq_lens_cpu):
+            return Refusal.TOKENS_PER_REQUEST
+        if batch.batch_size > self.max_bs:
+            return Refusal.TOO_MANY_REQUESTS
+        if batch.return_all_logits and batch.forward_mode == ForwardMode.DECODE:
+            return Refusal.INPUT_LOGPROBS
+        return hidden_refusal(batch, self.hidden_mode, self.aux_layers)
+
+    def _padded_batch(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
+        """The live batch padded to `bs` requests, over the static buffers."""
+        width = self.tokens_per_req[batch.forward_mode]
+        n = batch.batch_size
+        pad_row = self.model_runner.kv_cache.req_pool.pad_row
+        self.req_pool_indices[:n].copy_(batch.req_pool_indices)
+        self.req_pool_indices[n:bs].fill_(pad_row)
+        self.seq_lens[:n].copy_(batch.seq_lens)
+        self.seq_lens[n:bs].fill_(width)
+        self.extend_lens[:bs].fill_(width)
+        padded = self.inputs.load(batch, bs * width)
+        padded.req_pool_indices = self.req_pool_indices[:bs]
+        padded.seq_lens = self.seq_lens[:bs]
+        padded.extend_seq_lens = self.extend_lens[:bs]
+        padded.seq_lens_cpu = list(batch.seq_lens_cpu) + [width] * (bs - n)
+        padded.extend_seq_lens_cpu = [width] * bs
+        return padded
+
+    def capture(self) -> None:
+        from tqdm import tqdm
+
+        t0, mem0 = time.perf_counter(), torch.cuda.memory_allocated()
+        keys = [(m, bs) for m in self.tokens_per_req for bs in sorted(self.buckets, reverse=True)]
+        for mode, bs in tqdm(keys, desc="capturing decode graphs", disable=not self.show_progress):
+            self._capture_one(mode, bs)
+        torch.cuda.synchronize()
+        self.capture_time_s = time.perf_counter() - t0
+        self.capture_memory_bytes = torch.cuda.memory_allocated() - mem0
+        logger.info("decode graphs: %d in %.1f s, %.1f MiB", len(keys), self.capture_time_s,
+                    self.capture_memory_bytes / 2**20)
+
+    def _capture_one(self, mode: ForwardMode, bs: int) -> None:
+        width = self.tokens_per_req[mode]
+        pad_row = self.model_runner.kv_cache.req_pool.pad_row
+        dev = self.model_runner.device
+        dummy = ForwardBatch(
+            forward_mode=mode, input_ids=self.inputs.input_ids[:bs * width],
+            positions=self.inputs.positions[:bs * width],
+            out_cache_loc=self.inputs.out_cache_loc[:bs * width],
+            req_pool_indices=torch.full((bs,), pad_row, dtype=torch.long, device=dev),
+            seq_lens=torch.full((bs,), width, dtype=torch.int32, device=dev),
+            extend_seq_lens=torch.full((bs,), width, dtype=torch.int32, device=dev),
+            seq_lens_cpu=[width] * bs, extend_seq_lens_cpu=[width] * bs,
+            capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers)
+        batch = self._padded_batch(dummy, bs)
+        attn = self.model_runner.attn_backend
+        attn.init_forward_metadata(batch)
+        ctx = ForwardContext(batch, attn, bs * width)
+        model = self.model_runner.model
+        stream = capture_stream()
+        with forward_context(ctx):
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: lazy init and Triton compilation outside capture
+                    model(batch.input_ids, batch.positions, self.aux_layers)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                self.outputs[(mode, bs)] = model(batch.input_ids, batch.positions, self.aux_layers)
+        self.graphs[(mode, bs)] = graph
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch):
+        bs = pick_bucket(self.buckets, batch.batch_size)
+        padded = self._padded_batch(batch, bs)
+        attn = self.model_runner.attn_backend
+        attn.init_forward_metadata(padded)
+        self.graphs[(batch.forward_mode, bs)].replay()
+        hidden, aux = self.outputs[(batch.forward_mode, bs)]
+        return self.model_runner.postprocess(hidden, list(aux), batch)
+
+    def info(self) -> dict:
+        return {"batch_sizes": self.buckets,
+                "modes": {m.name: w for m, w in self.tokens_per_req.items()},
+                "hidden_mode": self.hidden_mode.name,
+                "capture_time_s": round(self.capture_time_s, 3),
+                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1)}

@@ -1,0 +1,137 @@
+"""Piecewise CUDA graphs for EXTEND: the transformer body per token-count bucket, attention eager.
+
+Runners own *what* is captured (buckets, static buffers, padding); `breakable.py` owns *how*.
+Only the body is captured: the LM head, logits and sampling run eagerly after it, so one graph
+serves batches of many requests and last-token logprobs. Padded tokens write KV to the sink slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+from specpcg.forward_context import ForwardContext, forward_context
+from specpcg.graphs.breakable import BreakableGraph, breakable_capture, capture_stream
+from specpcg.graphs.buckets import pick_bucket
+from specpcg.kv_cache import SINK_SLOT
+from specpcg.router import Refusal, hidden_refusal
+
+logger = logging.getLogger(__name__)
+
+
+class StaticInputs:
+    """Input buffers every graph reads; replay copies the live batch in and pads the rest."""
+
+    def __init__(self, max_tokens: int, device):
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)  # [max_tokens]
+        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)  # [max_tokens]
+        self.out_cache_loc = torch.full((max_tokens,), SINK_SLOT, dtype=torch.long,
+                                        device=device)  # [max_tokens]
+
+    def load(self, batch: ForwardBatch, num_padded: int) -> ForwardBatch:
+        """Copies the batch's tokens in, pads to `num_padded`; returns the batch over the buffers."""
+        n = batch.num_tokens
+        self.input_ids[:n].copy_(batch.input_ids)
+        self.positions[:n].copy_(batch.positions)
+        self.out_cache_loc[:n].copy_(batch.out_cache_loc)
+        # NOTE: padded tokens must write KV to the sink slot, never into a live request's slot.
+        self.input_ids[n:num_padded].zero_()
+        self.positions[n:num_padded].zero_()
+        self.out_cache_loc[n:num_padded].fill_(SINK_SLOT)
+        return dataclasses.replace(batch, input_ids=self.input_ids[:num_padded],
+                                   positions=self.positions[:num_padded],
+                                   out_cache_loc=self.out_cache_loc[:num_padded])
+
+
+class PiecewiseRunner:
+    modes = (ForwardMode.EXTEND,)
+
+    def __init__(self, model_runner, buckets: list, hidden_mode: CaptureHiddenMode,
+                 aux_layers: tuple, pool, show_progress: bool = True):
+        self.model_runner = model_runner
+        self.buckets = sorted(buckets)
+        self.hidden_mode = hidden_mode
+        self.aux_layers = tuple(aux_layers)
+        self.pool = pool
+        self.show_progress = show_progress
+        self.inputs = StaticInputs(self.buckets[-1], model_runner.device)
+        self.graphs: dict = {}
+        self.outputs: dict = {}
+        self.capture_time_s = 0.0
+        self.capture_memory_bytes = 0
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def refusal(self, batch: ForwardBatch):
+        if batch.forward_mode not in self.modes:
+            return Refusal.MODE_NOT_CAPTURED
+        if batch.return_all_logits:
+            return Refusal.INPUT_LOGPROBS
+        if batch.num_tokens > self.max_tokens:
+            return Refusal.TOO_MANY_TOKENS
+        return hidden_refusal(batch, self.hidden_mode, self.aux_layers)
+
+    def capture(self) -> None:
+        from tqdm import tqdm
+
+        t0, mem0 = time.perf_counter(), torch.cuda.memory_allocated()
+        order = sorted(self.buckets, reverse=True)  # largest first: smaller ones reuse its blocks
+        self._run_body(self._dummy_batch(order[0]))  # warm-up: lazy init, Triton compilation
+        for n in tqdm(order, desc="capturing piecewise graphs", disable=not self.show_progress):
+            batch = self._dummy_batch(n)
+            graph = BreakableGraph()
+            self.model_runner.attn_backend.init_forward_metadata(batch)
+            with forward_context(ForwardContext(batch, self.model_runner.attn_backend, n)):
+                with breakable_capture(graph, self.pool, capture_stream()):
+                    self.outputs[n] = self.model_runner.model(batch.input_ids, batch.positions,
+                                                              self.aux_layers)
+            self.graphs[n] = graph
+        torch.cuda.synchronize()
+        self.capture_time_s = time.perf_counter() - t0
+        self.capture_memory_bytes = torch.cuda.memory_allocated() - mem0
+        logger.info("piecewise graphs: %d buckets in %.1f s, %.1f MiB", len(order),
+                    self.capture_time_s, self.capture_memory_bytes / 2**20)
+
+    def _run_body(self, batch: ForwardBatch):
+        with torch.cuda.stream(capture_stream()):
+            out = self.model_runner.forward_body(batch)
+        torch.cuda.synchronize()
+        return out
+
+    def _dummy_batch(self, num_tokens: int) -> ForwardBatch:
+        """One request of `num_tokens` tokens on the padding row: all its KV is the sink slot."""
+        kv = self.model_runner.kv_cache
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, input_ids=self.inputs.input_ids[:num_tokens],
+            positions=self.inputs.positions[:num_tokens],
+            out_cache_loc=self.inputs.out_cache_loc[:num_tokens],
+            req_pool_indices=torch.tensor([kv.req_pool.pad_row], device=self.model_runner.device),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.model_runner.device),
+            extend_seq_lens=torch.tensor([num_tokens], dtype=torch.int32,
+                                         device=self.model_runner.device),
+            seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens],
+            capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers)
+        return batch
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch):
+        n = pick_bucket(self.buckets, batch.num_tokens)
+        padded = self.inputs.load(batch, n)
+        attn = self.model_runner.attn_backend
+        attn.init_forward_metadata(padded)
+        with forward_context(ForwardContext(padded, attn, batch.num_tokens)):
+            self.graphs[n].replay()
+        hidden, aux = self.outputs[n]
+        return self.model_runner.postprocess(hidden, list(aux), batch)
+
+    def info(self) -> dict:
+        return {"num_buckets": len(self.graphs), "max_tokens": self.max_tokens,
+                "hidden_mode": self.hidden_mode.name, "aux_layers": list(self.aux_layers),
+                "capture_time_s": round(self.capture_time_s, 3),
+                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1)}

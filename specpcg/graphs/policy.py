@@ -1,0 +1,66 @@
+"""Which graphs an engine builds: the automatic disable rules, one named, logged reason each.
+
+Piecewise graphs (EXTEND) are on by default on CUDA; decode graphs (DECODE, TARGET_VERIFY) too.
+`enforce_piecewise_cuda_graph` skips the automatic rules (for tests) but not the user's own
+`disable_*` switches or the absence of a GPU, which no rule can overcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphDecision:
+    enabled: bool
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"enabled": self.enabled, "reason": self.reason}
+
+
+def _piecewise_auto_rules(cfg) -> list:
+    """(condition, reason) pairs; the first true condition disables piecewise graphs."""
+    return [
+        (cfg.pp_size > 1, "pipeline parallelism is not supported by piecewise graphs yet"),
+        (cfg.piecewise_cuda_graph_max_tokens < 4,
+         f"piecewise_cuda_graph_max_tokens={cfg.piecewise_cuda_graph_max_tokens} is below the "
+         f"smallest bucket (4 tokens)"),
+    ]
+
+
+def decide_piecewise(cfg, device_type: str) -> GraphDecision:
+    if cfg.disable_piecewise_cuda_graph:
+        return _log(GraphDecision(False, "disable_piecewise_cuda_graph is set"), "piecewise")
+    if cfg.disable_cuda_graph:
+        return _log(GraphDecision(False, "disable_cuda_graph is set"), "piecewise")
+    if device_type != "cuda":
+        return _log(GraphDecision(False, f"no CUDA device (device is {device_type})"), "piecewise")
+    if cfg.enforce_piecewise_cuda_graph:
+        return _log(GraphDecision(True, "enforced by enforce_piecewise_cuda_graph"), "piecewise")
+    for condition, reason in _piecewise_auto_rules(cfg):
+        if condition:
+            return _log(GraphDecision(False, reason), "piecewise")
+    return _log(GraphDecision(True, "enabled by default on CUDA"), "piecewise")
+
+
+def decide_decode_graph(cfg, device_type: str, attn_backend_name: str,
+                        attn_supports_graph: bool) -> GraphDecision:
+    if cfg.disable_cuda_graph:
+        return _log(GraphDecision(False, "disable_cuda_graph is set"), "decode")
+    if device_type != "cuda":
+        return _log(GraphDecision(False, f"no CUDA device (device is {device_type})"), "decode")
+    if not attn_supports_graph:
+        # Piecewise graphs keep attention eager, so only full decode graphs need this.
+        return _log(GraphDecision(False, f"attention backend {attn_backend_name!r} cannot be "
+                                         f"captured in a full graph"), "decode")
+    return _log(GraphDecision(True, "enabled by default on CUDA"), "decode")
+
+
+def _log(decision: GraphDecision, which: str) -> GraphDecision:
+    logger.info("%s CUDA graphs %s: %s", which,
+               "on" if decision.enabled else "off", decision.reason)
+    return decision

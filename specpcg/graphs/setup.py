@@ -1,0 +1,55 @@
+"""Builds the graph runners an engine's configuration asks for, or says why it built none."""
+
+from __future__ import annotations
+
+import torch
+
+from specpcg.core import CaptureHiddenMode
+from specpcg.graphs.buckets import decode_batch_buckets, piecewise_token_buckets
+from specpcg.graphs.policy import decide_decode_graph, decide_piecewise
+
+
+class GraphSet:
+    """The runners (or None) and the decisions that produced them."""
+
+    def __init__(self, piecewise, decode, piecewise_decision, decode_decision):
+        self.piecewise = piecewise
+        self.decode = decode
+        self.piecewise_decision = piecewise_decision
+        self.decode_decision = decode_decision
+
+    def disabled_reasons(self) -> dict:
+        return {"piecewise": self.piecewise_decision.reason,
+                "decode_graph": self.decode_decision.reason}
+
+    def info(self) -> dict:
+        pcg = {**self.piecewise_decision.as_dict(), **(self.piecewise.info() if self.piecewise else {})}
+        dec = {**self.decode_decision.as_dict(), **(self.decode.info() if self.decode else {})}
+        return {"piecewise_cuda_graph": pcg, "cuda_graph": dec}
+
+
+def build_graphs(cfg, model_runner, context_len: int,
+                 hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
+                 aux_layers: tuple = (), num_verify_tokens: int = 0) -> GraphSet:
+    """hidden_mode / aux_layers: the most any forward of this engine will ask for (invariant 4)."""
+    from specpcg.graphs.decode_runner import DecodeGraphRunner
+    from specpcg.graphs.piecewise_runner import PiecewiseRunner
+
+    device = model_runner.device
+    attn = model_runner.attn_backend
+    pcg_decision = decide_piecewise(cfg, device.type)
+    dec_decision = decide_decode_graph(cfg, device.type, attn.name, attn.supports_cuda_graph)
+    pool = torch.cuda.graph_pool_handle() if (pcg_decision.enabled or dec_decision.enabled) else None
+    decode = piecewise = None
+    # Piecewise first: its buckets are the larger ones, and a shared pool fills largest first.
+    if pcg_decision.enabled:
+        max_tokens = min(cfg.piecewise_cuda_graph_max_tokens, context_len)
+        piecewise = PiecewiseRunner(model_runner, piecewise_token_buckets(max_tokens), hidden_mode,
+                                    aux_layers, pool, cfg.show_progress)
+        piecewise.capture()
+    if dec_decision.enabled:
+        max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
+        decode = DecodeGraphRunner(model_runner, decode_batch_buckets(max_bs), hidden_mode,
+                                   aux_layers, pool, num_verify_tokens, cfg.show_progress)
+        decode.capture()
+    return GraphSet(piecewise, decode, pcg_decision, dec_decision)

@@ -1,0 +1,87 @@
+"""The forward-mode router: for each ForwardBatch, a graph runner or eager, with a named reason.
+
+Each runner declares what it captured (modes, hidden mode, aux layers, size limit) and answers
+`refusal(batch) -> reason | None`; the router walks the candidates for the batch's mode and runs
+the first that accepts. Every eager fallback is counted by (mode, runner, reason) and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from specpcg.core import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+EAGER = "eager"
+
+
+class Refusal:
+    """Reasons a graph runner can give; the strings are what forward_stats reports."""
+
+    GRAPHS_DISABLED = "graphs_disabled"
+    MODE_NOT_CAPTURED = "mode_not_captured"
+    TOO_MANY_TOKENS = "too_many_tokens"
+    TOO_MANY_REQUESTS = "too_many_requests"
+    HIDDEN_MODE_NOT_CAPTURED = "hidden_mode_not_captured"
+    AUX_LAYERS_NOT_CAPTURED = "aux_layers_not_captured"
+    INPUT_LOGPROBS = "input_logprobs"
+    TOKENS_PER_REQUEST = "tokens_per_request_not_captured"
+
+
+def hidden_refusal(batch: ForwardBatch, captured_mode, captured_aux: tuple):
+    """A graph serves any request asking for no more hidden state than it captured."""
+    if batch.capture_hidden_mode > captured_mode:
+        return Refusal.HIDDEN_MODE_NOT_CAPTURED
+    if not set(batch.aux_hidden_layers) <= set(captured_aux):
+        return Refusal.AUX_LAYERS_NOT_CAPTURED
+    return None
+
+
+class ForwardRouter:
+    def __init__(self, eager_runner, piecewise=None, decode=None, disabled_reasons=None):
+        """eager_runner: ModelRunner. piecewise / decode: graph runners or None, in which case
+        `disabled_reasons[name]` says why (reported as the fallback reason)."""
+        self.eager_runner = eager_runner
+        self.runners = {"piecewise": piecewise, "decode_graph": decode}
+        self.disabled_reasons = dict(disabled_reasons or {})
+        self.stats: Counter = Counter()
+        self._logged: set = set()
+
+    def candidates(self, mode: ForwardMode) -> list:
+        if mode == ForwardMode.EXTEND:
+            return ["piecewise"]
+        if mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
+            return ["decode_graph"]
+        return []
+
+    def choose(self, batch: ForwardBatch) -> tuple:
+        """(runner name, None) for a graph, or ("eager", reason)."""
+        reason = Refusal.MODE_NOT_CAPTURED
+        for name in self.candidates(batch.forward_mode):
+            runner = self.runners[name]
+            if runner is None:
+                reason = self.disabled_reasons.get(name, Refusal.GRAPHS_DISABLED)
+                continue
+            reason = runner.refusal(batch)
+            if reason is None:
+                return name, None
+        return EAGER, reason
+
+    def forward(self, batch: ForwardBatch):
+        name, reason = self.choose(batch)
+        self.stats[(batch.forward_mode.name, name, reason or "")] += 1
+        if name == EAGER:
+            self._log_once(batch.forward_mode, reason)
+            return self.eager_runner.forward(batch)
+        return self.runners[name].forward(batch)
+
+    def _log_once(self, mode: ForwardMode, reason) -> None:
+        if (mode, reason) not in self._logged:
+            self._logged.add((mode, reason))
+            logger.info("%s runs eagerly: %s", mode.name, reason)
+
+    def forward_stats(self) -> list:
+        return [{"mode": m, "runner": r, "reason": why or None, "count": n}
+                for (m, r, why), n in sorted(self.stats.items())]
