@@ -1,0 +1,144 @@
+"""Router decisions for every guard, and the graph configuration rules, with their reasons."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specpcg import Engine
+from specpcg.config import EngineConfig
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+from specpcg.graphs.decode_runner import DecodeGraphRunner
+from specpcg.graphs.piecewise_runner import PiecewiseRunner
+from specpcg.graphs.policy import decide_decode_graph, decide_piecewise
+from specpcg.router import EAGER, ForwardRouter, Refusal
+
+NULL, LAST, FULL = CaptureHiddenMode.NULL, CaptureHiddenMode.LAST, CaptureHiddenMode.FULL
+
+
+def _batch(mode, ext_lens, hidden=NULL, aux=(), all_logits=False):
+    n = sum(ext_lens)
+    return ForwardBatch(
+        forward_mode=mode, input_ids=torch.zeros(n, dtype=torch.long),
+        positions=torch.zeros(n, dtype=torch.long), out_cache_loc=torch.zeros(n, dtype=torch.long),
+        req_pool_indices=torch.zeros(len(ext_lens), dtype=torch.long),
+        seq_lens=torch.tensor(ext_lens), extend_seq_lens=torch.tensor(ext_lens),
+        seq_lens_cpu=list(ext_lens), extend_seq_lens_cpu=list(ext_lens),
+        capture_hidden_mode=hidden, aux_hidden_layers=aux, return_all_logits=all_logits)
+
+
+def _piecewise(max_tokens=64, hidden=NULL, aux=()):
+    # Built without capture: refusal() reads only what the runner declares it captured.
+    r = PiecewiseRunner.__new__(PiecewiseRunner)
+    r.buckets, r.hidden_mode, r.aux_layers = [4, 8, max_tokens], hidden, aux
+    return r
+
+
+def _decode(max_bs=8, hidden=NULL, verify=4, aux=()):
+    r = DecodeGraphRunner.__new__(DecodeGraphRunner)
+    r.buckets, r.hidden_mode, r.aux_layers = [1, 2, 4, max_bs], hidden, aux
+    r.tokens_per_req = {ForwardMode.DECODE: 1}
+    if verify:
+        r.tokens_per_req[ForwardMode.TARGET_VERIFY] = verify
+    return r
+
+
+def _router(pcg=None, dec=None, reasons=None):
+    return ForwardRouter(SimpleNamespace(forward=lambda b: "eager-out"), pcg, dec, reasons)
+
+
+@pytest.mark.parametrize("batch,expected", [
+    (_batch(ForwardMode.EXTEND, [10, 20]), ("piecewise", None)),
+    (_batch(ForwardMode.EXTEND, [40, 40]), (EAGER, Refusal.TOO_MANY_TOKENS)),
+    (_batch(ForwardMode.EXTEND, [5], all_logits=True), (EAGER, Refusal.INPUT_LOGPROBS)),
+    (_batch(ForwardMode.EXTEND, [5], hidden=FULL), (EAGER, Refusal.HIDDEN_MODE_NOT_CAPTURED)),
+    (_batch(ForwardMode.EXTEND, [5], aux=(1,)), (EAGER, Refusal.AUX_LAYERS_NOT_CAPTURED)),
+    (_batch(ForwardMode.DECODE, [1, 1, 1]), ("decode_graph", None)),
+    (_batch(ForwardMode.DECODE, [1] * 9), (EAGER, Refusal.TOO_MANY_REQUESTS)),
+    (_batch(ForwardMode.DECODE, [1], hidden=LAST), (EAGER, Refusal.HIDDEN_MODE_NOT_CAPTURED)),
+    (_batch(ForwardMode.TARGET_VERIFY, [4, 4]), ("decode_graph", None)),
+    (_batch(ForwardMode.TARGET_VERIFY, [4, 3]), (EAGER, Refusal.TOKENS_PER_REQUEST)),
+    (_batch(ForwardMode.DRAFT_EXTEND, [2]), (EAGER, Refusal.MODE_NOT_CAPTURED)),
+])
+def test_router_guards(batch, expected):
+    assert _router(_piecewise(), _decode()).choose(batch) == expected
+
+
+def test_target_verify_never_replays_piecewise():
+    router = _router(_piecewise(), None, {"decode_graph": "disable_cuda_graph is set"})
+    # Small enough for a piecewise bucket, but the mode is not one piecewise graphs capture.
+    assert _piecewise().refusal(_batch(ForwardMode.TARGET_VERIFY, [4])) == Refusal.MODE_NOT_CAPTURED
+    assert router.choose(_batch(ForwardMode.TARGET_VERIFY, [4])) == (EAGER, "disable_cuda_graph is set")
+
+
+def test_full_capture_serves_smaller_hidden_requests():
+    router = _router(_piecewise(hidden=FULL, aux=(1, 5, 9)), _decode(hidden=FULL))
+    for hidden in (NULL, LAST, FULL):
+        assert router.choose(_batch(ForwardMode.EXTEND, [6], hidden=hidden, aux=(1, 9)))[0] == "piecewise"
+        assert router.choose(_batch(ForwardMode.DECODE, [1], hidden=hidden))[0] == "decode_graph"
+
+
+def test_verify_not_captured_when_width_zero():
+    router = _router(None, _decode(verify=0), {"piecewise": "off"})
+    assert router.choose(_batch(ForwardMode.TARGET_VERIFY, [4])) == (EAGER, Refusal.MODE_NOT_CAPTURED)
+
+
+def test_disabled_runner_reason_and_counters(caplog):
+    router = _router(None, None, {"piecewise": "no CUDA device (device is cpu)"})
+    with caplog.at_level("INFO", logger="specpcg.router"):
+        for _ in range(3):
+            assert router.forward(_batch(ForwardMode.EXTEND, [3])) == "eager-out"
+    assert router.forward_stats() == [{"mode": "EXTEND", "runner": "eager", "count": 3,
+                                       "reason": "no CUDA device (device is cpu)"}]
+    assert sum("EXTEND runs eagerly" in r.message for r in caplog.records) == 1  # logged once
+
+
+def _cfg(**kw):
+    base = dict(disable_piecewise_cuda_graph=False, disable_cuda_graph=False,
+                enforce_piecewise_cuda_graph=False, pp_size=1, piecewise_cuda_graph_max_tokens=4096)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw,device,enabled,reason", [
+    ({}, "cuda", True, "enabled by default on CUDA"),
+    ({}, "cpu", False, "no CUDA device (device is cpu)"),
+    ({"disable_piecewise_cuda_graph": True}, "cuda", False, "disable_piecewise_cuda_graph is set"),
+    ({"disable_cuda_graph": True}, "cuda", False, "disable_cuda_graph is set"),
+    ({"pp_size": 2}, "cuda", False, "pipeline parallelism is not supported by piecewise graphs yet"),
+    ({"piecewise_cuda_graph_max_tokens": 2}, "cuda", False,
+     "piecewise_cuda_graph_max_tokens=2 is below the smallest bucket (4 tokens)"),
+    ({"pp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", True,
+     "enforced by enforce_piecewise_cuda_graph"),
+    ({"enforce_piecewise_cuda_graph": True}, "cpu", False, "no CUDA device (device is cpu)"),
+])
+def test_piecewise_rules(kw, device, enabled, reason):
+    decision = decide_piecewise(_cfg(**kw), device)
+    assert (decision.enabled, decision.reason) == (enabled, reason)
+
+
+def test_decode_graph_rules():
+    assert decide_decode_graph(_cfg(), "cuda", "triton", True).enabled
+    off = decide_decode_graph(_cfg(), "cuda", "torch", False)
+    assert not off.enabled and "'torch' cannot be captured" in off.reason
+    assert decide_decode_graph(_cfg(disable_cuda_graph=True), "cuda", "triton", True).reason == \
+        "disable_cuda_graph is set"
+
+
+def test_engine_on_cpu_reports_graphs_off_and_counts_eager(tmp_path):
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), skip_tokenizer_init=True, device="cpu",
+                    dtype="float32", max_total_tokens=256)
+    engine.generate(input_ids=[[1, 2], [3, 4, 5]], sampling_params={"max_new_tokens": 3,
+                                                                   "ignore_eos": True})
+    info = engine.get_server_info()
+    assert info["piecewise_cuda_graph"] == {"enabled": False,
+                                            "reason": "no CUDA device (device is cpu)"}
+    stats = {(s["mode"], s["runner"]): s["count"] for s in info["forward_stats"]}
+    assert stats == {("EXTEND", "eager"): 1, ("DECODE", "eager"): 2}
+
+
+def test_pp_size_refused_until_supported():
+    with pytest.raises(ValueError, match="pp_size=2"):
+        EngineConfig(pp_size=2)
