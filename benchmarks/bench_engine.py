@@ -27,7 +27,11 @@ import common
 
 common.add_repo_to_path()
 
-SYSTEMS = {"specpcg": "specpcg", "hf_eager": "HF eager", "hf_static": "HF static"}
+SYSTEMS = {"specpcg_eager": "specpcg eager", "specpcg_graphs": "specpcg graphs",
+           "hf_eager": "HF eager", "hf_static": "HF static"}
+# (numerator, denominator) pairs shown as ratio columns
+RATIOS = (("specpcg_graphs", "hf_static"), ("specpcg_eager", "hf_eager"),
+          ("specpcg_graphs", "specpcg_eager"))
 METRICS = {"decode_tok_s": "decode tok/s (higher is better)",
            "ttft_ms": "TTFT ms (lower is better)"}
 
@@ -67,15 +71,15 @@ def make_prompts(stream: list[int], batch_size: int, prompt_len: int) -> list[li
 
 # -- systems: decode_s(ids, n) -> seconds after the first token, ttft_s(ids) -> seconds ----------
 class SpecpcgRunner:
-    system = "specpcg"
-
-    def __init__(self, args, settings: Settings):
+    def __init__(self, args, settings: Settings, graphs: bool):
         from specpcg import Engine
+
+        self.system = "specpcg_graphs" if graphs else "specpcg_eager"
 
         self.engine = Engine(model_path=args.model_path, device=args.device, dtype=args.dtype,
                              attention_backend=args.attention_backend,
                              max_total_tokens=settings.kv_tokens(),
-                             disable_cuda_graph=args.disable_cuda_graph, show_progress=False)
+                             disable_cuda_graph=not graphs, show_progress=False)
         self.device = self.engine.device
         self.attention_backend = self.engine.attn_backend.name
 
@@ -157,16 +161,19 @@ def run_all(args, settings: Settings) -> None:
 
     args.model_path = args.model_path or default_model_path()
     stream = gsm8k_token_stream(load_tokenizer(args.model_path))
-    runner = SpecpcgRunner(args, settings)
-    device, dtype = runner.device, runner.engine.dtype
-    info = {**common.machine_info(device), "dtype": str(dtype).replace("torch.", "")}
-    print(f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
-          f"git {info['git']}, model {args.model_path}", flush=True)
-    ours_info = {**info, "disable_cuda_graph": args.disable_cuda_graph}
-    common.append_jsonl(args.out, measure(runner, settings, stream, args.repeats, ours_info))
-    runner.close()
-    del runner
-    common.free_memory(device)
+    info = None
+    for graphs in (False, True) if not args.disable_cuda_graph else (False,):
+        runner = SpecpcgRunner(args, settings, graphs)
+        device, dtype = runner.device, runner.engine.dtype
+        if info is None:
+            info = {**common.machine_info(device), "dtype": str(dtype).replace("torch.", "")}
+            print(f"device {info['device']}, torch {info['torch']}, transformers "
+                  f"{info['transformers']}, git {info['git']}, model {args.model_path}", flush=True)
+        ours_info = {**info, "graphs": runner.engine.get_server_info()["cuda_graph"]["enabled"]}
+        common.append_jsonl(args.out, measure(runner, settings, stream, args.repeats, ours_info))
+        runner.close()
+        del runner
+        common.free_memory(device)
     if args.skip_hf:
         return
     model = common.load_hf_model(args.model_path, device, dtype)
@@ -195,14 +202,13 @@ def latest_values(records: list[dict]) -> dict:
 
 
 def render_table(records: list[dict]) -> str:
-    baselines = ("hf_eager", "hf_static")
     headers = ["metric", "setting", *SYSTEMS.values(),
-               *(f"specpcg / {SYSTEMS[b]}" for b in baselines)]
+               *(f"{SYSTEMS[a]} / {SYSTEMS[b]}" for a, b in RATIOS)]
     rows = []
     for (metric, bs, prompt_len, num_new), vals in latest_values(records).items():
         setting = f"bs={bs} prompt={prompt_len}"
         setting += "" if metric == "ttft_ms" else f" new={num_new}"
-        ratios = [common.ratio(vals.get("specpcg"), vals.get(b)) for b in baselines]
+        ratios = [common.ratio(vals.get(a), vals.get(b)) for a, b in RATIOS]
         rows.append([METRICS.get(metric, metric), setting,
                      *(common.fmt(vals.get(s)) for s in SYSTEMS), *map(common.fmt, ratios)])
     return common.markdown_table(headers, rows)
@@ -210,7 +216,8 @@ def render_table(records: list[dict]) -> str:
 
 def render_plot(records: list[dict], path) -> None:
     values, last = latest_values(records), [r for r in records if r.get("bench") == "engine"][-1]
-    ours = [r for r in records if r.get("system") == "specpcg" and r["device"] == last["device"]]
+    ours = [r for r in records if r.get("system", "").startswith("specpcg")
+            and r["device"] == last["device"]]
     panels = []
     for metric, ylabel in METRICS.items():
         keys = [k for k in values if k[0] == metric]
@@ -232,7 +239,11 @@ def render_plot(records: list[dict], path) -> None:
 def report(records: list[dict], out_path) -> None:
     png = os.path.join(os.path.dirname(os.path.abspath(out_path)), "engine.png")
     print(render_table(records))
-    render_plot(records, png)
+    try:
+        render_plot(records, png)
+    except ImportError as exc:  # the lines and table stand without a plot; --table-only redraws
+        print(f"\nno plot ({exc}); pip install matplotlib, then rerun with --table-only")
+        return
     print(f"\nplot: {png}")
 
 

@@ -94,6 +94,7 @@ def fake_cuda(monkeypatch):
     _FakeSegment.log = []
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeSegment)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(breakable, "capture_stream", lambda: None)  # torch.cuda.stream(None): no-op
     return _FakeSegment.log
 
@@ -289,11 +290,11 @@ def test_cuda_nesting_and_failed_capture_leave_no_capture_behind():
     assert graph.segments == []
     toy.fail = True
     with pytest.raises(ValueError, match="metadata missing"):
-        with breakable_capture(BreakableGraph(), pool):
+        with breakable_capture(BreakableGraph(), torch.cuda.graph_pool_handle()):
             toy(x_static[:8])
     toy.fail = False
-    graph = BreakableGraph()
-    with breakable_capture(graph, pool):  # capture still works afterwards
+    graph = BreakableGraph()  # torch refuses a pool whose only graphs were dropped: a new one
+    with breakable_capture(graph, torch.cuda.graph_pool_handle()):
         out = toy(x_static[:8])
     graph.replay()
     assert torch.equal(out, toy(x_static[:8]))

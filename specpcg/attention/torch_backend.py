@@ -16,7 +16,7 @@ class TorchAttnBackend(AttentionBackend):
         self._save_kv(k, v, layer_id, batch)
         pool = self.kv_cache.pool
         req_to_token = self.kv_cache.req_pool.req_to_token
-        out = torch.empty_like(q)
+        out = torch.zeros_like(q)  # rows past the real tokens (graph padding) stay zero
         group = self.num_heads // self.num_kv_heads
         start = 0
         for i, (seq_len, ext_len) in enumerate(zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)):

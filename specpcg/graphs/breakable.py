@@ -91,6 +91,7 @@ class _CaptureState:
     graph: BreakableGraph
     pool: Any  # a graph_pool_handle(); None until the first segment creates a private pool
     open_segment: Any = None  # the torch.cuda.CUDAGraph being captured; None inside a break
+    staging: Any = None  # StagingArena or None
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("specpcg_breakable_capture", default=None)
@@ -122,6 +123,16 @@ def _begin_segment(state: _CaptureState) -> None:
     state.open_segment = segment
 
 
+def _begin_first_segment(state: _CaptureState) -> None:
+    try:
+        _begin_segment(state)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            "could not begin a breakable capture. If every graph captured in this pool is gone "
+            "(say, after a failed capture), torch refuses its handle: capture with a new "
+            "torch.cuda.graph_pool_handle()") from exc
+
+
 def _end_segment(state: _CaptureState) -> None:
     segment, state.open_segment = state.open_segment, None
     assert segment is not None, "no segment is being captured"
@@ -145,26 +156,33 @@ def _abort(state: _CaptureState) -> None:
 
 
 @contextmanager
-def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | None = None):
+def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | None = None,
+                      staging=None):
     """Captures everything run inside into `graph`, split at every `@eager_break` call.
 
     pool: a `torch.cuda.graph_pool_handle()` shared by every segment of every bucket (capture the
     largest bucket first so smaller ones reuse its blocks); None gives the graph a private pool.
     stream: the side stream to capture on; default `capture_stream()`.
+    staging: a `StagingArena` shared by all buckets: breaks then pin no per-bucket tensors.
+    On an exception inside, the capture is ended and `graph` left empty; the exception propagates.
+    NOTE: if that graph was the pool's only user, torch refuses the handle afterwards (seen on
+    torch 2.11): retry with a new `torch.cuda.graph_pool_handle()`.
     """
     if _current.get() is not None:
         raise RuntimeError("breakable_capture is already active: nested captures are not "
                            "supported; finish the outer capture first")
     if graph.segments or graph.breaks:
         raise RuntimeError("this BreakableGraph is already captured; use a new one or reset() it")
-    state = _CaptureState(graph=graph, pool=pool)
+    state = _CaptureState(graph=graph, pool=pool, staging=staging)
     stream = capture_stream() if stream is None else stream
     # Inputs may still be written on the current stream; the side stream must see them finished.
     torch.cuda.synchronize()
+    # As torch.cuda.graph does: cached blocks go back to the device, so the capture has the most.
+    torch.cuda.empty_cache()
     token = _current.set(state)
     try:
         with torch.cuda.stream(stream):
-            _begin_segment(state)
+            _begin_first_segment(state)
             try:
                 yield graph
             except BaseException:
@@ -191,10 +209,14 @@ def eager_break(fn: Callable) -> Callable:
 
 
 def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict):
+    if state.staging is not None:
+        args = state.staging.stage_args(_name(fn), args)  # the copies join the open segment
     _end_segment(state)
     # Eagerly once, so real outputs exist at fixed addresses for the next segment to read.
     out = fn(*args, **kwargs)
     _check_output(fn, out)
+    if state.staging is not None:
+        out = state.staging.stage_output(_name(fn), out)
     state.graph.breaks.append(_replay_closure(fn, args, dict(kwargs), out))
     state.graph.break_names.append(_name(fn))
     _begin_segment(state)

@@ -17,6 +17,7 @@ from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import BreakableGraph, breakable_capture, capture_stream
 from specpcg.graphs.buckets import pick_bucket
+from specpcg.graphs.staging import StagingArena
 from specpcg.kv_cache import SINK_SLOT
 from specpcg.router import Refusal, hidden_refusal
 
@@ -59,6 +60,7 @@ class PiecewiseRunner:
         self.pool = pool
         self.show_progress = show_progress
         self.inputs = StaticInputs(self.buckets[-1], model_runner.device)
+        self.staging = StagingArena(self.buckets[-1])
         self.graphs: dict = {}
         self.outputs: dict = {}
         self.capture_time_s = 0.0
@@ -88,7 +90,7 @@ class PiecewiseRunner:
             graph = BreakableGraph()
             self.model_runner.attn_backend.init_forward_metadata(batch)
             with forward_context(ForwardContext(batch, self.model_runner.attn_backend, n)):
-                with breakable_capture(graph, self.pool, capture_stream()):
+                with breakable_capture(graph, self.pool, capture_stream(), self.staging):
                     self.outputs[n] = self.model_runner.model(batch.input_ids, batch.positions,
                                                               self.aux_layers)
             self.graphs[n] = graph
@@ -134,4 +136,5 @@ class PiecewiseRunner:
         return {"num_buckets": len(self.graphs), "max_tokens": self.max_tokens,
                 "hidden_mode": self.hidden_mode.name, "aux_layers": list(self.aux_layers),
                 "capture_time_s": round(self.capture_time_s, 3),
-                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1)}
+                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1),
+                "staging_memory_mb": round(self.staging.num_bytes / 2**20, 1)}
