@@ -100,8 +100,12 @@ class Engine:
         }
 
     def shutdown(self) -> None:
-        self.scheduler = None
-        self.model = None
+        """Drops the model, KV cache and graphs so their GPU memory can be reused."""
+        import gc
+
+        self.scheduler = self.router = self.graphs = self.runner = None
+        self.attn_backend = self.kv_cache = self.model = None
+        gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -65,17 +65,19 @@ def _divergence_is_near_tie(hf, ids, ours, ref) -> bool:
 
 
 def test_default_model_greedy_bf16_vs_hf():
-    engine = Engine(device="cuda", dtype="bfloat16", attention_backend="triton")
+    engine = Engine(device="cuda", dtype="bfloat16", attention_backend="triton", max_total_tokens=32768)
     hf = _hf_default(torch.bfloat16)
     prompts = ["The capital of France is", "def fibonacci(n):", "List three primes:",
                "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"]
     identical = 0
     for prompt in prompts:
         ids = engine.tokenizer.encode(prompt)
-        ours = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 32, "temperature": 0,
-                                                               "ignore_eos": True})["output_ids"]
-        ref = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=32, min_new_tokens=32,
-                          do_sample=False, pad_token_id=2)[0, len(ids):].tolist()
+        ours = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 32,
+                                                               "temperature": 0})["output_ids"]
+        ref = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=32, do_sample=False,
+                          eos_token_id=2, pad_token_id=2)[0, len(ids):].tolist()
+        if 2 in ref:  # HF pads after EOS; we stop there
+            ref = ref[:ref.index(2) + 1]
         if ours == ref:
             identical += 1
         else:
@@ -87,7 +89,7 @@ def test_default_model_greedy_bf16_vs_hf():
 def test_default_model_batch_and_no_leak_on_gpu():
     from specpcg.gsm8k import build_prompts
 
-    engine = Engine(device="cuda", attention_backend="triton")
+    engine = Engine(device="cuda", attention_backend="triton", max_total_tokens=32768)
     prompts, _ = build_prompts(8, num_shots=1)
     params = {"max_new_tokens": 32, "temperature": 0}
     alone = [engine.generate(prompt=p, sampling_params=params)["output_ids"] for p in prompts]

@@ -98,8 +98,8 @@ def test_graphs_on_off_same_tokens_and_stats():
 
     prompts, _ = build_prompts(20, num_shots=1)
     params = {"max_new_tokens": 48, "temperature": 0}
-    on = Engine(device="cuda", cuda_graph_max_bs=32)
-    off = Engine(device="cuda", disable_cuda_graph=True)
+    on = Engine(device="cuda", cuda_graph_max_bs=32, max_total_tokens=32768)
+    off = Engine(device="cuda", disable_cuda_graph=True, max_total_tokens=32768)
     out_on = [o["output_ids"] for o in on.generate(prompt=prompts, sampling_params=params)]
     out_off = [o["output_ids"] for o in off.generate(prompt=prompts, sampling_params=params)]
     same = sum(a == b for a, b in zip(out_on, out_off))
