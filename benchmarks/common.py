@@ -220,3 +220,37 @@ def grouped_bar_plot(panels: list[dict], series: list[str], path, title: str) ->
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def line_plot(panels: list[dict], path, title: str) -> None:
+    """One subplot per panel; in each, one line (with markers) per series.
+
+    panel: {"title": str, "xlabel": str, "ylabel": str, "logx": bool, "logy": bool,
+            "series": {name: [(x, y), ...]}}; series with no points are left out.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for name, points in panel["series"].items():
+            points = sorted(p for p in points if p[1] is not None)
+            if points:
+                style = "--" if "eager" in name.lower() else "-"
+                ax.plot(*zip(*points), style, marker="o", markersize=4, label=name)
+        if panel.get("logx"):
+            ax.set_xscale("log", base=2)
+        if panel.get("logy"):
+            ax.set_yscale("log")
+        ax.set_title(panel["title"], fontsize=10)
+        ax.set_xlabel(panel["xlabel"])
+        ax.set_ylabel(panel["ylabel"])
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -116,18 +116,30 @@ class KVCache:
 
     def extend(self, req_pool_idx: int, num_tokens: int) -> list:
         """Allocates slots for the next `num_tokens` positions of a request; returns them."""
-        slots = self._slots[req_pool_idx]
-        start = len(slots)
-        if start + num_tokens > self.req_pool.max_context_len:
-            raise KVPoolFullError(
-                f"request needs {start + num_tokens} positions but the context holds "
-                f"{self.req_pool.max_context_len}")
-        new = self.pool.allocator.alloc(num_tokens)
-        slots.extend(new)
-        if new:
-            row = self.req_pool.req_to_token[req_pool_idx]
-            row[start:start + num_tokens] = torch.tensor(new, dtype=torch.int32).to(row.device)
-        return new
+        return self.extend_many([req_pool_idx], [num_tokens])[0]
+
+    def extend_many(self, req_pool_idxs: list, counts: list) -> list:
+        """extend() for several requests with one req_to_token write (one host-to-device copy)."""
+        for idx, n in zip(req_pool_idxs, counts):
+            if len(self._slots[idx]) + n > self.req_pool.max_context_len:
+                raise KVPoolFullError(
+                    f"request needs {len(self._slots[idx]) + n} positions but the context holds "
+                    f"{self.req_pool.max_context_len}")
+        if sum(counts) > self.free_slots:
+            self.pool.allocator.alloc(sum(counts))  # raises the error that says how many
+        rows, cols, new_all = [], [], []
+        for idx, n in zip(req_pool_idxs, counts):
+            slots = self._slots[idx]
+            new = self.pool.allocator.alloc(n)
+            rows += [idx] * n
+            cols += range(len(slots), len(slots) + n)
+            slots.extend(new)
+            new_all.append(new)
+        if rows:
+            packed = torch.tensor([rows, cols, [s for new in new_all for s in new]])  # [3, n]
+            packed = packed.to(self.req_pool.req_to_token.device, non_blocking=True)
+            self.req_pool.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
+        return new_all
 
     def truncate(self, req_pool_idx: int, keep_len: int) -> None:
         """Frees every slot past `keep_len` (rejected draft tokens, rollback)."""
@@ -138,6 +150,9 @@ class KVCache:
     def release(self, req_pool_idx: int) -> None:
         self.pool.allocator.free(self._slots.pop(req_pool_idx))
         self.req_pool.free(req_pool_idx)
+
+    def slots_of(self, req_pool_idx: int) -> list:
+        return self._slots[req_pool_idx]
 
     def num_tokens(self, req_pool_idx: int) -> int:
         return len(self._slots[req_pool_idx])

@@ -56,14 +56,16 @@ class Scheduler:
             chunk_len = min(len(req.all_ids) - req.num_cached, budget)
             # Keep one slot per running request free for its next decode token.
             reserve = len(self.running) + len(picked) + 1
-            if not self.kv_cache.can_fit(chunk_len + reserve) and (self.running or picked):
+            pending = self.chunked_prefill_size - budget  # picked, not yet allocated
+            if not self.kv_cache.can_fit(pending + chunk_len + reserve) and (self.running or picked):
                 break
             self.waiting.popleft()
             if new_row:
                 req.req_pool_idx = self.kv_cache.new_request()
-            self.kv_cache.extend(req.req_pool_idx, chunk_len)
             picked.append((req, chunk_len))
             budget -= chunk_len
+        if picked:
+            self.kv_cache.extend_many([r.req_pool_idx for r, _ in picked], [n for _, n in picked])
         return picked
 
     def _run_prefill(self, picked: list) -> list:
@@ -89,8 +91,7 @@ class Scheduler:
         self._make_room_for_decode()
         if not self.running:
             return []
-        for req in self.running:
-            self.kv_cache.extend(req.req_pool_idx, 1)
+        self.kv_cache.extend_many([r.req_pool_idx for r in self.running], [1] * len(self.running))
         batch = make_batch(self.kv_cache, ForwardMode.DECODE, self.running,
                            [[r.all_ids[-1]] for r in self.running], self.device)
         out = self.runner.forward(batch)
@@ -145,21 +146,23 @@ class Scheduler:
 
 
 def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -> ForwardBatch:
-    """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots."""
+    """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots.
+
+    Everything goes to the device in one packed copy: a decode step is latency-bound.
+    """
     ext_lens = [len(ids) for ids in new_ids]
     seq_lens = [r.num_cached + n for r, n in zip(reqs, ext_lens)]
-    req_to_token = kv_cache.req_pool.req_to_token
-    rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.long)
-    positions = torch.cat([torch.arange(r.num_cached, s) for r, s in zip(reqs, seq_lens)])
-    row_of_token = torch.repeat_interleave(rows, torch.tensor(ext_lens))
-    out_cache_loc = req_to_token[row_of_token.to(req_to_token.device), positions.to(req_to_token.device)]
+    positions, slots = [], []
+    for r, s, n in zip(reqs, seq_lens, ext_lens):
+        positions += range(s - n, s)
+        slots += kv_cache.slots_of(r.req_pool_idx)[s - n:s]
+    num_tokens, bs = len(positions), len(reqs)
     flat_ids = [t for ids in new_ids for t in ids]
+    rows = [r.req_pool_idx for r in reqs]
+    host = torch.tensor(flat_ids + positions + slots + rows + seq_lens + ext_lens)
+    packed = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+    parts = packed.split([num_tokens] * 3 + [bs] * 3)
     return ForwardBatch(
-        forward_mode=mode,
-        input_ids=torch.tensor(flat_ids, dtype=torch.long, device=device),
-        positions=positions.to(device),
-        out_cache_loc=out_cache_loc.long().to(device),
-        req_pool_indices=rows.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        extend_seq_lens=torch.tensor(ext_lens, dtype=torch.int32, device=device),
+        forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],
+        req_pool_indices=parts[3], seq_lens=parts[4], extend_seq_lens=parts[5],
         seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens)

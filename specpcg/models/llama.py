@@ -29,9 +29,9 @@ class LlamaAttention(nn.Module):
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv_size, bias=cfg.attention_bias)
+        self.split_sizes = (q_size, kv_size, kv_size)
+        # One GEMM for q, k and v (checkpoints' q/k/v_proj are concatenated at load).
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -40,9 +40,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.contiguous()
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
@@ -100,8 +101,26 @@ class LlamaForCausalLM(nn.Module):
         return torch.nn.functional.linear(hidden, self.head_weight).float()
 
     def load_weights(self, state_dict: dict) -> None:
-        missing, unexpected = self.load_state_dict(state_dict, strict=False)
+        """Takes Hugging Face parameter names; fuses q/k/v and gate/up into one matrix each."""
+        missing, unexpected = self.load_state_dict(fuse_projections(state_dict), strict=False)
         missing = [m for m in missing if not m.endswith("rotary.cos_sin")]
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
+
+
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def fuse_projections(state_dict: dict) -> dict:
+    """HF names -> ours: concatenates the parts of each fused projection along the output dim."""
+    out = dict(state_dict)
+    layer_prefixes = {k[:k.index(".self_attn.")] for k in state_dict if ".self_attn." in k}
+    for prefix in layer_prefixes:
+        for fused, parts in _FUSED.items():
+            for suffix in ("weight", "bias"):
+                names = [f"{prefix}.{p}.{suffix}" for p in parts]
+                if all(n in out for n in names):
+                    out[f"{prefix}.{fused}.{suffix}"] = torch.cat([out.pop(n) for n in names], 0)
+    return out
