@@ -54,3 +54,33 @@ def test_greedy_decode_matches_hf_generate(tmp_path, family):
     ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
                       eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
     assert out["output_ids"] == ref
+
+
+def test_hidden_states_per_capture_mode_match_hf(tmp_path):
+    from specpcg.core import CaptureHiddenMode
+
+    hf = save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), skip_tokenizer_init=True, device="cpu",
+                    dtype="float32", max_total_tokens=512)
+    prompts = [[5, 9, 2, 44], [7, 7, 100]]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([p]), output_hidden_states=True).hidden_states for p in prompts]
+    for mode in CaptureHiddenMode:
+        reqs = [Request(prompt_ids=p, params=SamplingParams()) for p in prompts]
+        for r in reqs:
+            r.req_pool_idx = engine.kv_cache.new_request()
+            engine.kv_cache.extend(r.req_pool_idx, len(r.prompt_ids))
+        batch = make_batch(engine.kv_cache, ForwardMode.EXTEND, reqs, prompts, engine.device)
+        batch.capture_hidden_mode, batch.aux_hidden_layers = mode, (0, 1)
+        out = engine.runner.forward(batch)
+        for r in reqs:
+            engine.kv_cache.release(r.req_pool_idx)
+        if mode == CaptureHiddenMode.NULL:
+            assert out.hidden_states is None and out.aux_hidden_states is None
+            continue
+        # HF hidden_states[-1] is after the final norm; [i] is the input of layer i.
+        rows = [h[-1][0] for h in ref] if mode == CaptureHiddenMode.FULL else [h[-1][0, -1:] for h in ref]
+        assert torch.allclose(out.hidden_states, torch.cat(rows), atol=1e-5)
+        for layer, aux in zip((0, 1), out.aux_hidden_states):
+            want = [h[layer][0] if mode == CaptureHiddenMode.FULL else h[layer][0, -1:] for h in ref]
+            assert torch.allclose(aux, torch.cat(want), atol=1e-5)
