@@ -144,7 +144,7 @@ def rotary_embedding_torch_(positions: torch.Tensor, q: torch.Tensor, k: torch.T
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D / 2] each
     cos, sin = cos[:, None, :], sin[:, None, :]
     for x in (q, k):
-        heads = x.view(x.shape[0], -1, head_dim)  # [T, H, D]
+        heads = x.view(x.shape[0], x.shape[1:].numel() // head_dim, head_dim)  # [T, H, D]
         heads.copy_(_rotate(heads, cos, sin))
     return q, k
 

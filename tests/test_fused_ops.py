@@ -160,7 +160,7 @@ def test_bad_shapes_are_refused():
         fused_ops.rotary_embedding_(torch.zeros(4, dtype=torch.long), torch.randn(4, 128),
                                     torch.randn(4, 64), torch.randn(10, 32), 64)
     with pytest.raises(ValueError, match="packed"):
-        fused_ops.rotary_embedding_(torch.zeros(4, dtype=torch.long), torch.randn(2, 4, 64).mT,
+        fused_ops.rotary_embedding_(torch.zeros(4, dtype=torch.long), torch.randn(4, 64, 2).mT,
                                     torch.randn(4, 64), torch.randn(10, 64), 64)
 
 
