@@ -1,15 +1,12 @@
 """CUDA graphs against eager on one GPU: prefill TTFT, decode inter-token latency, capture cost.
 
-Two engines are built one after the other for --model-path: "eager" (disable_cuda_graph=True) and
-"graphs" (the default: piecewise graphs for prefill, full graphs for decode). Medians of --repeats
-after a warm-up: TTFT (generate wall clock, max_new_tokens=1) for 16..4096-token prompts at batch
-1 and 8, skipping points over piecewise_cuda_graph_max_tokens (4096) and naming the runner that
-served each prefill (forward_stats); decode ITL = (e2e - ttft) / (new - 1) of the slowest request
-for batch 1..64 (32-token prompts, 128 new tokens, greedy, EOS ignored), tok/s = batch / ITL;
-capture time and memory of both graph kinds; the batch-1 HBM bound (weights bytes / peak
-bandwidth: H100 SXM 3.35e12, H200 4.8e12 B/s, else --peak-bw); HF transformers with a static
-cache (bench_engine's runner) on the default model. Prompts: seeded random ids, the same for all.
-JSON lines go to --out; a Markdown table is printed, graphs_ttft.png and graphs_itl.png are saved.
+Per --model-path, "eager" (disable_cuda_graph=True) and "graphs" (default: piecewise prefill, full
+decode graphs) engines are built in turn. Medians of --repeats after a warm-up: TTFT (generate
+wall clock, 1 new token) for 16..4096-token prompts at batch 1 and 8 (points over 4096 tokens
+skipped and listed) with the runner that served the prefill; decode ITL = (e2e - ttft) / (new - 1)
+of the slowest request at batch 1..64 (32-token prompts, 128 new tokens, greedy, EOS ignored);
+capture time/memory; the batch-1 HBM bound (weights bytes / peak B/s); HF static cache (default
+model only). JSON lines to --out; a Markdown table; graphs_ttft.png and graphs_itl.png beside it.
 
     python benchmarks/bench_graphs.py && python benchmarks/bench_graphs.py --model-path shape:llama-3-8b
     python benchmarks/bench_graphs.py --quick --skip-hf --out /tmp/graphs.jsonl   # CPU smoke run
@@ -21,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -59,41 +55,21 @@ class Settings:
 
 QUICK = Settings(ttft_prompt_lens=(16, 64), ttft_batches=(1, 2), decode_batches=(1, 2),
                  decode_prompt_len=16, new_tokens=8, max_prefill_tokens=64,
-                 hf=bench_engine.Settings(decode_batches=(1, 2), decode_prompt_len=16,
-                                          new_tokens=8, ttft_prompt_lens=(16, 32)))
+                 hf=bench_engine.QUICK)
 
 
 # -- measuring -------------------------------------------------------------------------------
-def generate(engine, ids, num_new: int) -> list[dict]:
-    params = {"max_new_tokens": num_new, "temperature": 0, "ignore_eos": True}
-    metas = [o["meta_info"] for o in engine.generate(input_ids=ids, sampling_params=params)]
-    assert all(m["completion_tokens"] == num_new for m in metas), "short output"
-    return metas
-
-
-def with_runners(engine, mode: str, fn) -> tuple:
-    """(fn(), set of runners that served `mode` forwards during fn), read from forward_stats."""
-    def counts():
-        return Counter({(s["mode"], s["runner"]): s["count"] for s in engine.router.forward_stats()})
-
-    before = counts()
-    result = fn()
-    return result, {r for (m, r), n in (counts() - before).items() if m == mode and n}
-
-
 def measure_ttft(engine, settings: Settings, stream, repeats: int, record) -> None:
     must_graph = engine.get_server_info()["piecewise_cuda_graph"]["enabled"]
-    for bs, prompt_len in settings.ttft_points(fits=False):
-        print(f"  skip TTFT bs={bs} prompt={prompt_len}: {bs * prompt_len} tokens > "
-              f"piecewise_cuda_graph_max_tokens={settings.max_prefill_tokens}")
+    for bs, prompt_len in settings.ttft_points(fits=False):  # record() prints the skip
         record("ttft_skipped", bs, prompt_len, 1, None, max_tokens=settings.max_prefill_tokens)
     for bs, prompt_len in settings.ttft_points():
         ids = bench_engine.make_prompts(stream, bs, prompt_len)
-        ttft_s = lambda: common.timed(lambda: generate(engine, ids, 1), engine.device)[1]  # noqa
+        ttft_s = lambda: common.timed(lambda: common.generate_ids(engine, ids, 1), engine.device)[1]  # noqa
         ttft_s()  # warm-up: first use of this shape
         times, runners = [], set()
         for _ in range(repeats):
-            seconds, used = with_runners(engine, "EXTEND", ttft_s)
+            seconds, used = common.served_by(engine, "EXTEND", ttft_s)
             times.append(seconds)
             runners |= used
         if must_graph:
@@ -106,10 +82,10 @@ def measure_decode(engine, settings: Settings, stream, repeats: int, record) -> 
     num_new, itl_by_bs = settings.new_tokens, {}
     for bs in settings.decode_batches:
         ids = bench_engine.make_prompts(stream, bs, settings.decode_prompt_len)
-        generate(engine, ids, min(num_new, 4))  # warm-up: this batch size's shapes
+        common.generate_ids(engine, ids, min(num_new, 4))  # warm-up: this batch size's shapes
         itls, runners = [], set()
         for _ in range(repeats):
-            metas, used = with_runners(engine, "DECODE", lambda: generate(engine, ids, num_new))
+            metas, used = common.served_by(engine, "DECODE", lambda: common.generate_ids(engine, ids, num_new))
             slowest = max(metas, key=lambda m: m["e2e_latency"])
             itls.append((slowest["e2e_latency"] - slowest["ttft"]) / (num_new - 1))
             runners |= used
@@ -163,9 +139,8 @@ def measure_system(args, settings: Settings, graphs: bool, base: dict) -> None:
                         "batch_size": bs, "prompt_len": prompt_len, "new_tokens": num_new,
                         "value": value, **extra, **base, "attention_backend":
                         engine.attn_backend.name, "timestamp": common.now_iso()})
-        if value is not None:
-            print(f"  {system:6s} {metric:17s} bs={bs} prompt={prompt_len} {common.fmt(value)} "
-                  f"{extra.get('runner', extra.get('graph', ''))}", flush=True)
+        print(f"  {system:6s} {metric:17s} bs={bs} prompt={prompt_len} {common.fmt(value)} "
+              f"{extra.get('runner', extra.get('graph', extra.get('max_tokens', '')))}", flush=True)
 
     measure_ttft(engine, settings, args.stream, args.repeats, record)
     itl = measure_decode(engine, settings, args.stream, args.repeats, record)
@@ -212,3 +187,142 @@ def run_all(args, settings: Settings) -> None:
     t0 = time.perf_counter()
     measure_hf(args, settings, base)
     print(f"HF static: done in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+# -- reporting -------------------------------------------------------------------------------
+def latest(records: list[dict]) -> tuple[dict, dict]:
+    """({(model, metric, bs, prompt_len, graph): {system: line}}, last line)."""
+    return common.latest_by(records, "graphs", lambda r: (
+        r["model"], r["metric"], r["batch_size"], r["prompt_len"], r.get("graph")))
+
+
+def keys(table: dict, metric: str) -> list:
+    return sorted((k for k in table if k[1] == metric),
+                  key=lambda k: (k[0], k[2] or 0, k[3] or 0, k[4] or ""))
+
+
+def val(table: dict, key: tuple, system: str, field_name: str = "value"):
+    return table.get(key, {}).get(system, {}).get(field_name)
+
+
+def render_table(records: list[dict]) -> str:
+    t = latest(records)[0]
+
+    def col(system, metric=None, name="value", scale=1.0):
+        def get(k):
+            x = val(t, (k[0], metric or k[1], *k[2:]), system, name)
+            return x / scale if isinstance(x, (int, float)) and scale != 1.0 else x
+        return get
+
+    def rat(a, b):
+        return lambda k: common.ratio(a(k), b(k))
+
+    def part(i):
+        return lambda k: k[i]
+
+    g, e, tok = col("graphs"), col("eager"), "decode_tok_s"
+    sections = [
+        ("TTFT ms (batch x prompt tokens, max_new_tokens=1)", "ttft_ms", [
+            ("model", part(0)), ("batch", part(2)), ("prompt", part(3)), ("eager", e),
+            ("piecewise", g), ("piecewise / eager", rat(g, e)),
+            ("prefill runner", col("graphs", name="runner")), ("HF static", col("hf_static"))]),
+        ("decode inter-token latency ms/step (greedy, EOS ignored)", "itl_ms", [
+            ("model", part(0)), ("batch", part(2)), ("eager ITL", e), ("graph ITL", g),
+            ("graph / eager", rat(g, e)), ("graph tok/s", col("graphs", tok)),
+            ("HF static tok/s", col("hf_static", tok)),
+            ("graph / HF static", rat(col("graphs", tok), col("hf_static", tok)))]),
+        ("graph capture", "capture_time_s", [
+            ("model", part(0)), ("graph", part(4)), ("capture s", g),
+            ("capture MiB", col("graphs", "capture_memory_mb")),
+            ("decision", col("graphs", name="reason"))]),
+        ("batch-1 decode vs the HBM bound (every weight read once per token)", "bw_fraction", [
+            ("model", part(0)), ("weights GB", col("graphs", name="weights_bytes", scale=1e9)),
+            ("peak TB/s", col("graphs", name="peak_bw_bytes_s", scale=1e12)),
+            ("bound tok/s", col("graphs", name="bw_limit_tok_s")),
+            ("graph tok/s", col("graphs", name="measured_tok_s")), ("graph fraction", g),
+            ("eager fraction", e)])]
+    lines = []
+    for title, metric, columns in sections:
+        rows = [[common.fmt(x) if isinstance(x, float) or x is None else x
+                 for x in (f(k) for _, f in columns)] for k in keys(t, metric)]
+        lines += [f"\n### {title}", common.markdown_table([h for h, _ in columns], rows)]
+    skipped = sorted({f"{k[0]} bs={k[2]} x prompt={k[3]}" for k in keys(t, "ttft_skipped")})
+    lines.insert(2, "\nskipped, over piecewise_cuda_graph_max_tokens: " + (", ".join(skipped) or "none"))
+    return "\n".join(lines + ["\n### targets", *targets(t)]).lstrip()
+
+
+def targets(t: dict) -> list[str]:
+    def verdict(value, ok) -> str:
+        return "not measured" if value is None else (
+            f"{common.fmt(value)} -> {'PASS' if ok(value) else 'FAIL'}")
+
+    default = [k for k, by in t.items() if any(r.get("default_model") for r in by.values())]
+    ttft = [common.ratio(val(t, k, "graphs"), val(t, k, "eager")) for k in default
+            if k[1] == "ttft_ms" and k[3] <= 512 and val(t, k, "graphs", "runner") == "piecewise"]
+    worst = max((x for x in ttft if x is not None), default=None)
+    bw = [val(t, k, "graphs") for k in keys(t, "bw_fraction") if k[0] == BIG_MODEL]
+    hf = [common.ratio(val(t, k, "graphs"), val(t, k, "hf_static")) for k in default
+          if k[1] == "decode_tok_s" and k[2] == 1]
+    return [f"- default model piecewise TTFT <= {TTFT_TARGET}x eager for prompts <= 512 "
+            f"(worst ratio, piecewise-served points): {verdict(worst, lambda x: x <= TTFT_TARGET)}",
+            f"- {BIG_MODEL} batch-1 decode >= {BW_TARGET} of the HBM bound: "
+            f"{verdict(bw[-1] if bw else None, lambda x: x >= BW_TARGET)}",
+            f"- default model batch-1 decode tok/s >= {HF_TARGET}x HF static: "
+            f"{verdict(hf[-1] if hf else None, lambda x: x >= HF_TARGET)}"]
+
+
+def render_plots(records: list[dict], out_dir: str) -> list[str]:
+    t, last = latest(records)
+    panels: dict = {"ttft_ms": [], "itl_ms": []}
+    for model in dict.fromkeys(k[0] for k in t):
+        for metric, panel in panels.items():
+            lines: dict = {}
+            for k in (k for k in keys(t, metric) if k[0] == model):
+                for system, r in t[k].items():
+                    name = NAMES[system] + (f" bs={k[2]}" if metric == "ttft_ms" else "")
+                    lines.setdefault(name, []).append((k[3] if metric == "ttft_ms" else k[2],
+                                                       r["value"]))
+            panel.append({"title": f"{'TTFT' if metric == 'ttft_ms' else 'decode ITL'}, {model}",
+                          "xlabel": "prompt tokens" if metric == "ttft_ms" else "batch size",
+                          "ylabel": "ms" if metric == "ttft_ms" else "ms per step",
+                          "logx": True, "logy": metric == "ttft_ms", "series": lines})
+    title = (f"eager vs CUDA graphs on {last['device']} ({last.get('dtype')}; torch "
+             f"{last['torch']}, git {last.get('git')})")
+    paths = [os.path.join(out_dir, "graphs_ttft.png"), os.path.join(out_dir, "graphs_itl.png")]
+    for path, panel in zip(paths, panels.values()):
+        common.line_plot(panel, path, title)
+    return paths
+
+
+def report(records: list[dict], out_path) -> None:
+    print(render_table(records))
+    try:
+        paths = render_plots(records, os.path.dirname(os.path.abspath(out_path)))
+    except ImportError as exc:  # the lines and table stand without plots; --table-only redraws
+        print(f"\nno plots ({exc}); pip install matplotlib, then rerun with --table-only")
+        return
+    print(f"\nplots: {', '.join(paths)}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None, help="HF dir, .gguf or shape:llama-3-8b")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--peak-bw", type=float, default=None, help="HBM B/s (default: by GPU name)")
+    p.add_argument("--skip-hf", action="store_true", help="no HF static reference")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a CPU smoke run")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per point (median)")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "graphs.jsonl"))
+    p.add_argument("--table-only", metavar="FILE", help="re-render table and plots from FILE")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.table_only:
+        return report(common.read_jsonl(args.table_only), args.table_only)
+    run_all(args, QUICK if args.quick else Settings())
+    print(f"\nappended to {args.out}\n")
+    report(common.read_jsonl(args.out), args.out)
+
+
+if __name__ == "__main__":
+    main()

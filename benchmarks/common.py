@@ -254,3 +254,38 @@ def line_plot(panels: list[dict], path, title: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def latest_by(records: list[dict], bench: str, key: Callable[[dict], tuple]) -> tuple[dict, dict]:
+    """({key(line): {system: line}}, last line): the latest line of each key and system, among
+    the `bench` lines measured on the same device as the last of them."""
+    records = [r for r in records if r.get("bench") == bench]
+    if not records:
+        raise ValueError(f"no {bench} benchmark lines to render")
+    table: dict = {}
+    for r in records:
+        if r["device"] == records[-1]["device"]:
+            table.setdefault(key(r), {})[r["system"]] = r
+    return table, records[-1]
+
+
+# -- specpcg engine helpers ------------------------------------------------------------------
+def generate_ids(engine, ids: list, num_new: int) -> list[dict]:
+    """meta_info of each greedy request (EOS ignored), checked to have `num_new` tokens."""
+    params = {"max_new_tokens": num_new, "temperature": 0, "ignore_eos": True}
+    metas = [o["meta_info"] for o in engine.generate(input_ids=ids, sampling_params=params)]
+    assert all(m["completion_tokens"] == num_new for m in metas), "short output"
+    return metas
+
+
+def served_by(engine, mode: str, fn: Callable) -> tuple:
+    """(fn(), the set of runners that served `mode` forwards during fn), from forward_stats."""
+    def counts():
+        from collections import Counter
+
+        return Counter({(s["mode"], s["runner"], s["reason"]): s["count"]
+                        for s in engine.get_server_info()["forward_stats"]})
+
+    before = counts()
+    result = fn()
+    return result, {runner for m, runner, _ in counts() - before if m == mode}

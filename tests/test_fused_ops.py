@@ -187,8 +187,8 @@ def test_rotary_twin_equals_the_model_rotary(head_dim, num_q_heads, num_k_heads,
     positions = torch.randint(0, 4001, (11,))
     q = torch.randn(11, num_q_heads, head_dim).to(dtype)
     k = torch.randn(11, num_k_heads, head_dim).to(dtype)
-    q_ref, k_ref = rotary(positions, q, k)
     q_flat, k_flat = q.reshape(11, -1).clone(), k.reshape(11, -1).clone()
+    q_ref, k_ref = rotary(positions, q, k)  # in place
     fused_ops.rotary_embedding_torch_(positions, q_flat, k_flat, rotary.cos_sin, head_dim)
     assert torch.equal(q_flat.view_as(q), q_ref) and torch.equal(k_flat.view_as(k), k_ref)
 

@@ -5,21 +5,25 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from kernels import fused_ops
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm through one fused kernel on CUDA (its torch twin elsewhere; same rounding as HF)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: normalise in fp32 and cast back before the weight, as HF does; bf16 parity needs it.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return fused_ops.rms_norm(x, self.weight, self.eps)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple:
+        """(norm(x + residual), x + residual) in one kernel: the residual add fused in."""
+        return fused_ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -52,21 +56,16 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling=None):
         super().__init__()
+        self.head_dim = head_dim
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim / 2]
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], -1), persistent=False)
 
     def forward(self, positions, q, k):
-        """q: [T, Hq, D], k: [T, Hk, D]."""
-        cos, sin = self.cos_sin[positions].chunk(2, dim=-1)  # [T, D / 2] each
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        """q: [T, Hq, D] or [T, Hq * D], k likewise; rotated in place (and returned)."""
+        return fused_ops.rotary_embedding_(positions, q, k, self.cos_sin, q.shape[-1]
+                                           if q.dim() == 3 else self.head_dim)
 
 
 class GatedMLP(nn.Module):
@@ -77,5 +76,4 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))

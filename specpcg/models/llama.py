@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
         v = v.contiguous()
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        self.rotary(positions, q, k)  # in place
         out = attention(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, self.layer_id)
         return self.o_proj(out)
 
@@ -59,9 +59,15 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden))
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, positions, hidden: torch.Tensor, residual):
+        """Returns (mlp output, residual stream before it); the caller adds them (fused)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.forward_add(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm.forward_add(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -89,13 +95,14 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, aux_layers: tuple = ()):
         """Returns (final normed hidden [T, H], [residual stream entering each aux layer])."""
-        hidden = self.model.embed_tokens(input_ids)
+        hidden, residual = self.model.embed_tokens(input_ids), None
         aux = []
         for i, layer in enumerate(self.model.layers):
-            if i in aux_layers:
-                aux.append(hidden)
-            hidden = layer(positions, hidden)
-        return self.model.norm(hidden), aux
+            if i in aux_layers:  # the residual stream entering layer i
+                aux.append(hidden if residual is None else hidden + residual)
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.model.norm.forward_add(hidden, residual)
+        return hidden, aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden, self.head_weight).float()
