@@ -225,25 +225,30 @@ def grouped_bar_plot(panels: list[dict], series: list[str], path, title: str) ->
 def line_plot(panels: list[dict], path, title: str) -> None:
     """One subplot per panel; in each, one line (with markers) per series.
 
-    panel: {"title": str, "xlabel": str, "ylabel": str, "logx": bool, "logy": bool,
-            "series": {name: [(x, y), ...]}}; series with no points are left out.
+    panel: {"title", "xlabel", "ylabel": str, "logx", "logy": bool (log 2 / log 10 axes),
+            "series": {name: [(x, y), ...]}, "styles": {name: matplotlib kwargs} (optional)}.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogFormatter
 
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         for name, points in panel["series"].items():
             points = sorted(p for p in points if p[1] is not None)
+            style = {"marker": "o", "markersize": 4, **panel.get("styles", {}).get(name, {})}
             if points:
-                style = "--" if "eager" in name.lower() else "-"
-                ax.plot(*zip(*points), style, marker="o", markersize=4, label=name)
+                ax.plot(*zip(*points), label=name, **style)
         if panel.get("logx"):
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(plain)
         if panel.get("logy"):
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
         ax.set_title(panel["title"], fontsize=10)
         ax.set_xlabel(panel["xlabel"])
         ax.set_ylabel(panel["ylabel"])
@@ -289,3 +294,11 @@ def served_by(engine, mode: str, fn: Callable) -> tuple:
     before = counts()
     result = fn()
     return result, {runner for m, runner, _ in counts() - before if m == mode}
+
+
+def column_table(keys: list, columns: list) -> str:
+    """Markdown table of one row per key; columns: [(header, key -> cell)]; floats and None
+    go through fmt, other cells are shown as they are."""
+    rows = [[fmt(x) if isinstance(x, float) or x is None else x
+             for x in (cell(k) for _, cell in columns)] for k in keys]
+    return markdown_table([header for header, _ in columns], rows)

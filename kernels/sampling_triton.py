@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-TINY = 1e-30  # as in sampling.py: an all-zero residual stays zero instead of NaN
+TINY = tl.constexpr(1e-30)  # as in sampling.py: an all-zero residual stays 0, not NaN
 
 
 @triton.jit

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_NODES = 256  # the [N, N] tiles live in registers
+MAX_NODES = 128  # the [N, N] tiles live in registers
 
 
 @triton.jit

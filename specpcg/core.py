@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -124,6 +125,10 @@ class Request:
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
     num_preemptions: int = 0
+    # speculative decoding: verify forwards, accepted drafts, histogram of accepted per verify
+    spec_verify_ct: int = 0
+    spec_accepted_drafts: int = 0
+    spec_histogram: Counter = field(default_factory=Counter)
 
     @property
     def all_ids(self) -> list:
@@ -158,6 +163,7 @@ class ForwardBatch:
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     aux_hidden_layers: tuple = ()  # layer ids whose outputs are also returned (EAGLE3)
     return_all_logits: bool = False  # logits for every token (input logprobs, verify)
+    tree_mask: Optional[torch.Tensor] = None  # [bs, N, N] bool: TARGET_VERIFY of a draft tree
 
     @property
     def batch_size(self) -> int:

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from drafts import create_draft
 from specpcg.attention import create_attention_backend
 from specpcg.config import EngineConfig
 from specpcg.inputs import build_requests, normalize_inputs
@@ -16,6 +17,8 @@ from specpcg.model_runner import ModelRunner
 from specpcg.models.loading import load_target
 from specpcg.router import ForwardRouter
 from specpcg.sampler import make_generator
+from specpcg.spec.config import SpecConfig
+from specpcg.spec.loop import SpecDecoder, spec_meta
 from specpcg.scheduler import Scheduler
 from specpcg.stopping import StopChecker, trim_stop_string
 
@@ -27,9 +30,7 @@ class Engine:
     def __init__(self, **kwargs):
         self.config = cfg = EngineConfig.from_kwargs(kwargs)
         logging.basicConfig(level=cfg.log_level.upper())
-        if cfg.speculative_algorithm is not None:
-            raise NotImplementedError(
-                f"speculative_algorithm {cfg.speculative_algorithm!r} is not available yet")
+        self.spec = SpecConfig.resolve(cfg) if cfg.speculative_algorithm else None
         self.device = cfg.resolve_device()
         self.dtype = cfg.resolve_dtype(self.device)
         t0 = time.perf_counter()
@@ -38,23 +39,47 @@ class Engine:
         mc = self.model_config
         self.context_len = min(cfg.context_length or mc.max_position_embeddings,
                                mc.max_position_embeddings)
-        self.kv_cache = self._make_kv_cache()
+        self.draft = create_draft(self.spec, self, self.tokenizer) if self.spec else None
+        self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
             mc.head_dim, mc.head_dim ** -0.5)
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device)
-        self.graphs = build_graphs(cfg, self.runner, self.context_len)
+        self.spec_decoder = self._setup_spec() if self.spec else None
+        self.graphs = build_graphs(cfg, self.runner, self.context_len, **self._graph_needs())
         self.router = ForwardRouter(self.runner, self.graphs.piecewise, self.graphs.decode,
                                     self.graphs.disabled_reasons())
+        if self.spec_decoder is not None:
+            self.spec_decoder.router = self.router
         eos = set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids if self.tokenizer else ())
-        self.stop_checker = StopChecker(self.tokenizer, tuple(eos), self.context_len)
+        # Verify writes N positions past the last token: stop early enough to leave them room.
+        room = self.spec.num_draft_tokens if self.spec else 1
+        self.stop_checker = StopChecker(self.tokenizer, tuple(eos), self.context_len - room + 1)
         self.scheduler = Scheduler(self.router, self.kv_cache, self.stop_checker,
-                                   cfg.max_running_requests, cfg.chunked_prefill_size, self.device)
+                                   cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
+                                   self.spec_decoder)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
 
-    def _make_kv_cache(self) -> KVCache:
+    def _setup_spec(self) -> SpecDecoder:
+        if not self.spec.is_chain and self.attn_backend.name != "torch":
+            raise ValueError(f"speculative_eagle_topk={self.spec.topk} drafts trees, which need "
+                             f"attention_backend='torch' in this release "
+                             f"(got {self.attn_backend.name!r})")
+        if hasattr(self.draft, "setup"):
+            self.draft.setup(self)
+        return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
+
+    def _graph_needs(self) -> dict:
+        """What the target's graphs must capture for the active draft (invariant 4)."""
+        if self.spec is None:
+            return {}
+        return {"hidden_mode": self.draft.needs_hidden, "aux_layers": self.draft.aux_layers,
+                "num_verify_tokens": self.spec.num_draft_tokens}
+
+    def _make_kv_cache(self, draft_bytes_per_slot: int = 0) -> KVCache:
         mc, cfg = self.model_config, self.config
         per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        per_slot += draft_bytes_per_slot  # a model draft keeps one slot per target slot
         if self.device.type == "cuda":
             free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
             budget = free_bytes - (1 - cfg.mem_fraction_static) * total_bytes
@@ -96,7 +121,10 @@ class Engine:
             "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
             "num_preemptions": self.scheduler.num_preemptions,
             **self.graphs.info(), "forward_stats": self.router.forward_stats(),
-            "internal_states": [dict(self._stats)],
+            "internal_states": [{**self._stats, **(self.spec_decoder.stats()
+                                                    if self.spec_decoder else {})}],
+            "speculative": None if self.spec is None else {**vars(self.spec),
+                                                           "draft": self.draft.info()},
         }
 
     def shutdown(self) -> None:
@@ -128,6 +156,8 @@ class Engine:
             "e2e_latency": req.finished_at - req.created_at,
             "ttft": (req.first_token_at or req.finished_at) - req.created_at,
         }
+        if self.spec is not None:
+            meta.update(spec_meta(req, self.spec.num_draft_tokens))
         if req.return_logprob:
             meta["output_token_logprobs"] = list(req.output_logprobs)
             meta["input_token_logprobs"] = list(req.input_logprobs)

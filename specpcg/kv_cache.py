@@ -147,6 +147,22 @@ class KVCache:
         self.pool.allocator.free(slots[keep_len:])
         del slots[keep_len:]
 
+    def keep_path(self, req_pool_idx: int, prefix_len: int, nodes: list) -> None:
+        """After verifying a tree written at positions prefix_len.., keeps only the `nodes`
+        (node offsets, in path order) at positions prefix_len + 0, 1, ...; frees the rest.
+        The accepted KV stays where it was written: only req_to_token moves (no data copy)."""
+        slots = self._slots[req_pool_idx]
+        kept = [slots[prefix_len + n] for n in nodes]
+        if nodes == list(range(len(nodes))):  # a chain prefix: already in place
+            self.truncate(req_pool_idx, prefix_len + len(nodes))
+            return
+        kept_set = set(kept)
+        self.pool.allocator.free([s for s in slots[prefix_len:] if s not in kept_set])
+        del slots[prefix_len:]
+        slots.extend(kept)
+        row = self.req_pool.req_to_token[req_pool_idx]
+        row[prefix_len:prefix_len + len(kept)] = torch.tensor(kept, dtype=torch.int32).to(row.device)
+
     def release(self, req_pool_idx: int) -> None:
         self.pool.allocator.free(self._slots.pop(req_pool_idx))
         self.req_pool.free(req_pool_idx)

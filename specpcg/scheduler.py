@@ -19,8 +19,10 @@ from specpcg.sampler import record_input_logprobs, record_output_logprobs, sampl
 
 class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
-                 chunked_prefill_size: int, device: torch.device):
+                 chunked_prefill_size: int, device: torch.device, spec=None):
+        """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...)."""
         self.runner = runner
+        self.spec = spec
         self.kv_cache = kv_cache
         self.stop_checker = stop_checker
         self.max_running_requests = max_running_requests
@@ -88,9 +90,12 @@ class Scheduler:
 
     # -- decode --------------------------------------------------------------------------------
     def _run_decode(self) -> list:
-        self._make_room_for_decode()
+        self._make_room_for_decode(self.spec.tokens_per_request if self.spec else 1)
         if not self.running:
-            return []
+            return self._collect_aborted()
+        if self.spec is not None:
+            reqs = list(self.running)
+            return self._append_and_finish(reqs, self.spec.step(reqs))
         self.kv_cache.extend_many([r.req_pool_idx for r in self.running], [1] * len(self.running))
         batch = make_batch(self.kv_cache, ForwardMode.DECODE, self.running,
                            [[r.all_ids[-1]] for r in self.running], self.device)
@@ -99,14 +104,14 @@ class Scheduler:
             req.num_cached += 1
         return self._sample_and_finish(list(self.running), out.logits)
 
-    def _make_room_for_decode(self) -> None:
-        while self.running and self.kv_cache.free_slots < len(self.running):
+    def _make_room_for_decode(self, tokens_per_request: int) -> None:
+        while self.running and self.kv_cache.free_slots < tokens_per_request * len(self.running):
             victim = self.running.pop()  # most recently admitted
-            self.kv_cache.release(victim.req_pool_idx)
-            victim.req_pool_idx, victim.num_cached = None, 0
+            self._release(victim)
+            victim.num_cached = 0
             victim.num_preemptions += 1
             self.num_preemptions += 1
-            if victim.seq_len + 1 > self.kv_cache.total_slots:
+            if victim.seq_len + tokens_per_request > self.kv_cache.total_slots:
                 # It can never fit again: finish it instead of looping forever.
                 victim.finish_reason = {"type": "abort", "message": "KV cache is full"}
                 victim.finished_at = time.perf_counter()
@@ -121,22 +126,35 @@ class Scheduler:
             return finished
         next_ids = sample(logits, reqs)
         record_output_logprobs(logits, next_ids, reqs)
-        now = time.perf_counter()
+        return finished + self._append_and_finish(reqs, [[t] for t in next_ids.tolist()])
+
+    def _append_and_finish(self, reqs: list, new_tokens: list) -> list:
+        """Appends each request's new tokens one by one, stopping where it finishes (EOS or
+        max_new_tokens inside an accepted run drops the rest); releases finished requests."""
+        finished, now = [], time.perf_counter()
         running_ids = {id(r) for r in self.running}
-        for req, token in zip(reqs, next_ids.tolist()):
-            if req.params.max_new_tokens > 0:
-                req.output_ids.append(token)
+        for req, tokens in zip(reqs, new_tokens):
             req.first_token_at = req.first_token_at or now
-            self.stop_checker.check(req)
+            for token in tokens:
+                if req.params.max_new_tokens > 0:
+                    req.output_ids.append(token)
+                self.stop_checker.check(req)
+                if req.finished:
+                    break
             if req.finished:
                 req.finished_at = now
-                self.kv_cache.release(req.req_pool_idx)
-                req.req_pool_idx = None
+                self._release(req)
                 finished.append(req)
             elif id(req) not in running_ids:
                 self.running.append(req)
         self.running = [r for r in self.running if not r.finished]
         return finished
+
+    def _release(self, req: Request) -> None:
+        self.kv_cache.release(req.req_pool_idx)
+        req.req_pool_idx = None
+        if self.spec is not None:
+            self.spec.draft.release(req)
 
     def _collect_aborted(self) -> list:
         aborted = [r for r in self.waiting if r.finished]

@@ -27,10 +27,13 @@ class TorchAttnBackend(AttentionBackend):
             keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, seq_len, D]
             values = values.repeat_interleave(group, dim=1).transpose(0, 1)
             queries = q[start:start + ext_len].view(ext_len, self.num_heads, self.head_dim)
-            o = F.scaled_dot_product_attention(queries.transpose(0, 1), keys, values,
-                                               attn_mask=_causal_mask(ext_len, seq_len, q.device),
-                                               is_causal=prefix_len == 0 and ext_len > 1,
-                                               scale=self.scale)
+            if batch.tree_mask is not None:
+                mask = _tree_mask(batch.tree_mask[i], prefix_len)
+            else:
+                mask = _causal_mask(ext_len, seq_len, q.device)
+            o = F.scaled_dot_product_attention(
+                queries.transpose(0, 1), keys, values, attn_mask=mask,
+                is_causal=mask is None and prefix_len == 0 and ext_len > 1, scale=self.scale)
             out[start:start + ext_len] = o.transpose(0, 1).reshape(ext_len, -1)
             start += ext_len
         return out
@@ -43,3 +46,10 @@ def _causal_mask(ext_len: int, seq_len: int, device):
         return None
     q_pos = torch.arange(ext_len, device=device)[:, None] + prefix_len
     return torch.arange(seq_len, device=device)[None, :] <= q_pos  # [ext, seq_len]
+
+
+def _tree_mask(tree_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """A draft tree's nodes see the whole committed prefix, then only their ancestors."""
+    num_nodes = tree_mask.shape[0]
+    prefix = torch.ones(num_nodes, prefix_len, dtype=torch.bool, device=tree_mask.device)
+    return torch.cat([prefix, tree_mask], dim=1)  # [N, prefix_len + N]

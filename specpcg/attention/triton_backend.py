@@ -64,6 +64,8 @@ class TritonAttnBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """q: [T, num_heads * head_dim]; rows past the real tokens (padding) come back as zeros."""
         assert self._num_reqs == batch.batch_size, "call init_forward_metadata(batch) first"
+        if batch.tree_mask is not None:
+            raise NotImplementedError("draft trees need attention_backend='torch' for now")
         self._save_kv(k, v, layer_id, batch)
         num_tokens = q.shape[0]
         q3 = q.view(num_tokens, self.num_heads, self.head_dim)

@@ -1,0 +1,38 @@
+"""What every draft worker declares and does. Algorithm differences are data, not branches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from specpcg.core import CaptureHiddenMode
+
+
+@dataclass
+class Proposal:
+    """Per request, N = num_draft_tokens nodes; node 0 is the root (the last committed token)."""
+
+    draft_tokens: torch.Tensor  # [bs, N] int64
+    parents: Optional[torch.Tensor] = None  # [bs, N] int64 for trees; None for a chain
+    draft_probs: Optional[torch.Tensor] = None  # [bs, N, V] q at each node's parent, or None
+
+
+class DraftWorker:
+    name = "base"
+    needs_hidden = CaptureHiddenMode.NULL  # the most the target's forwards must capture for us
+    aux_layers: tuple = ()
+    builds_piecewise = False  # invariant 5: drafts use decode graphs only
+
+    def propose(self, reqs: list, spec) -> Proposal:
+        raise NotImplementedError
+
+    def commit(self, reqs: list, accept_lens: list) -> None:
+        """After verify: `accept_lens[i]` drafts of request i were accepted."""
+
+    def release(self, req) -> None:
+        """The request finished or was preempted: drop its draft state."""
+
+    def info(self) -> dict:
+        return {"name": self.name}

@@ -1,0 +1,118 @@
+"""NGRAM: drafts copied from earlier text of the same request (prompt lookup); no model.
+
+Each request keeps an index from n-grams (min..max window tokens) to where they last ended, fed
+incrementally as tokens are committed, so proposing costs O(window) dict lookups per request
+whatever the context length. A chain takes the continuation after the longest matching suffix;
+a tree (topk > 1) merges the continuations of up to `bfs_breadth` matches into a trie and keeps
+its first N - 1 nodes in breadth-first order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafts.base import DraftWorker, Proposal
+
+MAX_POSITIONS_PER_KEY = 4  # recent occurrences kept per n-gram (tree breadth comes from these)
+
+
+class _RequestIndex:
+    def __init__(self, min_window: int, max_window: int):
+        self.windows = range(max_window, min_window - 1, -1)  # longest first
+        self.ends: dict = {}  # (w, ngram) -> [end positions], oldest first
+        self.num_indexed = 0  # n-grams ending before this position are indexed
+
+    def update(self, ids: list) -> None:
+        # NOTE: the n-gram ending at the last token is left out: it is the query itself.
+        for end in range(max(self.num_indexed, 0), len(ids) - 1):
+            for w in self.windows:
+                if end - w + 1 < 0:
+                    continue
+                key = (w, tuple(ids[end - w + 1:end + 1]))
+                ends = self.ends.setdefault(key, [])
+                ends.append(end)
+                del ends[:-MAX_POSITIONS_PER_KEY]
+        self.num_indexed = max(self.num_indexed, len(ids) - 1)
+
+    def continuations(self, ids: list, length: int, breadth: int) -> list:
+        """Up to `breadth` distinct continuations, longest match first, most recent first."""
+        found = []
+        for w in self.windows:
+            if len(ids) < w:
+                continue
+            for end in reversed(self.ends.get((w, tuple(ids[-w:])), ())):
+                cont = ids[end + 1:end + 1 + length]
+                if cont and cont not in found:
+                    found.append(cont)
+                if len(found) >= breadth:
+                    return found
+        return found
+
+
+class NgramDraft(DraftWorker):
+    name = "NGRAM"
+
+    def __init__(self, min_window: int = 1, max_window: int = 12, min_bfs_breadth: int = 1,
+                 max_bfs_breadth: int = 10, pad_token: int = 0):
+        self.min_window, self.max_window = min_window, max_window
+        self.max_bfs_breadth = max_bfs_breadth
+        self.pad_token = pad_token
+        self._index: dict = {}  # rid -> _RequestIndex
+
+    def _continuations(self, req, spec) -> list:
+        index = self._index.setdefault(req.rid, _RequestIndex(self.min_window, self.max_window))
+        ids = req.all_ids
+        index.update(ids)
+        breadth = 1 if spec.is_chain else self.max_bfs_breadth
+        return index.continuations(ids, spec.num_draft_tokens - 1, breadth)
+
+    def propose(self, reqs: list, spec) -> Proposal:
+        n = spec.num_draft_tokens
+        rows, parent_rows = [], []
+        for req in reqs:
+            conts = self._continuations(req, spec)
+            tokens, parents = (_chain(conts, n) if spec.is_chain else _trie_bfs(conts, n))
+            rows.append([req.all_ids[-1]] + [t if t is not None else self.pad_token for t in tokens])
+            parent_rows.append([-1] + parents)
+        draft_tokens = torch.tensor(rows, dtype=torch.long)  # [bs, N]
+        parents = None if spec.is_chain else torch.tensor(parent_rows, dtype=torch.long)
+        return Proposal(draft_tokens=draft_tokens, parents=parents)
+
+    def release(self, req) -> None:
+        self._index.pop(req.rid, None)
+
+
+def _chain(conts: list, n: int) -> tuple:
+    tokens = list(conts[0]) if conts else []
+    tokens += [None] * (n - 1 - len(tokens))  # padding drafts: almost surely rejected
+    return tokens, list(range(0, n - 1))
+
+
+def _trie_bfs(conts: list, n: int) -> tuple:
+    """Merges continuations into a trie under the root; its first n - 1 nodes in BFS order."""
+    children: dict = {0: {}}  # node -> {token: child node}
+    tokens, parents, level = [None], [-1], []
+    for cont in conts:
+        node = 0
+        for tok in cont:
+            nxt = children[node].get(tok)
+            if nxt is None:
+                nxt = len(tokens)
+                children[node][tok] = nxt
+                children[nxt] = {}
+                tokens.append(tok)
+                parents.append(node)
+            node = nxt
+    order, queue = [], [0]
+    while queue:  # BFS renumbering: a parent always precedes its children
+        node = queue.pop(0)
+        order.append(node)
+        queue.extend(children[node].values())
+    order = order[:n]
+    new_id = {old: i for i, old in enumerate(order)}
+    out_tokens = [tokens[o] for o in order[1:]]
+    out_parents = [new_id[parents[o]] for o in order[1:]]
+    while len(out_tokens) < n - 1:  # pad with leaves under the root
+        out_tokens.append(None)
+        out_parents.append(0)
+    return out_tokens, out_parents

@@ -1,0 +1,125 @@
+"""STANDALONE: a separate smaller model with the target's tokenizer drafts a chain.
+
+It keeps its own KV cache. Each propose catches the draft up on the committed tokens it has not
+seen (DRAFT_EXTEND, eager), then runs num_steps - 1 DECODE steps through its own decode CUDA
+graphs (never piecewise graphs). After verify, its KV is cut back to what the target accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from drafts.base import DraftWorker, Proposal
+from specpcg.core import ForwardMode
+from specpcg.sampler import target_probs
+
+
+@dataclass(eq=False)
+class _DraftReq:
+    rid: int
+    req_pool_idx: int
+    num_cached: int = 0  # committed tokens whose KV the draft holds
+
+
+def check_draft_matches(target_cfg, target_tok, draft_cfg, draft_tok, path: str) -> None:
+    if draft_cfg.vocab_size != target_cfg.vocab_size:
+        raise ValueError(f"speculative_draft_model_path {path!r}: draft vocab_size "
+                         f"{draft_cfg.vocab_size} does not match the target's {target_cfg.vocab_size}")
+    if target_tok is None or draft_tok is None:
+        return
+    probe = "The quick brown fox: 12 + 30 = 42, naïve café."
+    if draft_tok.encode(probe) != target_tok.encode(probe):
+        raise ValueError(f"speculative_draft_model_path {path!r}: the draft's tokenizer does not "
+                         f"match the target's (they encode the same text differently)")
+
+
+class StandaloneDraft(DraftWorker):
+    name = "STANDALONE"
+
+    def __init__(self, model, model_cfg, dtype):
+        """Loaded, not yet wired: `setup` builds the KV cache and graphs once the target's KV
+        budget is known (both caches share one memory budget, split by bytes per slot)."""
+        self.model, self.model_cfg, self.dtype = model, model_cfg, dtype
+        self.kv_cache = self.runner = self.router = self.graphs = None
+        self._reqs: dict = {}  # rid -> _DraftReq
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        from specpcg.kv_cache import KVPool
+
+        mc = self.model_cfg
+        return KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+
+    def setup(self, engine) -> None:
+        from drafts.wiring import wire_draft_model
+
+        self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(self, engine)
+
+    def info(self) -> dict:
+        return {"name": self.name, **(self.graphs.info() if self.graphs else {})}
+
+    def _state(self, req) -> _DraftReq:
+        st = self._reqs.get(req.rid)
+        if st is None:
+            st = self._reqs[req.rid] = _DraftReq(req.rid, self.kv_cache.new_request())
+        return st
+
+    def _forward(self, mode, states, new_ids):
+        from specpcg.scheduler import make_batch
+
+        self.kv_cache.extend_many([s.req_pool_idx for s in states], [len(x) for x in new_ids])
+        batch = make_batch(self.kv_cache, mode, states, new_ids, self.runner.device)
+        logits = self.router.forward(batch).logits
+        for st, ids in zip(states, new_ids):
+            st.num_cached += len(ids)
+        return logits
+
+    def propose(self, reqs: list, spec) -> Proposal:
+        states = [self._state(r) for r in reqs]
+        new_ids = [r.all_ids[st.num_cached:] for r, st in zip(reqs, states)]  # >= the root
+        logits = self._forward(ForwardMode.DRAFT_EXTEND, states, new_ids)
+        columns, probs = [torch.tensor([r.all_ids[-1] for r in reqs], device=logits.device)], []
+        for step in range(spec.num_steps):
+            token, q = _draft_sample(logits, reqs)
+            columns.append(token)
+            probs.append(q)
+            if step + 1 < spec.num_steps:
+                logits = self._forward(ForwardMode.DECODE, states, [[t] for t in token.tolist()])
+        draft_tokens = torch.stack(columns, dim=1)  # [bs, N]
+        draft_probs = None
+        if any(q is not None for q in probs):
+            zero = torch.zeros_like(next(q for q in probs if q is not None))
+            draft_probs = torch.stack([zero] + [zero if q is None else q for q in probs], 1)
+        return Proposal(draft_tokens=draft_tokens, draft_probs=draft_probs)
+
+    def commit(self, reqs: list, accept_lens: list) -> None:
+        for req, m in zip(reqs, accept_lens):
+            st = self._reqs[req.rid]
+            # Called before the step's tokens are appended: all_ids still ends at the root.
+            # The draft fed all_ids then d1..d_{k-1}; the accepted d1..dm stay valid.
+            committed = len(req.all_ids)
+            keep = committed + min(m, st.num_cached - committed)
+            self.kv_cache.truncate(st.req_pool_idx, keep)
+            st.num_cached = keep
+
+    def release(self, req) -> None:
+        st = self._reqs.pop(req.rid, None)
+        if st is not None:
+            self.kv_cache.release(st.req_pool_idx)
+
+
+def _draft_sample(logits: torch.Tensor, reqs: list):
+    """Greedy rows take the argmax; sampled rows draw from the draft's own filtered
+    distribution q, returned ([bs, V], zeros for greedy rows) for rejection sampling."""
+    token = logits.argmax(-1)
+    sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
+    if not sampled:
+        return token, None
+    q = torch.zeros_like(logits, dtype=torch.float32)
+    for i in sampled:
+        q[i] = target_probs(logits[i], reqs[i].params)
+        token[i] = torch.multinomial(q[i], 1, generator=reqs[i].generator)[0]
+    return token, q
+

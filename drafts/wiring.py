@@ -1,0 +1,43 @@
+"""Builds a model draft's own KV cache, attention backend, runner, decode graphs and router."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specpcg.attention import create_attention_backend
+from specpcg.graphs.setup import build_graphs
+from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+from specpcg.model_runner import ModelRunner
+from specpcg.router import ForwardRouter
+
+
+def load_standalone(spec, engine):
+    """Loads the draft checkpoint and checks it matches the target (vocab and tokenizer)."""
+    from drafts.standalone import StandaloneDraft, check_draft_matches
+    from specpcg.models.loading import load_target
+
+    path = spec.draft_model_path
+    if not path:
+        raise ValueError("speculative_draft_model_path is required for STANDALONE (a smaller "
+                         "model with the target's tokenizer)")
+    cfg = replace(engine.config, model_path=path, load_format="auto", tokenizer_path=None,
+                  skip_tokenizer_init=engine.tokenizer is None)
+    model, model_cfg, tokenizer = load_target(cfg, engine.device, engine.dtype)
+    check_draft_matches(engine.model_config, engine.tokenizer, model_cfg, tokenizer, path)
+    return StandaloneDraft(model, model_cfg, engine.dtype)
+
+
+def wire_draft_model(draft, engine):
+    mc, cfg = draft.model_cfg, engine.config
+    slots = engine.kv_cache.total_slots
+    pool = KVPool(slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.dtype, engine.device)
+    max_requests = engine.kv_cache.req_pool.pad_row
+    kv_cache = KVCache(pool, ReqToTokenPool(max_requests, engine.context_len, engine.device))
+    attn = create_attention_backend(cfg.attention_backend, engine.device, kv_cache, mc.num_heads,
+                                    mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
+    runner = ModelRunner(draft.model, kv_cache, attn, engine.device)
+    # Invariant 5: a draft never builds piecewise graphs, whatever the engine's setting.
+    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True), runner, engine.context_len)
+    reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
+    router = ForwardRouter(runner, None, graphs.decode, reasons)
+    return kv_cache, runner, router, graphs

@@ -1,0 +1,95 @@
+"""The speculative step: propose -> verify -> accept -> commit, for every running request.
+
+Co-scheduled with continuous batching: new requests are prefilled by the target as usual (the
+piecewise graph), then join the running batch, which this step advances by 1..N tokens each.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from kernels.tree import chain_tree, tree_from_parents
+from specpcg.core import ForwardMode
+from specpcg.spec.accept import accept
+
+
+class SpecDecoder:
+    def __init__(self, draft, router, kv_cache, spec, device):
+        self.draft, self.router, self.kv_cache = draft, router, kv_cache
+        self.spec, self.device = spec, device
+        self.num_verify = 0
+        self.num_emitted = 0
+        self.histogram: Counter = Counter()
+
+    @property
+    def tokens_per_request(self) -> int:
+        return self.spec.num_draft_tokens
+
+    def step(self, reqs: list) -> list:
+        """Returns, per request, the tokens it emits this step (accepted drafts + bonus)."""
+        proposal = self.draft.propose(reqs, self.spec)
+        tree, logits, prefix_lens = self._verify(reqs, proposal)
+        result = accept(reqs, tree, proposal.draft_probs, logits)
+        return self._commit(reqs, tree, result, prefix_lens)
+
+    def _verify(self, reqs: list, proposal):
+        """One TARGET_VERIFY forward over every request's N nodes (root + drafts)."""
+        from specpcg.scheduler import make_batch
+
+        draft_tokens = proposal.draft_tokens.to(self.device)
+        tree = (chain_tree(draft_tokens) if proposal.parents is None
+                else tree_from_parents(draft_tokens, proposal.parents.to(self.device)))
+        n = self.spec.num_draft_tokens
+        prefix_lens = [r.num_cached for r in reqs]  # the root (last token) has no KV yet
+        self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [n] * len(reqs))
+        batch = make_batch(self.kv_cache, ForwardMode.TARGET_VERIFY, reqs,
+                           proposal.draft_tokens.tolist(), self.device)
+        batch.return_all_logits = True
+        if proposal.parents is not None:
+            # NOTE: a node sits at prefix_len + depth and sees only its ancestors.
+            batch.positions = (torch.tensor(prefix_lens, device=self.device)[:, None]
+                               + tree.depths).flatten()
+            batch.tree_mask = tree.tree_mask
+        out = self.router.forward(batch)
+        return tree, out.all_logits.view(len(reqs), n, -1), prefix_lens
+
+    def _commit(self, reqs: list, tree, result, prefix_lens: list) -> list:
+        accept_index = result.accept_index.tolist()
+        accept_lens = result.accept_len.tolist()
+        bonus = result.bonus.tolist()
+        tokens = tree.draft_tokens.tolist()
+        emitted = []
+        for i, req in enumerate(reqs):
+            m = accept_lens[i]
+            path = accept_index[i][:m + 1]  # root + accepted drafts: their KV is kept
+            self.kv_cache.keep_path(req.req_pool_idx, prefix_lens[i], path)
+            req.num_cached = prefix_lens[i] + m + 1
+            emitted.append([tokens[i][node] for node in path[1:]] + [bonus[i]])
+            req.spec_verify_ct += 1
+            req.spec_accepted_drafts += m
+            req.spec_histogram[m] += 1
+            self.histogram[m] += 1
+        self.num_verify += len(reqs)
+        self.num_emitted += sum(a + 1 for a in accept_lens)
+        self.draft.commit(reqs, accept_lens)
+        return emitted
+
+    def stats(self) -> dict:
+        avg = self.num_emitted / self.num_verify if self.num_verify else 0.0
+        return {"avg_spec_accept_length": avg, "spec_verify_ct": self.num_verify,
+                "spec_accept_histogram": dict(sorted(self.histogram.items()))}
+
+
+def spec_meta(req, num_draft_tokens: int) -> dict:
+    """Per-request metrics under SGLang's names (accept length counts the bonus token)."""
+    verify = req.spec_verify_ct
+    return {
+        "spec_verify_ct": verify,
+        "spec_accept_length": len(req.output_ids) / verify if verify else 0.0,
+        "spec_accept_rate": (req.spec_accepted_drafts / (verify * (num_draft_tokens - 1))
+                             if verify else 0.0),
+        "spec_accepted_drafts": req.spec_accepted_drafts,
+        "spec_accept_histogram": [req.spec_histogram.get(m, 0) for m in range(num_draft_tokens)],
+    }
