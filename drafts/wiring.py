@@ -21,10 +21,23 @@ def load_standalone(spec, engine):
         raise ValueError("speculative_draft_model_path is required for STANDALONE (a smaller "
                          "model with the target's tokenizer)")
     cfg = replace(engine.config, model_path=path, load_format="auto", tokenizer_path=None,
-                  skip_tokenizer_init=engine.tokenizer is None)
-    model, model_cfg, tokenizer = load_target(cfg, engine.device, engine.dtype)
-    check_draft_matches(engine.model_config, engine.tokenizer, model_cfg, tokenizer, path)
+                  skip_tokenizer_init=True)
+    model, model_cfg, _ = load_target(cfg, engine.device, engine.dtype)
+    check_draft_matches(engine.model_config, engine.tokenizer, model_cfg,
+                        _draft_tokenizer(path, engine.tokenizer), path)
     return StandaloneDraft(model, model_cfg, engine.dtype)
+
+
+def _draft_tokenizer(path: str, target_tokenizer):
+    """The draft's own tokenizer when it ships one (checked against the target's), else None."""
+    if target_tokenizer is None:
+        return None
+    from specpcg.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except ValueError:
+        return None  # weights only: the vocabulary size check is what can be made
 
 
 def wire_draft_model(draft, engine):

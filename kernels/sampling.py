@@ -98,6 +98,8 @@ def verify_sampling_torch(draft_tokens, first_child, next_sibling, target_probs,
         found = torch.full_like(cur, -1)
         for _ in range(num_nodes - 1):  # a node has at most N - 1 children
             live = (child >= 0) & (found < 0)
+            if not live.any():  # a host sync, worth it on CPU: most nodes have few children
+                break
             safe = child.clamp(min=0)
             token = _gather(draft_tokens, safe).to(torch.int64)
             q_token = 1.0 if q is None else _gather(q, token)

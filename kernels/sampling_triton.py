@@ -68,6 +68,40 @@ def _sample_row(row_ptr, coin, vocab_size, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _try_children(tokens_ptr, next_sibling_ptr, coins_ptr, draft_ptr, target_row_ptr,
+                  residual_row_ptr, row, child, fresh, mass, num_nodes, vocab_size,
+                  HAS_DRAFT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Tries `child` and its next siblings in order against the residual target at their
+    parent (target_row if fresh, else residual_row / mass) -> (the accepted child or -1, fresh,
+    mass): the residual left at the parent."""
+    # Siblings share their draft row (the first child's); rejected ones leave it.
+    draft_row_ptr = draft_ptr + (row + tl.maximum(child, 0)) * vocab_size
+    draft_mass = 1.0
+    found = -1
+    for _ in range(0, num_nodes):
+        if (child >= 0) & (found < 0):
+            token = tl.load(tokens_ptr + row + child)
+            p_row_ptr = residual_row_ptr
+            if fresh != 0:
+                p_row_ptr = target_row_ptr
+            p_token = tl.load(p_row_ptr + token) / mass
+            q_token = 1.0
+            if HAS_DRAFT:
+                q_token = tl.load(draft_row_ptr + token) / draft_mass
+            if tl.load(coins_ptr + row + child) * q_token < p_token:
+                found = child
+            else:
+                total = _residual_pass(p_row_ptr, residual_row_ptr, draft_row_ptr, mass,
+                                       draft_mass, token, vocab_size, HAS_DRAFT, BLOCK_V)
+                mass = tl.maximum(total, TINY)
+                fresh = 0
+                if HAS_DRAFT:
+                    draft_mass = tl.maximum(draft_mass - tl.load(draft_row_ptr + token), TINY)
+                child = tl.load(next_sibling_ptr + row + child).to(tl.int32)
+    return found, fresh, mass
+
+
+@triton.jit
 def _verify_sampling_kernel(
     tokens_ptr, first_child_ptr, next_sibling_ptr, target_ptr, draft_ptr, coins_ptr,
     final_coins_ptr, residual_ptr, accept_index_ptr, accept_len_ptr, bonus_ptr,
@@ -88,31 +122,10 @@ def _verify_sampling_kernel(
     for depth in range(1, max_depth + 1):
         child = tl.load(first_child_ptr + row + cur).to(tl.int32)
         child = tl.where(searching != 0, child, -1)
-        # Siblings share their draft row (the first child's); rejected ones leave it.
-        draft_row_ptr = draft_ptr + (row + tl.maximum(child, 0)) * vocab_size
-        draft_mass = 1.0
         target_row_ptr = target_ptr + (row + cur) * vocab_size
-        found = -1
-        for _ in range(0, num_nodes):
-            if (child >= 0) & (found < 0):
-                token = tl.load(tokens_ptr + row + child)
-                p_row_ptr = residual_row_ptr
-                if fresh != 0:
-                    p_row_ptr = target_row_ptr
-                p_token = tl.load(p_row_ptr + token) / mass
-                q_token = 1.0
-                if HAS_DRAFT:
-                    q_token = tl.load(draft_row_ptr + token) / draft_mass
-                if tl.load(coins_ptr + row + child) * q_token < p_token:
-                    found = child
-                else:
-                    total = _residual_pass(p_row_ptr, residual_row_ptr, draft_row_ptr, mass,
-                                           draft_mass, token, vocab_size, HAS_DRAFT, BLOCK_V)
-                    mass = tl.maximum(total, TINY)
-                    fresh = 0
-                    if HAS_DRAFT:
-                        draft_mass = tl.maximum(draft_mass - tl.load(draft_row_ptr + token), TINY)
-                    child = tl.load(next_sibling_ptr + row + child).to(tl.int32)
+        found, fresh, mass = _try_children(
+            tokens_ptr, next_sibling_ptr, coins_ptr, draft_ptr, target_row_ptr,
+            residual_row_ptr, row, child, fresh, mass, num_nodes, vocab_size, HAS_DRAFT, BLOCK_V)
         if found >= 0:
             tl.store(accept_row_ptr + depth, found.to(tl.int64))
             cur = found

@@ -78,6 +78,8 @@ def verify_greedy_torch(draft_tokens: torch.Tensor, first_child: torch.Tensor,
         child = torch.where(searching, first_child.gather(1, cur[:, None])[:, 0], -1)
         found = torch.full_like(cur, -1)
         for _ in range(num_nodes - 1):  # a node has at most N - 1 children
+            if not ((child >= 0) & (found < 0)).any():  # a host sync, worth it on CPU
+                break
             child, found = _walk_step(draft_tokens, next_sibling, child, found, wanted)
         searching &= found >= 0
         accept_index[:, depth] = torch.where(searching, found, -1)
