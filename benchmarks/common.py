@@ -7,6 +7,7 @@ re-rendered later from the file alone.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import gc
 import json
@@ -223,11 +224,9 @@ def grouped_bar_plot(panels: list[dict], series: list[str], path, title: str) ->
 
 
 def line_plot(panels: list[dict], path, title: str) -> None:
-    """One subplot per panel; in each, one line (with markers) per series.
-
-    panel: {"title", "xlabel", "ylabel": str, "logx", "logy": bool (log 2 / log 10 axes),
-            "series": {name: [(x, y), ...]}, "styles": {name: matplotlib kwargs} (optional)}.
-    """
+    """One subplot per panel, one line per series. panel: {"title", "xlabel", "ylabel": str,
+    "logx", "logy": bool (log 2 / log 10 axes), "series": {name: [(x, y), ...]},
+    "styles": {name: matplotlib plot kwargs} (optional)}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -248,10 +247,9 @@ def line_plot(panels: list[dict], path, title: str) -> None:
         if panel.get("logy"):
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+            ax.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(1, 0.4)))  # 20, 30, ...
         ax.set_title(panel["title"], fontsize=10)
-        ax.set_xlabel(panel["xlabel"])
-        ax.set_ylabel(panel["ylabel"])
+        ax.set(xlabel=panel["xlabel"], ylabel=panel["ylabel"])
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
@@ -286,9 +284,7 @@ def generate_ids(engine, ids: list, num_new: int) -> list[dict]:
 def served_by(engine, mode: str, fn: Callable) -> tuple:
     """(fn(), the set of runners that served `mode` forwards during fn), from forward_stats."""
     def counts():
-        from collections import Counter
-
-        return Counter({(s["mode"], s["runner"], s["reason"]): s["count"]
+        return collections.Counter({(s["mode"], s["runner"], s["reason"]): s["count"]
                         for s in engine.get_server_info()["forward_stats"]})
 
     before = counts()
@@ -297,8 +293,7 @@ def served_by(engine, mode: str, fn: Callable) -> tuple:
 
 
 def column_table(keys: list, columns: list) -> str:
-    """Markdown table of one row per key; columns: [(header, key -> cell)]; floats and None
-    go through fmt, other cells are shown as they are."""
+    """Markdown table, a row per key; columns: [(header, key -> cell)]; floats and None: fmt."""
     rows = [[fmt(x) if isinstance(x, float) or x is None else x
              for x in (cell(k) for _, cell in columns)] for k in keys]
     return markdown_table([header for header, _ in columns], rows)
