@@ -18,6 +18,8 @@ req_to_token past prefix_len + accept_len are left as they were. For a chain, ac
 `draft_slots` may be a view of `req_to_token` (the verify's slots read in place): along a path
 node indices grow, accept_index[b, d] >= d, so position d is only overwritten after every read
 of it. The bonus token's KV is computed next round, as the new root.
+NOTE: prefix_len + accept_len < C is the caller's invariant (the verify forward already wrote
+those positions); the kernel does not check it, as that would read lengths on the host.
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ def _check_slot_inputs(req_to_token, req_pool_indices, prefix_lens, draft_slots,
                          f"{req_to_token.dtype}")
     if draft_slots.dim() != 2:
         raise ValueError(f"draft_slots must be [bs, N], got {tuple(draft_slots.shape)}")
-    bs = draft_slots.shape[0]
+    bs, num_nodes = draft_slots.shape
     for name, t in (("req_pool_indices", req_pool_indices), ("prefix_lens", prefix_lens),
                     ("accept_len", accept_len)):
         if t.shape != (bs,):
             raise ValueError(f"{name} must be [{bs}], got {tuple(t.shape)}")
-    if accept_index.dim() != 2 or accept_index.shape[0] != bs:
-        raise ValueError(f"accept_index must be [{bs}, W], got {tuple(accept_index.shape)}")
+    if accept_index.dim() != 2 or accept_index.shape[0] != bs or accept_index.shape[1] > num_nodes:
+        raise ValueError(f"accept_index must be [{bs}, W <= {num_nodes}], "
+                         f"got {tuple(accept_index.shape)}")
 
 
 def assign_accepted_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,

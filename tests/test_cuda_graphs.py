@@ -94,11 +94,21 @@ def test_every_decode_and_verify_bucket_equals_eager(engine, width):
 
 
 def _token_gap(engine, ids, a, b) -> float:
-    """|logit(a) - logit(b)| after `ids`, from the eager path of `engine`."""
+    """|logit(a) - logit(b)| after `ids`, from the eager path of `engine`, in bf16 ulps at the
+    logits' magnitude (bf16 keeps 8 significant bits: near 30 its step is 0.125)."""
+    import math
+
     from tests.test_model_parity import _prefill_logits
 
     logits = _prefill_logits(engine, [ids])[-1].float()
-    return (logits[a] - logits[b]).abs().item()
+    gap = (logits[a] - logits[b]).abs().item()
+    magnitude = max(logits[a].abs().item(), logits[b].abs().item(), 1e-3)
+    ulp = 2.0 ** (math.floor(math.log2(magnitude)) - 7)
+    print(f"logit gap {gap:.3f} = {gap / ulp:.1f} bf16 ulps")
+    return gap / ulp
+
+
+NEAR_TIE_ULPS = 2  # a divergence is a near-tie when the two logits are within 2 bf16 steps
 
 
 def _on_off(dtype):
@@ -134,8 +144,7 @@ def test_graphs_on_off_bf16_differ_only_at_near_ties():
             same += 1
             continue
         k = next(i for i, (p, q) in enumerate(zip(x, y)) if p != q)
-        gap = _token_gap(off, off.tokenizer.encode(prompt) + y[:k], x[k], y[k])
-        print(f"divergence at token {k}: eager logit gap {gap:.3f}")
-        assert gap < 0.25
+        print(f"divergence at token {k}")
+        assert _token_gap(off, off.tokenizer.encode(prompt) + y[:k], x[k], y[k]) <= NEAR_TIE_ULPS
     print(f"graphs on/off identical greedy outputs (bf16): {same}/20")
     assert same >= 16

@@ -7,7 +7,7 @@ import torch
 from specpcg import Engine
 from specpcg.gsm8k import build_prompts
 from specpcg.models.loader import default_model_path
-from tests.test_cuda_graphs import _token_gap
+from tests.test_cuda_graphs import NEAR_TIE_ULPS, _token_gap
 
 pytestmark = pytest.mark.cuda
 PARAMS = {"max_new_tokens": 64, "temperature": 0}
@@ -38,9 +38,9 @@ def test_spec_bf16_matches_plain_except_near_ties(algo, prompts, plain):
             same += 1
             continue
         k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-        gap = _token_gap(base, base.tokenizer.encode(prompt) + want[:k], got[k], want[k])
-        print(f"{algo}: divergence at token {k}, logit gap {gap:.3f}")
-        assert gap < 0.25
+        print(f"{algo}: divergence at token {k}")
+        assert _token_gap(base, base.tokenizer.encode(prompt) + want[:k], got[k], want[k]) \
+            <= NEAR_TIE_ULPS
     info = engine.get_server_info()
     print(f"{algo}: identical {same}/20, avg accept length "
           f"{info['internal_states'][0]['avg_spec_accept_length']:.2f}")

@@ -111,15 +111,16 @@ def test_tree_from_parents_hand_worked_and_chain():
 
 def test_build_tree_hand_worked():
     # K = 2, S = 2. Step 0: root -> a (-0.1), b (-1.0). Step 1 expands a (flat 0) and b (flat 1):
-    # a -> c (-0.3), d (-2.0); b -> e (-1.2), f (-3.0). The 4 best: a, c, b, e.
+    # a -> c (-0.1), d (-2.0); b -> e (-1.2), f (-3.0). The 4 best: a, c, b, e.
     a, b, c, d, e, f = 10, 11, 12, 13, 14, 15
     tokens = torch.tensor([[[[a, b], [0, 0]], [[c, d], [e, f]]]])
-    scores = torch.tensor([[[[-0.1, -1.0], [0.0, 0.0]], [[-0.3, -2.0], [-1.2, -3.0]]]])
-    branch_parents = torch.tensor([[[0, 0], [0, 1]]])
-    tree = build_tree(torch.tensor([7]), tokens, scores, branch_parents, 5, use_triton=False)
+    scores = torch.tensor([[[[-0.1, -1.0], [0.0, 0.0]], [[-0.1, -2.0], [-1.2, -3.0]]]])
+    inputs = (torch.tensor([7]), tokens, scores, torch.tensor([[[0, 0], [0, 1]]]))
+    tree = build_tree(*inputs, 5, use_triton=False)
     assert tree.draft_tokens.tolist() == [[7, a, b, c, e]]
-    assert tree.parents.tolist() == [[-1, 0, 0, 1, 2]]
-    assert tree.depths.tolist() == [[0, 1, 1, 2, 2]]
+    assert tree.parents.tolist() == [[-1, 0, 0, 1, 2]] and tree.depths.tolist() == [[0, 1, 1, 2, 2]]
+    # c ties with its parent a for the last place: the parent wins, the tree stays closed.
+    assert build_tree(*inputs, 2, use_triton=False).draft_tokens.tolist() == [[7, a]]
 
 
 @pytest.mark.parametrize("topk,num_steps", [(1, 4), (2, 3), (3, 2), (4, 2), (2, 1)])
@@ -177,22 +178,18 @@ def test_verify_greedy_hand_worked_and_edges():
     # root -> 10 (node 1), node 1 -> 13 (node 4, the second child), node 4 is a leaf: bonus 42.
     predict = torch.tensor([[10, 13, 14, 99, 42, 0, 0]])
     result = verify_greedy(*_walk(tree), predict, use_triton=False)
-    assert result.accept_index.tolist() == [[0, 1, 4, -1, -1, -1, -1]]
-    assert result.accept_len.tolist() == [2] and result.bonus.tolist() == [42]
+    assert [t.tolist() for t in result] == [[[0, 1, 4, -1, -1, -1, -1]], [2], [42]]
     # Nothing accepted: the root predicts no child's token; the bonus is the root's prediction.
     predict[0, 0] = 77
     result = verify_greedy(*_walk(tree), predict, 3, use_triton=False)
-    assert result.accept_index.tolist() == [[0, -1, -1, -1]]
-    assert result.accept_len.tolist() == [0] and result.bonus.tolist() == [77]
+    assert [t.tolist() for t in result] == [[[0, -1, -1, -1]], [0], [77]]
     # A chain accepted to the end, and N = 1 (no drafts, just the bonus).
     tree = chain_tree(torch.tensor([[1, 2, 3, 4]]))
     result = verify_greedy(*_walk(tree), torch.tensor([[2, 3, 4, 9]]), use_triton=False)
-    assert result.accept_index.tolist() == [[0, 1, 2, 3]]
-    assert result.accept_len.tolist() == [3] and result.bonus.tolist() == [9]
+    assert [t.tolist() for t in result] == [[[0, 1, 2, 3]], [3], [9]]
     tree = chain_tree(torch.tensor([[1]]))
     result = verify_greedy(*_walk(tree), torch.tensor([[8]]), use_triton=False)
-    assert result.accept_index.tolist() == [[0]] and result.accept_len.tolist() == [0]
-    assert result.bonus.tolist() == [8]
+    assert [t.tolist() for t in result] == [[[0]], [0], [8]]
 
 
 def _check_greedy_kernel(device, use_triton=True):
