@@ -1,15 +1,12 @@
 """Speculative decoding on few-shot GSM8K: accept length, speed, and unchanged answers.
 
-Systems: no-spec, NGRAM, STANDALONE (draft: the target's first --draft-layers layers, cut by
-drafts.truncate into a temp dir), each with piecewise CUDA graphs on and off, at batch 1 (the
-first --bs1-questions, one at a time) and 16 (the first --num-questions at once,
-max_running_requests=16); greedy, stop strings of specpcg.gsm8k. Per run: accept length (run
-average from the engine's counters; mean over requests), output tokens/s (completion tokens /
-wall time), speedup over no-spec (same graphs, same batch), accuracy next to no-spec's, and the
-fraction of outputs identical to no-spec's. References at batch 1 on the first --hf-questions:
-HF `generate` (dynamic cache), with `prompt_lookup_num_tokens=10`, and with the same draft as
-`assistant_model`; speedups over HF plain. A GGUF target is converted once (to --dtype) into a
-temp HF dir that every engine and HF load. JSON lines to --out, a table, a PNG next to --out.
+no-spec, NGRAM, STANDALONE (draft: the target's first --draft-layers layers, by drafts.truncate),
+PCG on and off, batch 1 (--bs1-questions, one at a time) and 16 (--num-questions at once,
+max_running_requests=16). Per run: accept length (engine counters' run average; mean over
+requests), output tok/s (completion tokens / wall time), speedup and identical outputs against
+no-spec (same PCG, batch), accuracy and no-spec's. HF references at batch 1 (--hf-questions):
+plain `generate`, `prompt_lookup_num_tokens=10`, the draft as `assistant_model`; speedups over
+plain. A GGUF target is converted once (to --dtype) into a temp HF dir that all systems load.
 
     python benchmarks/bench_spec.py --model-path /path/SmolLM2-135M-Instruct.Q4_1.gguf
     python benchmarks/bench_spec.py --quick --out /tmp/spec.jsonl     # CPU smoke run
@@ -24,16 +21,25 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
+
 import common
 
 common.add_repo_to_path()
+from drafts.truncate import truncate  # noqa: E402
+from specpcg import Engine  # noqa: E402
+from specpcg.config import EngineConfig  # noqa: E402
+from specpcg.gsm8k import STOP, build_prompts, extract_answer  # noqa: E402
+from specpcg.models.loader import default_model_path, load_checkpoint  # noqa: E402
+from specpcg.tokenizer import load_tokenizer  # noqa: E402
 
 SYSTEMS = {"nospec": None, "ngram": "NGRAM", "standalone": "STANDALONE"}
 NAMES = {"nospec": "no-spec", "ngram": "NGRAM", "standalone": "STANDALONE", "hf_plain": "HF plain",
          "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted"}
-# plot series: each specpcg algorithm next to its HF counterpart
 SERIES = {"n-gram (NGRAM / HF prompt lookup)": ("ngram", "hf_prompt_lookup"),
-          "draft model (STANDALONE / HF assisted)": ("standalone", "hf_assisted")}
+          "draft model (STANDALONE / HF assisted)": ("standalone", "hf_assisted")}  # plot
 
 
 @dataclass(frozen=True)
@@ -46,66 +52,50 @@ class Settings:
     hf_questions: int = 10
 
 
-QUICK = Settings(num_shots=1, max_new_tokens=16, bs1_questions=2, num_questions=2, batch_size=2,
-                 hf_questions=0)
+QUICK = Settings(1, 16, 2, 2, 2, 0)  # 1 shot, 16 new tokens, 2 questions at bs 1 and 2, no HF
 
 
-# -- models ----------------------------------------------------------------------------------
 def stage_models(args, dtype, tmp: str) -> tuple[str, str]:
-    """(target path, draft dir): the draft cut from the target; a GGUF target converted once."""
-    from drafts.truncate import truncate
-    from specpcg.models.loader import load_checkpoint
-
-    checkpoint = load_checkpoint(args.model_path)
-    target = args.model_path
-    if not os.path.isdir(target):  # every engine would dequantize the GGUF again
-        target = truncate(target, checkpoint[0].num_layers, os.path.join(tmp, "target"), dtype,
-                          checkpoint)
-    draft = truncate(args.model_path, args.draft_layers, os.path.join(tmp, "draft"), dtype,
-                     checkpoint)
-    return target, draft
+    """(target path, draft dir): the draft cut from the target; a GGUF target converted once
+    (else every engine dequantizes it again)."""
+    ckpt, target = load_checkpoint(args.model_path), args.model_path
+    if not os.path.isdir(target):
+        target = truncate(target, ckpt[0].num_layers, os.path.join(tmp, "target"), dtype, ckpt)
+    return target, truncate(args.model_path, args.draft_layers, os.path.join(tmp, "draft"),
+                            dtype, ckpt)
 
 
 def make_engine(args, s: Settings, system: str, pcg: bool, paths, kv_tokens: int):
-    from specpcg import Engine
-
     kw = dict(model_path=paths[0], device=args.device, dtype=args.dtype,
               attention_backend=args.attention_backend, max_total_tokens=kv_tokens,
               max_running_requests=s.batch_size, cuda_graph_max_bs=s.batch_size,
               disable_piecewise_cuda_graph=not pcg, show_progress=False)
     if SYSTEMS[system]:
-        kw.update(speculative_algorithm=SYSTEMS[system], speculative_num_steps=args.num_steps)
-    if SYSTEMS[system] == "STANDALONE":
-        kw["speculative_draft_model_path"] = paths[1]
+        kw.update(speculative_algorithm=SYSTEMS[system], speculative_num_steps=args.num_steps,
+                  speculative_draft_model_path=paths[1] if system == "standalone" else None)
     return Engine(**kw)
 
 
 # -- one run -----------------------------------------------------------------------------------
-def spec_counts(engine) -> tuple[float, int]:
-    """(tokens emitted by verify steps, verify steps) so far; (0, 0) without spec decoding."""
-    state = engine.get_server_info()["internal_states"][0]
-    verify = state.get("spec_verify_ct", 0)
-    return state.get("avg_spec_accept_length", 0.0) * verify, verify
-
-
 def run_engine(engine, prompts: list, batch_size: int, params: dict, bar) -> dict:
     """Outputs of `prompts` (one at a time at batch 1, else all at once), timed, with the run's
     accept length and the runners that served the prompts' prefill (EXTEND) forwards."""
     def generate():
-        if batch_size > 1:
-            outs = engine.generate(prompt=prompts, sampling_params=params)
-            bar.update(len(prompts))
-            return outs
         outs = []
-        for prompt in prompts:
-            outs.append(engine.generate(prompt=prompt, sampling_params=params))
-            bar.update(1)
+        for group in [prompts] if batch_size > 1 else [[p] for p in prompts]:
+            outs += engine.generate(prompt=group, sampling_params=params)
+            bar.update(len(group))
         return outs
 
-    emitted0, verify0 = spec_counts(engine)
+    def spec_counts():  # (tokens emitted by verify steps, verify steps); (0, 0) with no spec
+        state = engine.get_server_info()["internal_states"][0]
+        verify = state.get("spec_verify_ct", 0)
+        return state.get("avg_spec_accept_length", 0.0) * verify, verify
+
+    emitted0, verify0 = spec_counts()
     (outs, seconds), runners = common.served_by(
         engine, "EXTEND", lambda: common.timed(generate, engine.device))
-    emitted1, verify1 = spec_counts(engine)
+    emitted1, verify1 = spec_counts()
     metas = [o["meta_info"] for o in outs]
     return {"outputs": [(o["output_ids"], o["text"]) for o in outs], "seconds": seconds,
             "accept_length": common.ratio(emitted1 - emitted0, verify1 - verify0),
@@ -115,79 +105,61 @@ def run_engine(engine, prompts: list, batch_size: int, params: dict, bar) -> dic
 
 
 def summarize(run: dict, golds: list, base: dict | None) -> dict:
-    """The JSON fields of a run; base: the reference run (no-spec, HF plain) or None if it is."""
-    from specpcg.gsm8k import extract_answer
-
-    outputs = run.pop("outputs")
+    """The JSON fields of a run; base: the reference run (no-spec, HF plain), None for itself."""
+    outputs = run["outputs"]
     num_tokens = sum(len(ids) for ids, _ in outputs)
-    preds = [extract_answer(text) for _, text in outputs]
-    accuracy = sum(p == g for p, g in zip(preds, golds)) / len(outputs)
-    ref_ids = [ids for ids, _ in (base or {}).get("outputs", outputs)]
-    tok_s = num_tokens / run["seconds"]
-    rec = {**run, "num_questions": len(outputs), "output_tokens": num_tokens,
-           "output_tok_s": tok_s, "accuracy": accuracy,
-           "baseline_accuracy": base["accuracy"] if base else accuracy,
-           "speedup": tok_s / base["output_tok_s"] if base else 1.0,
-           "identical_frac": sum(a == b for (a, _), b in zip(outputs, ref_ids)) / len(outputs)}
-    run["outputs"] = outputs  # kept in memory: later runs compare against it
-    if base and rec["accuracy"] != rec["baseline_accuracy"]:
+    accuracy = sum(extract_answer(t) == g for (_, t), g in zip(outputs, golds)) / len(outputs)
+    base = base or {**run, "accuracy": accuracy, "output_tok_s": num_tokens / run["seconds"]}
+    rec = {**{k: v for k, v in run.items() if k != "outputs"}, "num_questions": len(outputs),
+           "output_tokens": num_tokens, "output_tok_s": num_tokens / run["seconds"],
+           "accuracy": accuracy, "baseline_accuracy": base["accuracy"],
+           "speedup": num_tokens / run["seconds"] / base["output_tok_s"],
+           "identical_frac": sum(a == b for (a, _), (b, _) in zip(outputs, base["outputs"]))
+           / len(outputs)}
+    if accuracy != base["accuracy"]:
         print(f"  WARNING: accuracy {accuracy:.3f} differs from the baseline's "
-              f"{rec['baseline_accuracy']:.3f}", flush=True)
+              f"{base['accuracy']:.3f}", flush=True)
     return rec
 
 
-# -- specpcg systems ---------------------------------------------------------------------------
-def gsm8k_inputs(s: Settings, num_questions: int):
-    from specpcg.gsm8k import STOP, build_prompts
+def emit(out_path, records: list[dict]) -> None:
+    for r in records:
+        print(f"  bs={r['batch_size']}: " + ", ".join(f"{f} {common.fmt(r.get(f))}" for f in (
+            "output_tok_s", "speedup", "accept_length", "accuracy", "identical_frac")), flush=True)
+    common.append_jsonl(out_path, records)
 
-    prompts, golds = build_prompts(num_questions, s.num_shots)
-    return prompts, golds, {"max_new_tokens": s.max_new_tokens, "temperature": 0, "stop": STOP}
 
-
+# -- the systems -------------------------------------------------------------------------------
 def run_specpcg(args, s: Settings, paths, info: dict) -> None:
-    from tqdm import tqdm
-
-    from specpcg.tokenizer import load_tokenizer
-
-    prompts, golds, params = gsm8k_inputs(s, max(s.bs1_questions, s.num_questions))
-    tokenizer = load_tokenizer(paths[0])
-    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    prompts, golds = build_prompts(max(s.bs1_questions, s.num_questions), s.num_shots)
+    params = {"max_new_tokens": s.max_new_tokens, "temperature": 0, "stop": STOP}
+    longest = max(len(load_tokenizer(paths[0]).encode(p)) for p in prompts)
     kv_tokens = 2 * s.batch_size * (longest + s.max_new_tokens + 2 * args.num_steps + 2) + 1024
     phases = ((1, s.bs1_questions), (s.batch_size, s.num_questions))
     for pcg in (True, False):
-        bases: dict = {}
+        bases: dict = {}  # batch size -> the no-spec run
         for system in SYSTEMS:
             engine = make_engine(args, s, system, pcg, paths, kv_tokens)
             engine.generate(prompt=prompts[:2], sampling_params={**params, "max_new_tokens": 8})
             bar = tqdm(total=sum(n for _, n in phases), unit="q",
                        desc=f"{NAMES[system]}, PCG {'on' if pcg else 'off'}")
+            tags = {"bench": "spec", "system": system, "pcg": pcg, **info, "pcg_enabled":
+                    engine.get_server_info()["piecewise_cuda_graph"]["enabled"]}
             records = []
             for bs, n in phases:
                 run = run_engine(engine, prompts[:n], bs, params, bar)
                 rec = summarize(run, golds[:n], bases.get(bs))
-                bases.setdefault(bs, run | {k: rec[k] for k in ("accuracy", "output_tok_s")})
-                records.append({"bench": "spec", "system": system, "pcg": pcg, "batch_size": bs,
-                                **rec, **info, "pcg_enabled": engine.get_server_info()
-                                ["piecewise_cuda_graph"]["enabled"], "timestamp": common.now_iso()})
+                bases.setdefault(bs, {**run, **rec})
+                records.append({**tags, "batch_size": bs, **rec, "timestamp": common.now_iso()})
             bar.close()
-            for r in records:
-                print(f"  bs={r['batch_size']:<3d} {common.fmt(r['output_tok_s'])} tok/s, speedup "
-                      f"{common.fmt(r['speedup'])}, AL {common.fmt(r['accept_length'])}, acc "
-                      f"{common.fmt(r['accuracy'])}, identical {common.fmt(r['identical_frac'])}")
-            common.append_jsonl(args.out, records)
+            emit(args.out, records)
             engine.shutdown()
             common.free_memory(engine.device)
 
 
-# -- HF transformers references ------------------------------------------------------------------
 def hf_generate(model, tokenizer, prompt: str, num_new: int, extra: dict) -> tuple[list, str]:
     """(new ids up to the stop string, text). A stopping criterion of our own, not generate's
     `stop_strings`: assisted generation hands those to the assistant, which has no tokenizer."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    from specpcg.gsm8k import STOP
-
     class StopText(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):  # an assisted step adds <= 21 tokens
             tail = tokenizer.decode(input_ids[0, max(prompt_len, input_ids.shape[1] - 32):])
@@ -201,18 +173,13 @@ def hf_generate(model, tokenizer, prompt: str, num_new: int, extra: dict) -> tup
                          stopping_criteria=StoppingCriteriaList([StopText()]), **extra)
     new = out[0, prompt_len:].tolist()
     # NOTE: a verify step can accept tokens past the stop string; count only those before it.
-    ends = [k for k in range(1, len(new) + 1)
-            if any(x in tokenizer.decode(new[max(0, k - 8):k]) for x in STOP)]
-    new = new[:ends[0]] if ends else new
+    new = new[:next((k for k in range(1, len(new) + 1)
+                     if any(x in tokenizer.decode(new[max(0, k - 8):k]) for x in STOP)), None)]
     return new, tokenizer.decode(new, skip_special_tokens=True)
 
 
 def run_hf(args, s: Settings, paths, device, dtype, info: dict) -> None:
-    from tqdm import tqdm
-
-    from specpcg.tokenizer import load_tokenizer
-
-    prompts, golds, _ = gsm8k_inputs(s, s.hf_questions)
+    prompts, golds = build_prompts(s.hf_questions, s.num_shots)
     tokenizer = load_tokenizer(paths[0]).hf_tokenizer
     model = common.load_hf_model(paths[0], device, dtype)
     assistant = common.load_hf_model(paths[1], device, dtype)
@@ -221,26 +188,17 @@ def run_hf(args, s: Settings, paths, device, dtype, info: dict) -> None:
                           ("hf_assisted", {"assistant_model": assistant})):
         hf_generate(model, tokenizer, prompts[0], 8, extra)  # warm-up
         bar = tqdm(prompts, desc=NAMES[system], unit="q")
-        outputs, seconds = common.timed(
-            lambda: [hf_generate(model, tokenizer, p, s.max_new_tokens, extra) for p in bar], device)
-        run = {"outputs": outputs, "seconds": seconds, "accept_length": None,
-               "accept_length_mean_req": None}
+        outputs, seconds = common.timed(lambda: [
+            hf_generate(model, tokenizer, p, s.max_new_tokens, extra) for p in bar], device)
+        run = {"outputs": outputs, "seconds": seconds}
         rec = summarize(run, golds, base)
-        base = base or run | {k: rec[k] for k in ("accuracy", "output_tok_s")}
-        print(f"  {common.fmt(rec['output_tok_s'])} tok/s, speedup {common.fmt(rec['speedup'])}, "
-              f"acc {common.fmt(rec['accuracy'])}", flush=True)
-        common.append_jsonl(args.out, [{"bench": "spec", "system": system, "pcg": None,
-                                        "batch_size": 1, **rec, **info,
-                                        "timestamp": common.now_iso()}])
+        base = base or {**run, **rec}
+        emit(args.out, [{"bench": "spec", "system": system, "pcg": None, "batch_size": 1, **rec,
+                         **info, "timestamp": common.now_iso()}])
     common.free_memory(device)
 
 
 def run_all(args, s: Settings) -> None:
-    import torch
-
-    from specpcg.config import EngineConfig
-    from specpcg.models.loader import default_model_path
-
     args.model_path = args.model_path or default_model_path()
     cfg = EngineConfig(device=args.device, dtype=args.dtype)
     device = cfg.resolve_device()
@@ -261,57 +219,43 @@ def run_all(args, s: Settings) -> None:
 
 # -- reporting -------------------------------------------------------------------------------
 def latest_rows(records: list[dict]) -> list[dict]:
-    """The latest line of each (system, graphs, batch size), specpcg first, HF last."""
+    """The latest line of each (system, graphs, batch size): specpcg by batch, then HF."""
     table, _ = common.latest_by(records, "spec", lambda r: (r["batch_size"], r["pcg"]))
-    order = {True: 0, False: 1, None: 2}
-    keys = sorted(table, key=lambda k: (k[1] is None, k[0], order[k[1]]))
+    keys = sorted(table, key=lambda k: (k[1] is None, k[0], k[1] is False))
     return [table[k][sys] for k in keys for sys in NAMES if sys in table[k]]
 
 
 def render_table(records: list[dict]) -> str:
+    fields = {"batch": "batch_size", "questions": "num_questions", "AL (run)": "accept_length",
+              "AL (mean/req)": "accept_length_mean_req", "tok/s": "output_tok_s",
+              "speedup": "speedup", "accuracy": "accuracy", "baseline acc": "baseline_accuracy",
+              "identical": "identical_frac"}
     pcg = {True: "on", False: "off", None: "-"}
-    columns = [("system", lambda r: NAMES[r["system"]]), ("PCG", lambda r: pcg[r["pcg"]]),
-               ("batch", lambda r: str(r["batch_size"])), ("questions", lambda r: str(r["num_questions"])),
-               ("AL (run)", lambda r: r["accept_length"]),
-               ("AL (mean/req)", lambda r: r["accept_length_mean_req"]),
-               ("tok/s", lambda r: r["output_tok_s"]), ("speedup", lambda r: r["speedup"]),
-               ("accuracy", lambda r: r["accuracy"]), ("baseline acc", lambda r: r["baseline_accuracy"]),
-               ("identical", lambda r: r["identical_frac"])]
+    columns = [("system", lambda r: NAMES[r["system"]]), ("PCG", lambda r: pcg[r["pcg"]])] + [
+        (h, lambda r, f=f: r.get(f)) for h, f in fields.items()]
     return common.column_table(latest_rows(records), columns)
 
 
 def render_plot(records: list[dict], path) -> None:
     rows = latest_rows(records)
-    groups = sorted({(r["batch_size"], r["pcg"]) for r in rows},
-                    key=lambda g: (g[1] is None, g[0], g[1] is False))
-    labels = [f"HF bs{bs}" if p is None else f"bs{bs} PCG {'on' if p else 'off'}" for bs, p in groups]
     by = {(r["batch_size"], r["pcg"], r["system"]): r for r in rows}
+    groups = list(dict.fromkeys((r["batch_size"], r["pcg"]) for r in rows))  # in row order
+    label = {True: "PCG on", False: "PCG off", None: "HF"}
 
-    def values(field, hf: bool):
-        return {name: [(by.get((bs, p, syss[p is None])) or {}).get(field) for bs, p in groups
-                       if hf or p is not None] for name, syss in SERIES.items()}
+    def panel(title: str, field: str, hf: bool) -> dict:
+        keys = [g for g in groups if hf or g[1] is not None]
+        return {"title": title, "ylabel": field.replace("_", " "),
+                "labels": [f"bs{bs} {label[p]}" for bs, p in keys],
+                "values": {name: [by.get((bs, p, pair[p is None]), {}).get(field) for bs, p in keys]
+                           for name, pair in SERIES.items()}}
 
     last = rows[-1]
-    panels = [{"title": "speedup over no-spec (HF: over HF plain)", "ylabel": "x", "labels": labels,
-               "values": values("speedup", True)},
-              {"title": "accept length (tokens per verify, run average)", "ylabel": "tokens",
-               "labels": [lb for lb, g in zip(labels, groups) if g[1] is not None],
-               "values": values("accept_length", False)}]
-    title = (f"speculative decoding, GSM8K {last['num_shots']}-shot greedy, max {last['max_new_tokens']} "
+    title = (f"spec decoding, GSM8K {last['num_shots']}-shot greedy, <= {last['max_new_tokens']} "
              f"new tokens, draft {last['draft_layers']} layers, {last['num_steps']} steps; "
              f"{last['device']} ({last['dtype']}, torch {last['torch']}, git {last['git']})")
-    common.grouped_bar_plot(panels, list(SERIES), path, title)
-
-
-def report(records: list[dict], out_path) -> None:
-    png = Path(out_path).with_suffix(".png")
-    print(render_table(records))
-    try:
-        render_plot(records, png)
-    except ImportError as exc:  # the lines and table stand without a plot; --table-only redraws
-        print(f"\nno plot ({exc}); pip install matplotlib, then rerun with --table-only")
-        return
-    print(f"\nplot: {png}")
+    common.grouped_bar_plot([panel("speedup over no-spec (HF: over HF plain)", "speedup", True),
+                             panel("accept length (run average)", "accept_length", False)],
+                            list(SERIES), path, title)
 
 
 def parse_args(argv=None):
@@ -322,27 +266,34 @@ def parse_args(argv=None):
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--draft-layers", type=int, default=8, help="STANDALONE draft: first K layers")
     p.add_argument("--num-steps", type=int, default=3, help="speculative_num_steps")
-    for name in ("num-shots", "max-new-tokens", "bs1-questions", "num-questions", "batch-size",
-                 "hf-questions"):
-        p.add_argument(f"--{name}", type=int, default=None,
-                       help=f"default {getattr(Settings(), name.replace('-', '_'))}")
+    for name in Settings.__dataclass_fields__:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                       help=f"default {getattr(Settings(), name)}")
     p.add_argument("--skip-hf", action="store_true", help="no HF transformers references")
-    p.add_argument("--quick", action="store_true", help="CPU smoke sizes (HF only with --hf-questions)")
-    p.add_argument("--out", default=str(common.RESULTS_DIR / "spec.jsonl"))
+    p.add_argument("--quick", action="store_true",
+                   help="CPU smoke sizes (HF only with --hf-questions)")
+    p.add_argument("--out", default=None, help=f"default {common.RESULTS_DIR / 'spec.jsonl'}")
     p.add_argument("--table-only", metavar="FILE", default=None,
                    help="re-render the table and plot from an existing JSON-lines file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick and args.out is None:
+        p.error("--quick needs --out: smoke-run lines stay out of benchmarks/results")
+    args.out = args.out or str(common.RESULTS_DIR / "spec.jsonl")
+    return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.table_only:
-        report(common.read_jsonl(args.table_only), args.table_only)
-        return
-    given = {f: getattr(args, f) for f in Settings.__dataclass_fields__ if getattr(args, f) is not None}
-    run_all(args, replace(QUICK if args.quick else Settings(), **given))
-    print(f"\nappended to {args.out}\n")
-    report(common.read_jsonl(args.out), args.out)
+    if not args.table_only:
+        given = {f: getattr(args, f) for f in Settings.__dataclass_fields__
+                 if getattr(args, f) is not None}
+        run_all(args, replace(QUICK if args.quick else Settings(), **given))
+        print(f"\nappended to {args.out}\n")
+    path = args.table_only or args.out
+    records, png = common.read_jsonl(path), Path(path).with_suffix(".png")
+    print(render_table(records))
+    render_plot(records, png)
+    print(f"\nplot: {png}")
 
 
 if __name__ == "__main__":

@@ -19,20 +19,28 @@ MAX_POSITIONS_PER_KEY = 4  # recent occurrences kept per n-gram (tree breadth co
 class _RequestIndex:
     def __init__(self, min_window: int, max_window: int):
         self.windows = range(max_window, min_window - 1, -1)  # longest first
-        self.ends: dict = {}  # (w, ngram) -> [end positions], oldest first
+        self.ends = {w: {} for w in self.windows}  # w -> {ngram: [end positions], oldest first}
         self.num_indexed = 0  # n-grams ending before this position are indexed
 
     def update(self, ids: list) -> None:
         # NOTE: the n-gram ending at the last token is left out: it is the query itself.
-        for end in range(max(self.num_indexed, 0), len(ids) - 1):
-            for w in self.windows:
-                if end - w + 1 < 0:
-                    continue
-                key = (w, tuple(ids[end - w + 1:end + 1]))
-                ends = self.ends.setdefault(key, [])
-                ends.append(end)
-                del ends[:-MAX_POSITIONS_PER_KEY]
-        self.num_indexed = max(self.num_indexed, len(ids) - 1)
+        start, stop = self.num_indexed, len(ids) - 1
+        for w in self.windows:
+            first_end = max(start, w - 1)
+            if first_end >= stop:
+                continue
+            # zip of w shifted slices builds every window's tuple in C: a 4k context indexes fast.
+            keys = zip(*(ids[first_end - w + 1 + i:stop - w + 1 + i] for i in range(w)))
+            table = self.ends[w]
+            for end, key in enumerate(keys, first_end):
+                found = table.get(key)
+                if found is None:
+                    table[key] = [end]
+                else:
+                    found.append(end)
+                    if len(found) > MAX_POSITIONS_PER_KEY:
+                        del found[0]
+        self.num_indexed = max(start, stop)
 
     def continuations(self, ids: list, length: int, breadth: int) -> list:
         """Up to `breadth` distinct continuations, longest match first, most recent first."""
@@ -40,7 +48,7 @@ class _RequestIndex:
         for w in self.windows:
             if len(ids) < w:
                 continue
-            for end in reversed(self.ends.get((w, tuple(ids[-w:])), ())):
+            for end in reversed(self.ends[w].get(tuple(ids[-w:]), ())):
                 cont = ids[end + 1:end + 1 + length]
                 if cont and cont not in found:
                     found.append(cont)
