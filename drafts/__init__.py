@@ -13,5 +13,8 @@ def create_draft(spec, engine, tokenizer):
         from drafts.wiring import load_standalone
 
         return load_standalone(spec, engine)
-    raise ValueError(f"speculative_algorithm {spec.algorithm!r} is not available in this release "
-                     f"(available: NGRAM, STANDALONE)")
+    if spec.algorithm in ("EAGLE", "EAGLE3", "NEXTN"):
+        from drafts.eagle import load_head_draft
+
+        return load_head_draft(spec, engine)
+    raise ValueError(f"speculative_algorithm {spec.algorithm!r} has no draft worker")

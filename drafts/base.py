@@ -28,8 +28,18 @@ class DraftWorker:
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError
 
-    def commit(self, reqs: list, accept_lens: list) -> None:
-        """After verify: `accept_lens[i]` drafts of request i were accepted."""
+    def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
+        """After verify: `accept_lens[i]` drafts of request i were accepted; hidden_paths[i]:
+        the target's hidden states at the root and those drafts (drafts that need them)."""
+
+    def target_hidden(self, out) -> torch.Tensor:
+        """The rows of a target forward's output this draft reads (final or aux layers)."""
+        if self.aux_layers:
+            return torch.cat(out.aux_hidden_states, dim=-1)
+        return out.hidden_states
+
+    def absorb(self, req, hidden: torch.Tensor) -> None:
+        """Target hidden states of the request's next positions (prefill chunks), in order."""
 
     def release(self, req) -> None:
         """The request finished or was preempted: drop its draft state."""

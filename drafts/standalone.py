@@ -82,19 +82,14 @@ class StandaloneDraft(DraftWorker):
         logits = self._forward(ForwardMode.DRAFT_EXTEND, states, new_ids)
         columns, probs = [torch.tensor([r.all_ids[-1] for r in reqs], device=logits.device)], []
         for step in range(spec.num_steps):
-            token, q = _draft_sample(logits, reqs)
+            token, q = draft_sample(logits, reqs)
             columns.append(token)
             probs.append(q)
             if step + 1 < spec.num_steps:
                 logits = self._forward(ForwardMode.DECODE, states, [[t] for t in token.tolist()])
-        draft_tokens = torch.stack(columns, dim=1)  # [bs, N]
-        draft_probs = None
-        if any(q is not None for q in probs):
-            zero = torch.zeros_like(next(q for q in probs if q is not None))
-            draft_probs = torch.stack([zero] + [zero if q is None else q for q in probs], 1)
-        return Proposal(draft_tokens=draft_tokens, draft_probs=draft_probs)
+        return chain_proposal(columns, probs)
 
-    def commit(self, reqs: list, accept_lens: list) -> None:
+    def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
         for req, m in zip(reqs, accept_lens):
             st = self._reqs[req.rid]
             # Called before the step's tokens are appended: all_ids still ends at the root.
@@ -110,7 +105,17 @@ class StandaloneDraft(DraftWorker):
             self.kv_cache.release(st.req_pool_idx)
 
 
-def _draft_sample(logits: torch.Tensor, reqs: list):
+def chain_proposal(columns: list, probs: list) -> Proposal:
+    """columns: the root then each step's [bs] tokens; probs: each step's q ([bs, V]) or None."""
+    draft_tokens = torch.stack(columns, dim=1)  # [bs, N]
+    draft_probs = None
+    if any(q is not None for q in probs):
+        zero = torch.zeros_like(next(q for q in probs if q is not None))
+        draft_probs = torch.stack([zero] + [zero if q is None else q for q in probs], 1)
+    return Proposal(draft_tokens=draft_tokens, draft_probs=draft_probs)
+
+
+def draft_sample(logits: torch.Tensor, reqs: list):
     """Greedy rows take the argmax; sampled rows draw from the draft's own filtered
     distribution q, returned ([bs, V], zeros for greedy rows) for rejection sampling."""
     token = logits.argmax(-1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specpcg.attention import create_attention_backend
+from specpcg.core import CaptureHiddenMode
 from specpcg.graphs.setup import build_graphs
 from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
 from specpcg.model_runner import ModelRunner
@@ -40,9 +41,10 @@ def _draft_tokenizer(path: str, target_tokenizer):
         return None  # weights only: the vocabulary size check is what can be made
 
 
-def wire_draft_model(draft, engine):
+def wire_draft_model(draft, engine, hidden_mode=CaptureHiddenMode.NULL, extra_slots: int = 0):
+    """extra_slots: room beyond the target's slot count for a draft round's own tokens."""
     mc, cfg = draft.model_cfg, engine.config
-    slots = engine.kv_cache.total_slots
+    slots = engine.kv_cache.total_slots + extra_slots
     pool = KVPool(slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, engine.dtype, engine.device)
     max_requests = engine.kv_cache.req_pool.pad_row
     kv_cache = KVCache(pool, ReqToTokenPool(max_requests, engine.context_len, engine.device))
@@ -50,7 +52,8 @@ def wire_draft_model(draft, engine):
                                     mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
     runner = ModelRunner(draft.model, kv_cache, attn, engine.device)
     # Invariant 5: a draft never builds piecewise graphs, whatever the engine's setting.
-    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True), runner, engine.context_len)
+    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True), runner,
+                          engine.context_len, hidden_mode=hidden_mode)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
     return kv_cache, runner, router, graphs

@@ -163,7 +163,10 @@ class ForwardBatch:
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     aux_hidden_layers: tuple = ()  # layer ids whose outputs are also returned (EAGLE3)
     return_all_logits: bool = False  # logits for every token (input logprobs, verify)
-    tree_mask: Optional[torch.Tensor] = None  # [bs, N, N] bool: TARGET_VERIFY of a draft tree
+    # [bs, N, K] bool, K >= N: a draft tree's new tokens (rows) against the last K keys of their
+    # request (the tree so far); keys before those are the committed prefix, seen by all.
+    tree_mask: Optional[torch.Tensor] = None
+    input_hidden: Optional[torch.Tensor] = None  # [num_tokens, H]: a draft head's hidden input
 
     @property
     def batch_size(self) -> int:

@@ -97,21 +97,72 @@ class Engine:
         return KVCache(pool, ReqToTokenPool(max_requests, self.context_len, self.device))
 
     # -- public API ----------------------------------------------------------------------------
+    # Two ways in, one path inside: `generate` blocks on a batch, `submit` + `step` let requests
+    # arrive while others are in flight (like vLLM's add_request / step). Both validate with
+    # `_build`, queue with `_queue` and advance with `_step_scheduler`, which parks every
+    # finished request in `self._finished` (rid -> Request, in finish order) until its caller
+    # takes it: `generate` pops its own, `step` drains the rest. So a submitted request that
+    # finishes while a `generate` call is looping is kept and returned by the next `step()`.
     def generate(self, prompt=None, sampling_params=None, input_ids=None, messages=None,
                  return_logprob=False, logprob_start_len=None, apply_chat_template=False):
+        reqs, single = self._build(prompt, sampling_params, input_ids, messages, return_logprob,
+                                   logprob_start_len, apply_chat_template)
+        self._queue(reqs)
+        while any(r.rid not in self._finished for r in reqs):
+            assert self.scheduler.has_work(), "a pending request left the scheduler unfinished"
+            self._step_scheduler()
+        outputs = [self._format_output(self._finished.pop(r.rid)) for r in reqs]
+        return outputs[0] if single else outputs
+
+    def submit(self, prompt=None, sampling_params=None, input_ids=None, messages=None,
+               return_logprob=False, logprob_start_len=None, apply_chat_template=False) -> int:
+        """Validates and queues ONE request without running it; returns its id (the output's
+        meta_info["id"]). Bad input raises ValueError as `generate` does and queues nothing."""
+        reqs, single = self._build(prompt, sampling_params, input_ids, messages, return_logprob,
+                                   logprob_start_len, apply_chat_template, one=True)
+        self._queue(reqs)
+        return reqs[0].rid
+
+    def step(self) -> list:
+        """Runs one scheduler step (when there is work) and returns the outputs, formatted as
+        `generate` formats them, of every finished request not yet returned: submitted ones,
+        including those that finished during a `generate` call."""
+        if self.scheduler.has_work():
+            self._step_scheduler()
+        finished = list(self._finished.values())
+        self._finished.clear()
+        return [self._format_output(r) for r in finished]
+
+    def has_unfinished(self) -> bool:
+        """True while a request is in flight or a finished one awaits `step()`: loop
+        `while engine.has_unfinished(): engine.step()` loses no output."""
+        return self.scheduler.has_work() or bool(self._finished)
+
+    @property
+    def _finished(self) -> dict:
+        """rid -> finished Request not yet returned to its caller, in finish order; made on
+        first use so the buffer lives with the API that owns it."""
+        return self.__dict__.setdefault("_finished_by_rid", {})
+
+    def _build(self, prompt, sampling_params, input_ids, messages, return_logprob,
+               logprob_start_len, apply_chat_template, one: bool = False) -> tuple:
         items, single = normalize_inputs(prompt, input_ids, messages)
+        if one and not single:
+            raise ValueError(f"submit takes one request, got a list of {len(items)} inputs; "
+                             f"use generate for lists")
         reqs = build_requests(items, sampling_params, return_logprob, logprob_start_len,
                               self.tokenizer, apply_chat_template, self.model_config.vocab_size,
                               self.context_len, self.kv_cache.total_slots)
+        return reqs, single
+
+    def _queue(self, reqs: list) -> None:
         for req in reqs:
             req.generator = make_generator(req.params, self.device, self.config.random_seed, req.rid)
             self.scheduler.add(req)
-        pending = {r.rid for r in reqs}
-        while pending:
-            for req in self.scheduler.step():
-                pending.discard(req.rid)
-        outputs = [self._format_output(r) for r in reqs]
-        return outputs[0] if single else outputs
+
+    def _step_scheduler(self) -> None:
+        for req in self.scheduler.step():
+            self._finished[req.rid] = req
 
     def get_server_info(self) -> dict:
         return {

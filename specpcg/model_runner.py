@@ -25,7 +25,14 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(batch)
         ctx = ForwardContext(batch=batch, attn_backend=self.attn_backend, num_tokens=batch.num_tokens)
         with forward_context(ctx):
+            return self.call_model(batch)
+
+    def call_model(self, batch: ForwardBatch):
+        """The model's body on the batch's inputs (a draft head also takes hidden states)."""
+        if batch.input_hidden is None:
             return self.model(batch.input_ids, batch.positions, batch.aux_hidden_layers)
+        return self.model(batch.input_ids, batch.positions, batch.aux_hidden_layers,
+                          input_hidden=batch.input_hidden)
 
     def postprocess(self, hidden: torch.Tensor, aux: list, batch: ForwardBatch) -> ModelOutput:
         """Runs eagerly after the body: LM head on the rows asked for, hidden-state selection."""

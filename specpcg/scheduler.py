@@ -76,9 +76,14 @@ class Scheduler:
         batch = make_batch(self.kv_cache, ForwardMode.EXTEND, reqs,
                            [r.all_ids[s:s + n] for (r, n), s in zip(picked, starts)], self.device)
         batch.return_all_logits = any(r.wants_input_logprobs for r in reqs)
+        draft = self.spec.draft if self.spec is not None else None
+        if draft is not None:
+            batch.capture_hidden_mode, batch.aux_hidden_layers = draft.needs_hidden, draft.aux_layers
         out = self.runner.forward(batch)
         done, chunked, row = [], [], 0
         for (req, chunk_len), start in zip(picked, starts):
+            if draft is not None and draft.needs_hidden:
+                draft.absorb(req, draft.target_hidden(out)[row:row + chunk_len])
             req.num_cached += chunk_len
             if req.wants_input_logprobs and start < len(req.prompt_ids):
                 record_input_logprobs(req, out.all_logits[row:row + chunk_len], start)

@@ -28,7 +28,7 @@ class TorchAttnBackend(AttentionBackend):
             values = values.repeat_interleave(group, dim=1).transpose(0, 1)
             queries = q[start:start + ext_len].view(ext_len, self.num_heads, self.head_dim)
             if batch.tree_mask is not None:
-                mask = _tree_mask(batch.tree_mask[i], prefix_len)
+                mask = _tree_mask(batch.tree_mask[i], seq_len)
             else:
                 mask = _causal_mask(ext_len, seq_len, q.device)
             o = F.scaled_dot_product_attention(
@@ -48,8 +48,10 @@ def _causal_mask(ext_len: int, seq_len: int, device):
     return torch.arange(seq_len, device=device)[None, :] <= q_pos  # [ext, seq_len]
 
 
-def _tree_mask(tree_mask: torch.Tensor, prefix_len: int) -> torch.Tensor:
-    """A draft tree's nodes see the whole committed prefix, then only their ancestors."""
-    num_nodes = tree_mask.shape[0]
-    prefix = torch.ones(num_nodes, prefix_len, dtype=torch.bool, device=tree_mask.device)
-    return torch.cat([prefix, tree_mask], dim=1)  # [N, prefix_len + N]
+def _tree_mask(tree_mask: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """A draft tree's nodes see the whole committed prefix, then only their ancestors.
+
+    tree_mask: [N, K] over the request's last K keys (the tree so far, these N nodes last)."""
+    num_nodes, tail = tree_mask.shape
+    prefix = torch.ones(num_nodes, seq_len - tail, dtype=torch.bool, device=tree_mask.device)
+    return torch.cat([prefix, tree_mask], dim=1)  # [N, seq_len]

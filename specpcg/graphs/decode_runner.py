@@ -36,7 +36,9 @@ class DecodeGraphRunner:
         if num_verify_tokens:
             self.tokens_per_req[ForwardMode.TARGET_VERIFY] = num_verify_tokens
         max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
-        self.inputs = StaticInputs(max_tokens, model_runner.device)
+        model = model_runner.model
+        self.inputs = StaticInputs(max_tokens, model_runner.device,
+                                   getattr(model, "hidden_in_size", 0), model.head_weight.dtype)
         dev = model_runner.device
         self.req_pool_indices = torch.zeros(self.buckets[-1], dtype=torch.long, device=dev)
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
@@ -105,21 +107,23 @@ class DecodeGraphRunner:
             seq_lens=torch.full((bs,), width, dtype=torch.int32, device=dev),
             extend_seq_lens=torch.full((bs,), width, dtype=torch.int32, device=dev),
             seq_lens_cpu=[width] * bs, extend_seq_lens_cpu=[width] * bs,
-            capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers)
+            capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers,
+            input_hidden=None if self.inputs.input_hidden is None
+            else self.inputs.input_hidden[:bs * width])
         batch = self._padded_batch(dummy, bs)
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(batch)
         ctx = ForwardContext(batch, attn, bs * width)
-        model = self.model_runner.model
+        call = self.model_runner.call_model
         stream = capture_stream()
         with forward_context(ctx):
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: lazy init and Triton compilation outside capture
-                    model(batch.input_ids, batch.positions, self.aux_layers)
+                    call(batch)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.outputs[(mode, bs)] = model(batch.input_ids, batch.positions, self.aux_layers)
+                self.outputs[(mode, bs)] = call(batch)
         self.graphs[(mode, bs)] = graph
 
     @torch.inference_mode()

@@ -27,7 +27,10 @@ logger = logging.getLogger(__name__)
 class StaticInputs:
     """Input buffers every graph reads; replay copies the live batch in and pads the rest."""
 
-    def __init__(self, max_tokens: int, device):
+    def __init__(self, max_tokens: int, device, hidden_size: int = 0, dtype=None):
+        """hidden_size > 0: also a hidden-state input (draft heads), [max_tokens, hidden_size]."""
+        self.input_hidden = (torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
+                             if hidden_size else None)
         self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)  # [max_tokens]
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)  # [max_tokens]
         self.out_cache_loc = torch.full((max_tokens,), SINK_SLOT, dtype=torch.long,
@@ -43,9 +46,14 @@ class StaticInputs:
         self.input_ids[n:num_padded].zero_()
         self.positions[n:num_padded].zero_()
         self.out_cache_loc[n:num_padded].fill_(SINK_SLOT)
+        hidden = None
+        if self.input_hidden is not None:
+            self.input_hidden[:n].copy_(batch.input_hidden)
+            hidden = self.input_hidden[:num_padded]
         return dataclasses.replace(batch, input_ids=self.input_ids[:num_padded],
                                    positions=self.positions[:num_padded],
-                                   out_cache_loc=self.out_cache_loc[:num_padded])
+                                   out_cache_loc=self.out_cache_loc[:num_padded],
+                                   input_hidden=hidden)
 
 
 class PiecewiseRunner:

@@ -101,6 +101,8 @@ class LlamaForCausalLM(nn.Module):
             if i in aux_layers:  # the residual stream entering layer i
                 aux.append(hidden if residual is None else hidden + residual)
             hidden, residual = layer(positions, hidden, residual)
+        if len(self.model.layers) in aux_layers:  # the last layer's output
+            aux.append(hidden + residual)
         hidden, _ = self.model.norm.forward_add(hidden, residual)
         return hidden, aux
 

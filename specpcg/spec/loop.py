@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 
 from kernels.tree import chain_tree, tree_from_parents
-from specpcg.core import ForwardMode
+from specpcg.core import CaptureHiddenMode, ForwardMode
 from specpcg.spec.accept import accept
 
 
@@ -30,9 +30,10 @@ class SpecDecoder:
     def step(self, reqs: list) -> list:
         """Returns, per request, the tokens it emits this step (accepted drafts + bonus)."""
         proposal = self.draft.propose(reqs, self.spec)
-        tree, logits, prefix_lens = self._verify(reqs, proposal)
+        tree, out, prefix_lens = self._verify(reqs, proposal)
+        logits = out.all_logits.view(len(reqs), self.spec.num_draft_tokens, -1)
         result = accept(reqs, tree, proposal.draft_probs, logits)
-        return self._commit(reqs, tree, result, prefix_lens)
+        return self._commit(reqs, tree, result, prefix_lens, out)
 
     def _verify(self, reqs: list, proposal):
         """One TARGET_VERIFY forward over every request's N nodes (root + drafts)."""
@@ -47,15 +48,17 @@ class SpecDecoder:
         batch = make_batch(self.kv_cache, ForwardMode.TARGET_VERIFY, reqs,
                            proposal.draft_tokens.tolist(), self.device)
         batch.return_all_logits = True
+        if self.draft.needs_hidden:  # every node's hidden state: the accepted ones feed the draft
+            batch.capture_hidden_mode = CaptureHiddenMode.FULL
+            batch.aux_hidden_layers = self.draft.aux_layers
         if proposal.parents is not None:
             # NOTE: a node sits at prefix_len + depth and sees only its ancestors.
             batch.positions = (torch.tensor(prefix_lens, device=self.device)[:, None]
                                + tree.depths).flatten()
             batch.tree_mask = tree.tree_mask
-        out = self.router.forward(batch)
-        return tree, out.all_logits.view(len(reqs), n, -1), prefix_lens
+        return tree, self.router.forward(batch), prefix_lens
 
-    def _commit(self, reqs: list, tree, result, prefix_lens: list) -> list:
+    def _commit(self, reqs: list, tree, result, prefix_lens: list, out) -> list:
         accept_index = result.accept_index.tolist()
         accept_lens = result.accept_len.tolist()
         bonus = result.bonus.tolist()
@@ -73,8 +76,19 @@ class SpecDecoder:
             self.histogram[m] += 1
         self.num_verify += len(reqs)
         self.num_emitted += sum(a + 1 for a in accept_lens)
-        self.draft.commit(reqs, accept_lens)
+        self.draft.commit(reqs, accept_lens, self._hidden_paths(out, result, accept_lens))
         return emitted
+
+    def _hidden_paths(self, out, result, accept_lens: list):
+        """Per request, the target's hidden states at the root and its accepted drafts."""
+        if not self.draft.needs_hidden:
+            return None
+        n = self.spec.num_draft_tokens
+        hidden = self.draft.target_hidden(out)  # [bs * N, H']
+        rows = result.accept_index.to(hidden.device) + n * torch.arange(
+            len(accept_lens), device=hidden.device)[:, None]  # [bs, N]
+        picked = hidden[rows.clamp(min=0)]  # [bs, N, H'], a copy: the graph's buffer is reused
+        return [picked[i, :m + 1] for i, m in enumerate(accept_lens)]
 
     def stats(self) -> dict:
         avg = self.num_emitted / self.num_verify if self.num_verify else 0.0

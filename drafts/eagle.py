@@ -1,0 +1,201 @@
+"""EAGLE, EAGLE3 and NEXTN: a one-layer draft head over the target's hidden states.
+
+The target captures hidden states (FULL on prefill and verify; EAGLE3: three aux layers), and
+hands them over: prefill chunks through `absorb`, the accepted path of each verify through
+`commit`. Draft position p pairs the target's hidden state at p with token p + 1, so after a
+verify that accepted m drafts the head catches up on m + 1 positions (DRAFT_EXTEND, with the
+target's hidden states, which replace the draft's own guesses at those positions), then drafts:
+
+- chain (topk 1): num_steps - 1 DECODE steps through the head's decode CUDA graphs, each
+  feeding back the head's own output hidden state;
+- tree (topk K): each step feeds the K best branches at once under a tree mask, expands each
+  by its top K, keeps the K best by cumulative log-probability (EAGLE-2), and `build_tree`
+  keeps the num_draft_tokens - 1 best nodes.
+
+After verify the head's KV is cut back to the catch-up's end: the draft steps' KV is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from drafts.base import DraftWorker, Proposal
+from drafts.standalone import chain_proposal, draft_sample
+from kernels.tree import build_tree
+from specpcg.core import CaptureHiddenMode, ForwardMode
+
+
+@dataclass(eq=False)
+class _HeadReq:
+    req_pool_idx: int
+    num_cached: int = 0  # head KV positions built from the target's hidden states
+    pending: list = field(default_factory=list)  # target hidden rows for the next positions
+
+
+class _Row(NamedTuple):  # what make_batch reads of a request
+    req_pool_idx: int
+    num_cached: int
+
+
+def load_head_draft(spec, engine) -> "HeadDraft":
+    from drafts.head_checkpoint import load_head
+
+    if not spec.draft_model_path:
+        raise ValueError(f"speculative_draft_model_path is required for {spec.algorithm} (a draft "
+                         f"head checkpoint; `python -m drafts.train` makes one)")
+    head, head_spec = load_head(spec.draft_model_path, spec.algorithm, engine.model_config,
+                                engine.model, engine.device, engine.dtype)
+    return HeadDraft(head, head_spec)
+
+
+class HeadDraft(DraftWorker):
+    needs_hidden = CaptureHiddenMode.FULL
+
+    def __init__(self, head, head_spec):
+        self.name = head_spec.algorithm
+        self.model, self.head_spec, self.model_cfg = head, head_spec, head_spec.layer_cfg
+        # Our target records the residual stream *entering* a layer: layer i's output enters i+1.
+        self.aux_layers = tuple(sorted(i + 1 for i in head_spec.aux_layer_ids))
+        self.kv_cache = self.runner = self.router = self.graphs = None
+        self._reqs: dict = {}  # rid -> _HeadReq
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        from specpcg.kv_cache import KVPool
+
+        mc = self.model_cfg
+        return KVPool.bytes_per_slot(1, mc.num_kv_heads, mc.head_dim, self.model.head_weight.dtype)
+
+    def setup(self, engine) -> None:
+        from drafts.wiring import wire_draft_model
+
+        spec = engine.spec
+        round_len = spec.topk * spec.num_steps  # a draft round's own tokens per request
+        self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(
+            self, engine, CaptureHiddenMode.LAST,
+            extra_slots=engine.config.max_running_requests * round_len)
+
+    def info(self) -> dict:
+        return {"name": self.name, "aux_layer_ids": list(self.head_spec.aux_layer_ids),
+                **(self.graphs.info() if self.graphs else {})}
+
+    # -- state ---------------------------------------------------------------------------------
+    def _state(self, req) -> _HeadReq:
+        st = self._reqs.get(req.rid)
+        if st is None:
+            st = self._reqs[req.rid] = _HeadReq(self.kv_cache.new_request())
+        return st
+
+    def absorb(self, req, hidden: torch.Tensor) -> None:
+        # A copy: `hidden` may view a graph's output buffer that the next replay overwrites.
+        self._state(req).pending.append(hidden.clone())
+
+    def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
+        for req, path in zip(reqs, hidden_paths):
+            st = self._reqs[req.rid]
+            self.kv_cache.truncate(st.req_pool_idx, st.num_cached)  # drop the draft steps' KV
+            st.pending.append(path)
+
+    def release(self, req) -> None:
+        st = self._reqs.pop(req.rid, None)
+        if st is not None:
+            self.kv_cache.release(st.req_pool_idx)
+
+    # -- forwards ------------------------------------------------------------------------------
+    def _forward(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST):
+        from specpcg.scheduler import make_batch
+
+        self.kv_cache.extend_many([r.req_pool_idx for r in rows], [len(x) for x in new_ids])
+        batch = make_batch(self.kv_cache, mode, rows, new_ids, self.runner.device)
+        batch.input_hidden, batch.capture_hidden_mode = hidden, capture
+        return batch
+
+    def _catch_up(self, reqs: list, states: list):
+        """DRAFT_EXTEND over each request's positions with fresh target hidden states;
+        returns the last position's logits [bs, V] and output hidden state [bs, H]."""
+        new_ids, hidden = [], []
+        for req, st in zip(reqs, states):
+            rows = torch.cat(st.pending)
+            st.pending = []
+            ids = req.all_ids[st.num_cached + 1:st.num_cached + 1 + rows.shape[0]]
+            assert len(ids) == rows.shape[0], "target hidden states and tokens out of step"
+            new_ids.append(ids)
+            hidden.append(rows)
+        hidden = self.model.project_target_hidden(torch.cat(hidden))
+        batch = self._forward(ForwardMode.DRAFT_EXTEND, [_Row(s.req_pool_idx, s.num_cached)
+                                                         for s in states], new_ids, hidden)
+        out = self.router.forward(batch)
+        for st, ids in zip(states, new_ids):
+            st.num_cached += len(ids)
+        return out.logits, out.aux_hidden_states[0]
+
+    def propose(self, reqs: list, spec) -> Proposal:
+        states = [self._state(r) for r in reqs]
+        logits, hidden = self._catch_up(reqs, states)
+        root = torch.tensor([r.all_ids[-1] for r in reqs], device=logits.device)
+        if not spec.is_chain:
+            return self._propose_tree(states, root, logits, hidden, spec)
+        columns, probs = [root], []
+        for step in range(spec.num_steps):
+            token, q = draft_sample(logits, reqs)
+            columns.append(token)
+            probs.append(q)
+            if step + 1 < spec.num_steps:
+                rows = [_Row(s.req_pool_idx, s.num_cached + step) for s in states]
+                batch = self._forward(ForwardMode.DECODE, rows, [[t] for t in token.tolist()],
+                                      hidden)
+                out = self.router.forward(batch)
+                logits, hidden = out.logits, out.aux_hidden_states[0]
+        return chain_proposal(columns, probs)
+
+    # -- trees ---------------------------------------------------------------------------------
+    def _propose_tree(self, states, root, logits, hidden, spec) -> Proposal:
+        """EAGLE-2 expansion; proposals are a deterministic function of the context, so
+        sampled requests verify target-only (no draft probabilities needed)."""
+        bs, k, steps = len(states), spec.topk, spec.num_steps
+        dev = logits.device
+        cand_tokens = torch.zeros(bs, steps, k, k, dtype=torch.long, device=dev)
+        cand_scores = torch.full((bs, steps, k, k), float("-inf"), device=dev)
+        branch_parents = torch.zeros(bs, steps, k, dtype=torch.long, device=dev)
+        top = logits.log_softmax(-1).topk(k, dim=-1)  # the root's children: step 0
+        cand_tokens[:, 0, 0], cand_scores[:, 0, 0] = top.indices, top.values
+        tokens, scores = top.indices, top.values  # [bs, K]: the branches fed next
+        branch_hidden = hidden[:, None].expand(bs, k, hidden.shape[-1])
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bs, k, k)
+        ancestors = eye  # [bs, K, fed so far]: which fed nodes each branch sees
+        if steps > 1:
+            branch_parents[:, 1] = torch.arange(k, device=dev)
+        for s in range(1, steps):
+            step_logits, step_hidden = self._tree_step(states, tokens, branch_hidden, ancestors, s)
+            top = step_logits.log_softmax(-1).topk(k, dim=-1)  # [bs, K, K]
+            cand_tokens[:, s] = top.indices
+            cand_scores[:, s] = scores[:, :, None] + top.values
+            if s + 1 == steps:
+                break
+            best = cand_scores[:, s].reshape(bs, k * k).topk(k, dim=-1)
+            branch_parents[:, s + 1] = best.indices
+            parent = best.indices // k  # [bs, K] which branch each new branch grew from
+            tokens = cand_tokens[:, s].reshape(bs, k * k).gather(1, best.indices)
+            scores = best.values
+            branch_hidden = step_hidden.gather(1, parent[..., None].expand(-1, -1, hidden.shape[-1]))
+            seen = ancestors.gather(1, parent[..., None].expand(-1, -1, ancestors.shape[-1]))
+            ancestors = torch.cat([seen, eye], dim=-1)
+        tree = build_tree(root, cand_tokens, cand_scores, branch_parents, spec.num_draft_tokens)
+        return Proposal(draft_tokens=tree.draft_tokens, parents=tree.parents)
+
+    def _tree_step(self, states, tokens, branch_hidden, ancestors, s: int):
+        """Feeds step s's K branches per request at position base + s - 1, each seeing the
+        prefix and its own ancestors; returns logits [bs, K, V] and hidden [bs, K, H]."""
+        bs, k = tokens.shape
+        rows = [_Row(st.req_pool_idx, st.num_cached + (s - 1) * k) for st in states]
+        batch = self._forward(ForwardMode.DRAFT_EXTEND, rows, tokens.tolist(),
+                              branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
+        base = torch.tensor([st.num_cached for st in states], device=tokens.device)
+        batch.positions = (base[:, None] + (s - 1)).expand(bs, k).flatten()
+        batch.tree_mask = ancestors.contiguous()
+        batch.return_all_logits = True
+        out = self.router.forward(batch)
+        return out.all_logits.view(bs, k, -1), out.aux_hidden_states[0].view(bs, k, -1)
