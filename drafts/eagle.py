@@ -25,7 +25,7 @@ import torch
 from drafts.base import DraftWorker, Proposal
 from drafts.standalone import chain_proposal, draft_sample
 from kernels.tree import build_tree
-from specpcg.core import CaptureHiddenMode, ForwardMode
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 
 @dataclass(eq=False)
@@ -139,17 +139,41 @@ class HeadDraft(DraftWorker):
         if not spec.is_chain:
             return self._propose_tree(states, root, logits, hidden, spec)
         columns, probs = [root], []
+        steps = self._step_batches(states, spec.num_steps - 1, root.device)
         for step in range(spec.num_steps):
             token, q = draft_sample(logits, reqs)
             columns.append(token)
             probs.append(q)
             if step + 1 < spec.num_steps:
-                rows = [_Row(s.req_pool_idx, s.num_cached + step) for s in states]
-                batch = self._forward(ForwardMode.DECODE, rows, [[t] for t in token.tolist()],
-                                      hidden)
+                batch = steps(step, token, hidden)
                 out = self.router.forward(batch)
                 logits, hidden = out.logits, out.aux_hidden_states[0]
         return chain_proposal(columns, probs)
+
+    def _step_batches(self, states: list, num_steps: int, device):
+        """Allocates every chain step's slots at once and returns `make(step, token, hidden)`
+        building that step's DECODE batch from device tensors: no host sync between steps."""
+        if num_steps <= 0:
+            return None
+        idx = [s.req_pool_idx for s in states]
+        slots = self.kv_cache.extend_many(idx, [num_steps] * len(states))
+        base = [s.num_cached for s in states]
+        host = torch.tensor([slots, [[b + j for j in range(num_steps)] for b in base]])
+        host_rows = torch.tensor(idx)
+        if device.type == "cuda":
+            host, host_rows = host.pin_memory(), host_rows.pin_memory()
+        packed = host.to(device, non_blocking=True)  # [2, bs, steps]: slots, positions
+        rows = host_rows.to(device, non_blocking=True)
+        ones = torch.ones(len(states), dtype=torch.long, device=device)
+
+        def make(step: int, token, hidden) -> ForwardBatch:
+            return ForwardBatch(
+                forward_mode=ForwardMode.DECODE, input_ids=token, positions=packed[1, :, step],
+                out_cache_loc=packed[0, :, step], req_pool_indices=rows,
+                seq_lens=packed[1, :, step] + 1, extend_seq_lens=ones,
+                seq_lens_cpu=[b + step + 1 for b in base], extend_seq_lens_cpu=[1] * len(base),
+                capture_hidden_mode=CaptureHiddenMode.LAST, input_hidden=hidden)
+        return make
 
     # -- trees ---------------------------------------------------------------------------------
     def _propose_tree(self, states, root, logits, hidden, spec) -> Proposal:
