@@ -35,6 +35,10 @@ class EngineConfig:
     speculative_num_steps: Optional[int] = None
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
+    # BENCHMARK ONLY, not lossless: greedy requests accept each draft along the first-child
+    # chain with this probability (seeded by random_seed), ignoring the target's verdict; the
+    # bonus token is still the target's argmax. Like SGLang's SGLANG_SIMULATE_ACC_LEN.
+    speculative_simulate_accept_prob: Optional[float] = None
     disable_cuda_graph: bool = False
     disable_piecewise_cuda_graph: bool = False
     enforce_piecewise_cuda_graph: bool = False
@@ -69,6 +73,13 @@ class EngineConfig:
         if self.pp_size != 1 or self.tp_size != 1:
             raise ValueError(f"tp_size={self.tp_size}, pp_size={self.pp_size}: only one GPU "
                              f"(tp_size=1, pp_size=1) is supported in this release")
+        p = self.speculative_simulate_accept_prob
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
+                              or not 0 < p <= 1):
+            raise ValueError(f"speculative_simulate_accept_prob must be in (0, 1], got {p!r}")
+        if p is not None and algo is None:
+            raise ValueError(f"speculative_simulate_accept_prob={p!r} needs a "
+                             f"speculative_algorithm")
         for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs",
                      "piecewise_cuda_graph_max_tokens"):
             _check_positive_int(name, getattr(self, name))

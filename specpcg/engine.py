@@ -184,6 +184,7 @@ class Engine:
 
         self.scheduler = self.router = self.graphs = self.runner = None
         self.attn_backend = self.kv_cache = self.model = None
+        self.spec_decoder = self.draft = None  # they hold the router, KV caches and the head
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,6 +1,16 @@
-"""Accept: which drafts the target keeps, greedy or by speculative sampling (kernels/)."""
+"""Accept: which drafts the target keeps, greedy or by speculative sampling (kernels/).
+
+Also the BENCHMARK-ONLY synthetic acceptance (`speculative_simulate_accept_prob`, like SGLang's
+SGLANG_SIMULATE_ACC_LEN): greedy requests then ignore the target's verdict and accept each next
+draft along the first-child chain with probability p, so the accept length is whatever the
+benchmark asks for (E[AL] = sum_{i=0..k} p^i over a chain of k drafts). Outputs are NOT lossless
+in that mode: accepted drafts are emitted whether or not the target agrees.
+"""
 
 from __future__ import annotations
+
+import logging
+from typing import Optional
 
 import torch
 
@@ -14,9 +24,58 @@ def _target_probs(logits: torch.Tensor, params) -> torch.Tensor:
     return torch.stack([target_probs(row, params) for row in logits])
 
 
-def accept(reqs: list, tree, draft_probs, logits: torch.Tensor) -> VerifyResult:
+class SimulatedAccept:
+    """Per-engine state of the synthetic acceptance: p and a seeded generator (made on the
+    device of the first logits it sees), so a run is deterministic for a given random_seed."""
+
+    def __init__(self, prob: float, seed: int):
+        self.prob, self.seed = prob, seed
+        self.generator: Optional[torch.Generator] = None
+
+    @staticmethod
+    def from_spec(spec) -> Optional["SimulatedAccept"]:
+        """None unless spec.simulate_accept_prob is set; then warns once (engine start)."""
+        prob = getattr(spec, "simulate_accept_prob", None)
+        if prob is None:
+            return None
+        logging.getLogger("specpcg").warning(
+            "speculative_simulate_accept_prob=%s: SYNTHETIC acceptance for benchmarking; greedy "
+            "outputs are NOT the target's (not lossless)", prob)
+        return SimulatedAccept(prob, getattr(spec, "simulate_seed", 0))
+
+    def coins(self, shape: tuple, device: torch.device) -> torch.Tensor:
+        if self.generator is None:  # one engine, one device
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(self.seed)
+        return torch.rand(shape, generator=self.generator, device=device) < self.prob
+
+
+def simulate_accept(first_child: torch.Tensor, target_predict: torch.Tensor,
+                    accepted: torch.Tensor) -> VerifyResult:
+    """BENCHMARK ONLY. first_child, target_predict: [bs, N] (tree field; argmax after each
+    node); accepted: [bs, N - 1] bool coins. Walks the first-child chain from the root, taking
+    level d's node while accepted[:, d - 1] holds and a child exists; the bonus is the target's
+    argmax at the last accepted node. Same VerifyResult layout as verify_greedy."""
+    bs, num_nodes = first_child.shape
+    device = first_child.device
+    accept_index = torch.full((bs, num_nodes), -1, dtype=torch.int64, device=device)
+    accept_index[:, 0] = 0
+    cur = torch.zeros(bs, dtype=torch.int64, device=device)  # [bs] last accepted node
+    alive = torch.ones(bs, dtype=torch.bool, device=device)  # [bs] no rejection yet
+    for depth in range(1, num_nodes):
+        child = first_child.gather(1, cur[:, None])[:, 0]
+        alive &= (child >= 0) & accepted[:, depth - 1]
+        accept_index[:, depth] = torch.where(alive, child, -1)
+        cur = torch.where(alive, child, cur)
+    accept_len = (accept_index[:, 1:] >= 0).sum(dim=1)  # [bs]
+    return VerifyResult(accept_index, accept_len, target_predict.gather(1, cur[:, None])[:, 0])
+
+
+def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
+           simulate: Optional[SimulatedAccept] = None) -> VerifyResult:
     """logits: [bs, N, V] float32 from TARGET_VERIFY. Greedy requests take the argmax walk;
-    others rejection-sample so that emitted tokens follow the target's distribution."""
+    others rejection-sample so that emitted tokens follow the target's distribution.
+    simulate (benchmark only): greedy requests take simulate_accept instead."""
     bs, num_nodes, _ = logits.shape
     max_depth = num_nodes - 1
     greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
@@ -28,9 +87,13 @@ def accept(reqs: list, tree, draft_probs, logits: torch.Tensor) -> VerifyResult:
     parts = []
     if greedy:
         rows = torch.tensor(greedy, device=device)
-        parts.append((rows, verify_greedy(tree.draft_tokens[rows], tree.first_child[rows],
-                                          tree.next_sibling[rows], logits[rows].argmax(-1),
-                                          max_depth)))
+        predict = logits[rows].argmax(-1)  # [n, N]
+        if simulate is not None:
+            coins = simulate.coins((len(greedy), max_depth), device)
+            parts.append((rows, simulate_accept(tree.first_child[rows], predict, coins)))
+        else:
+            parts.append((rows, verify_greedy(tree.draft_tokens[rows], tree.first_child[rows],
+                                              tree.next_sibling[rows], predict, max_depth)))
     if sampled:
         rows = torch.tensor(sampled, device=device)
         probs = torch.stack([_target_probs(logits[i], reqs[i].params) for i in sampled])

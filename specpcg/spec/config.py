@@ -14,6 +14,9 @@ class SpecConfig:
     topk: int
     num_draft_tokens: int  # verify width: the root plus num_draft_tokens - 1 drafts
     draft_model_path: str | None = None
+    # BENCHMARK ONLY (not lossless): synthetic acceptance, see accept.simulate_accept.
+    simulate_accept_prob: float | None = None
+    simulate_seed: int = 0  # the engine's random_seed: seeds the simulated coin flips
 
     @property
     def is_chain(self) -> bool:
@@ -36,7 +39,9 @@ class SpecConfig:
         elif tokens is None:
             tokens = DEFAULT_NUM_DRAFT_TOKENS
         spec = SpecConfig(cfg.speculative_algorithm, steps, topk, tokens,
-                          cfg.speculative_draft_model_path)
+                          cfg.speculative_draft_model_path,
+                          getattr(cfg, "speculative_simulate_accept_prob", None),
+                          getattr(cfg, "random_seed", 0))
         spec.validate()
         return spec
 

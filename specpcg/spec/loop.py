@@ -12,7 +12,7 @@ import torch
 
 from kernels.tree import chain_tree, tree_from_parents
 from specpcg.core import CaptureHiddenMode, ForwardMode
-from specpcg.spec.accept import accept
+from specpcg.spec.accept import SimulatedAccept, accept
 
 
 class SpecDecoder:
@@ -22,6 +22,7 @@ class SpecDecoder:
         self.num_verify = 0
         self.num_emitted = 0
         self.histogram: Counter = Counter()
+        self.simulate = SimulatedAccept.from_spec(spec)  # benchmark only; None = lossless
 
     @property
     def tokens_per_request(self) -> int:
@@ -32,7 +33,7 @@ class SpecDecoder:
         proposal = self.draft.propose(reqs, self.spec)
         tree, out, prefix_lens = self._verify(reqs, proposal)
         logits = out.all_logits.view(len(reqs), self.spec.num_draft_tokens, -1)
-        result = accept(reqs, tree, proposal.draft_probs, logits)
+        result = accept(reqs, tree, proposal.draft_probs, logits, self.simulate)
         return self._commit(reqs, tree, result, prefix_lens, out)
 
     def _verify(self, reqs: list, proposal):
