@@ -80,6 +80,7 @@ class HeadDraft(DraftWorker):
 
     def info(self) -> dict:
         return {"name": self.name, "aux_layer_ids": list(self.head_spec.aux_layer_ids),
+                "needs_hidden": self.needs_hidden.name, "target_aux_layers": list(self.aux_layers),
                 **(self.graphs.info() if self.graphs else {})}
 
     # -- state ---------------------------------------------------------------------------------

@@ -63,8 +63,11 @@ def _to_module_names(algorithm: str, state: dict) -> dict:
 def read_spec(path: str, config: dict, state: dict, target_cfg: ModelConfig) -> HeadSpec:
     """The HeadSpec a checkpoint declares, checked against the target it will draft for."""
     algorithm = detect_algorithm(config, state)
-    layer_cfg = _layer_cfg(config)
     where = f"speculative_draft_model_path {path!r}"
+    try:
+        layer_cfg = _layer_cfg(config)
+    except KeyError as exc:
+        raise ValueError(f"{where}: config.json has no {exc} field") from exc
     if layer_cfg.hidden_size != target_cfg.hidden_size:
         raise ValueError(f"{where}: {algorithm} head hidden_size {layer_cfg.hidden_size} does not "
                          f"match the target's hidden_size {target_cfg.hidden_size}")
@@ -110,12 +113,17 @@ def load_head(path: str, algorithm: str, target_cfg: ModelConfig, target_model, 
     spec = read_spec(path, config, state, target_cfg)
     head = build_head(spec, device, dtype)
     d2t, _ = state.pop("d2t", None), state.pop("t2d", None)
+    _check_shapes(path, algorithm, head, state)
     missing, unexpected = head.load_state_dict({k: v.to(dtype) for k, v in state.items()},
                                                strict=False)
     missing = [m for m in missing if not m.endswith("cos_sin")]
     if missing or unexpected:
         raise ValueError(f"speculative_draft_model_path {path!r}: the {algorithm} checkpoint does "
                          f"not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if algorithm == "EAGLE3" and d2t is None and spec.draft_vocab_size not in (
+            0, target_cfg.vocab_size):
+        raise ValueError(f"speculative_draft_model_path {path!r}: an EAGLE3 head with "
+                         f"draft_vocab_size {spec.draft_vocab_size} needs its d2t map")
     if algorithm == "EAGLE3" and d2t is not None:
         _check_d2t(path, d2t, spec, target_cfg)
         head.set_d2t(d2t.to(device))
@@ -123,12 +131,24 @@ def load_head(path: str, algorithm: str, target_cfg: ModelConfig, target_model, 
     return head.eval().requires_grad_(False), spec
 
 
+def _check_shapes(path, algorithm: str, head, state: dict) -> None:
+    expected = head.state_dict()
+    wrong = [f"{k} {list(v.shape)} (config says {list(expected[k].shape)})"
+             for k, v in state.items() if k in expected and v.shape != expected[k].shape]
+    if wrong:
+        raise ValueError(f"speculative_draft_model_path {path!r}: the {algorithm} checkpoint's "
+                         f"tensor shapes do not match its config: {wrong[:5]}")
+
+
 def _check_d2t(path, d2t, spec: HeadSpec, target_cfg: ModelConfig) -> None:
     vocab = spec.draft_vocab_size or target_cfg.vocab_size
     ids = torch.arange(d2t.shape[0]) + d2t.long()
-    if d2t.shape[0] != vocab or ids.min() < 0 or ids.max() >= target_cfg.vocab_size:
-        raise ValueError(f"speculative_draft_model_path {path!r}: d2t maps {d2t.shape[0]} draft "
-                         f"ids outside the target's vocabulary of {target_cfg.vocab_size}")
+    if d2t.shape[0] != vocab:
+        raise ValueError(f"speculative_draft_model_path {path!r}: d2t has {d2t.shape[0]} entries "
+                         f"but draft_vocab_size is {vocab}")
+    if ids.min() < 0 or ids.max() >= target_cfg.vocab_size:
+        raise ValueError(f"speculative_draft_model_path {path!r}: d2t maps draft ids outside "
+                         f"the target's vocabulary of {target_cfg.vocab_size}")
 
 
 def _read_config(path: str) -> dict:

@@ -124,6 +124,7 @@ class Eagle3Head(DraftHead):
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
         # draft id d is target id d + d2t[d]; stored as the absolute target id per draft id.
         self.register_buffer("draft_to_target", torch.arange(vocab), persistent=False)
+        self.d2t_is_identity = True
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -132,6 +133,7 @@ class Eagle3Head(DraftHead):
     def set_d2t(self, d2t: torch.Tensor) -> None:
         ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t.long()
         self.draft_to_target = ids.to(self.draft_to_target.device)
+        self.d2t_is_identity = bool((d2t == 0).all())
 
     def project_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[-1] == self.config.hidden_size:
@@ -151,7 +153,7 @@ class Eagle3Head(DraftHead):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits placed at their target ids; every other id gets -inf."""
         draft = torch.nn.functional.linear(hidden, self.lm_head.weight).float()
-        if draft.shape[-1] == self.config.vocab_size:
+        if draft.shape[-1] == self.config.vocab_size and self.d2t_is_identity:
             return draft
         full = draft.new_full((draft.shape[0], self.config.vocab_size), float("-inf"))
         full[:, self.draft_to_target] = draft

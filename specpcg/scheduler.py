@@ -146,6 +146,8 @@ class Scheduler:
                 self.stop_checker.check(req)
                 if req.finished:
                     break
+            if req.return_logprob:  # tokens cut by EOS or max_new_tokens lose theirs too
+                del req.output_logprobs[len(req.output_ids):]
             if req.finished:
                 req.finished_at = now
                 self._release(req)

@@ -12,6 +12,7 @@ import torch
 
 from kernels.tree import chain_tree, tree_from_parents
 from specpcg.core import CaptureHiddenMode, ForwardMode
+from specpcg.sampler import record_output_logprobs
 from specpcg.spec.accept import SimulatedAccept, accept
 
 
@@ -71,6 +72,10 @@ class SpecDecoder:
             self.kv_cache.keep_path(req.req_pool_idx, prefix_lens[i], path)
             req.num_cached = prefix_lens[i] + m + 1
             emitted.append([tokens[i][node] for node in path[1:]] + [bonus[i]])
+            if req.return_logprob:  # node path[j]'s logits chose emitted token j
+                logits = out.all_logits.view(len(reqs), -1, out.all_logits.shape[-1])[i, path]
+                chosen = torch.tensor(emitted[-1], device=logits.device)
+                record_output_logprobs(logits, chosen, [req] * len(path))
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += m
             req.spec_histogram[m] += 1
