@@ -1,0 +1,230 @@
+"""`python -m drafts.train`: a draft for a target, trained by self-distillation on one GPU.
+
+    python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
+        [--data train.jsonl] [--num-prompts N] [--max-new-tokens 256] [--num-shots 5]
+        [--minutes 4] [--ttt-steps 3] [--draft-vocab-size 8192] [--device auto] [--seed 0]
+
+Pipeline: GSM8K train questions in the benchmark's few-shot format -> the target's own greedy
+answers (Engine) -> the target's features and greedy labels over each whole sequence (dense
+attention, no KV cache) -> a head trained with training-time test (EAGLE, EAGLE3, NEXTN:
+drafts.train_heads) or the target's first layers fine-tuned (STANDALONE: drafts.train_standalone)
+-> a checkpoint `Engine(speculative_algorithm=ALG, speculative_draft_model_path=DIR)` loads, with
+train_log.json beside it. `ensure_draft` caches trained drafts by their options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+import torch
+
+from drafts.heads import default_aux_layer_ids
+from drafts.train_data import extract_features, generate, gsm8k_prompts
+from drafts.train_loop import LoopOptions, loss_curve
+from specpcg.gsm8k import DATA_DIR
+
+ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+DEFAULT_DATA = str(DATA_DIR / "train.jsonl")
+TRAINER_VERSION = 1  # part of ensure_draft's cache key: bump when trained drafts change
+# What each algorithm reads of the target: its final hidden states, the aux layers' residual
+# streams (EAGLE3), or nothing but its greedy labels (STANDALONE).
+FEATURES = {"EAGLE": "final", "EAGLE3": "aux", "NEXTN": "final", "STANDALONE": None}
+GEN_BATCH_CUDA = 256  # concurrent requests (and decode-graph batch) while generating answers
+GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: a 5-shot prompt (~900) plus its answer
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    num_prompts: int = 4000
+    max_new_tokens: int = 256
+    num_shots: int = 5  # the benchmark's few-shot count (benchmarks/bench_spec.py)
+    minutes: float = 3.0  # training loop budget; generation and features add ~1.3 min (H100)
+    ttt_steps: int = 3
+    draft_vocab_size: int = 8192  # EAGLE3
+    num_layers: int = 4  # STANDALONE: the target's first K layers
+    device: str = "auto"
+    seed: int = 0
+    lr: float = 1e-3
+    token_budget: int = 16384
+    max_epochs: int = 40
+    max_steps: Optional[int] = None
+    heldout_frac: float = 0.05
+    show_progress: bool = True
+
+    @staticmethod
+    def from_kwargs(kwargs: dict) -> "TrainOptions":
+        known = {f.name for f in fields(TrainOptions)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+        opts = TrainOptions(**kwargs)
+        for name in ("num_prompts", "max_new_tokens", "ttt_steps", "draft_vocab_size",
+                     "num_layers", "token_budget", "max_epochs"):
+            value = getattr(opts, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not opts.minutes > 0 or not 0 <= opts.heldout_frac < 1:
+            raise ValueError(f"minutes must be > 0 and heldout_frac in [0, 1), got "
+                             f"{opts.minutes!r} and {opts.heldout_frac!r}")
+        return opts
+
+    def loop(self) -> LoopOptions:
+        return LoopOptions(minutes=self.minutes, max_epochs=self.max_epochs,
+                           max_steps=self.max_steps, lr=self.lr, token_budget=self.token_budget,
+                           seed=self.seed, show_progress=self.show_progress)
+
+
+def _make_engine(target: Optional[str], o: TrainOptions):
+    from specpcg import Engine
+    from specpcg.config import EngineConfig
+
+    kw = dict(model_path=target, device=o.device, show_progress=False)
+    if EngineConfig(device=o.device).resolve_device().type == "cuda":
+        # A bounded KV cache (not a share of free memory): drafts can train side by side.
+        kw.update(max_running_requests=GEN_BATCH_CUDA, cuda_graph_max_bs=GEN_BATCH_CUDA,
+                  max_total_tokens=GEN_BATCH_CUDA * GEN_TOKENS_PER_REQUEST)
+    return Engine(**kw)
+
+
+def _split(num_seqs: int, heldout_frac: float, seed: int) -> dict:
+    perm = torch.randperm(num_seqs, generator=torch.Generator().manual_seed(seed)).tolist()
+    k = min(max(round(num_seqs * heldout_frac), 1 if heldout_frac else 0), num_seqs - 1)
+    return {"heldout": sorted(perm[:k]), "train": sorted(perm[k:])}
+
+
+def _feature_layers(algorithm: str, num_layers: int) -> tuple:
+    """The target layers whose *entering* residual stream EAGLE3 reads (layer i's output)."""
+    if FEATURES[algorithm] != "aux":
+        return ()
+    return tuple(sorted(i + 1 for i in default_aux_layer_ids(num_layers)))
+
+
+def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
+                out: Optional[str] = None, *, engine=None, **opts) -> str:
+    """Trains a draft into `out` and returns it. data: a GSM8K-style .jsonl path, or prompts as
+    token-id lists (targets without a tokenizer). engine: an Engine on the target to generate
+    with (kept open); by default one is made and shut down after generating."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
+    if not out:
+        raise ValueError("out (the output directory) is required")
+    o = TrainOptions.from_kwargs(opts)
+    torch.manual_seed(o.seed)
+    times, t0 = {}, time.perf_counter()
+    own = engine is None
+    engine = engine if engine is not None else _make_engine(target, o)
+    target_path = target or engine.config.model_path or _default_target()
+    prompts = data if isinstance(data, list) else gsm8k_prompts(
+        data, engine.tokenizer, o.num_prompts, o.num_shots)
+    seqs = generate(engine, prompts, o.max_new_tokens, o.show_progress)
+    model, target_cfg, device = engine.model, engine.model_config, engine.device
+    if own:
+        engine.shutdown()  # frees its KV cache and graphs; `model` stays for the features
+    times["generate_s"] = time.perf_counter() - t0
+    feats = extract_features(model, seqs, _feature_layers(algorithm, target_cfg.num_layers),
+                             FEATURES[algorithm] is not None, device,
+                             show_progress=o.show_progress)
+    times["features_s"] = time.perf_counter() - t0 - times["generate_s"]
+    split = _split(feats.num_seqs, o.heldout_frac, o.seed)
+    os.makedirs(out, exist_ok=True)
+    record = _train(algorithm, target_path, model, target_cfg, feats, split, o, device, out)
+    times["train_s"] = record.pop("train_s")
+    times["total_s"] = time.perf_counter() - t0
+    _write_log(out, algorithm, target_path, o, seqs, split, record, times, device)
+    return out
+
+
+def _train(algorithm, target_path, model, target_cfg, feats, split, o, device, out) -> dict:
+    if algorithm == "STANDALONE":  # a whole model, not a head: its own trainer
+        from drafts.train_standalone import train_standalone
+
+        return train_standalone(target_path, feats, split, o.loop(), o.num_layers, device, out)
+    from drafts.train_heads import train_head
+
+    return train_head(algorithm, model, target_cfg, feats, split, o.loop(), o.ttt_steps,
+                      o.draft_vocab_size, device, out)
+
+
+def _default_target() -> str:
+    from specpcg.models.loader import default_model_path
+
+    return default_model_path()
+
+
+def _write_log(out, algorithm, target_path, o, seqs, split, record, times, device) -> dict:
+    losses = record.pop("losses")
+    tail = losses[-max(len(losses) // 10, 1):]
+    log = {
+        "algorithm": algorithm, "target": target_path, "device": str(device),
+        "options": asdict(o), "num_sequences": len(seqs.token_ids),
+        "num_train_sequences": len(split["train"]), "num_heldout_sequences": len(split["heldout"]),
+        "prompt_tokens": sum(seqs.prompt_lens), "answer_tokens": seqs.num_answer_tokens,
+        "shared_prefix_tokens": seqs.shared_len,
+        "initial_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        **record, "times": times, "loss_curve": loss_curve(losses),
+    }
+    with open(os.path.join(out, "train_log.json"), "w", encoding="utf-8") as f:
+        json.dump(log, f, indent=1)
+    acc = ", ".join(f"step {k + 1} {a:.3f}" for k, a in enumerate(log["heldout_top1"]))
+    print(f"[drafts.train] {algorithm}: {log['num_sequences']} sequences "
+          f"({log['prompt_tokens']} prompt + {log['answer_tokens']} answer tokens); "
+          f"{log['steps']} steps, {log['epochs']:.2f} epochs; loss {log['initial_loss']} -> "
+          f"{log['final_loss']}; held-out top-1: {acc or 'n/a'}; times "
+          + ", ".join(f"{k} {v:.1f}" for k, v in times.items()) + f"; wrote {out}", flush=True)
+    return log
+
+
+def ensure_draft(algorithm: str, target: Optional[str] = None, cache_dir: str = ".cache/drafts",
+                 data: str = DEFAULT_DATA, **opts) -> str:
+    """The cached draft trained with these options, training it on a miss. The cache key (in the
+    directory's manifest.json) holds everything that changes the weights; device and progress
+    bars do not."""
+    o = TrainOptions.from_kwargs(opts)
+    options = {k: v for k, v in asdict(o).items() if k not in ("device", "show_progress")}
+    key = {"algorithm": algorithm, "target": os.path.abspath(target or _default_target()),
+           "data": os.path.abspath(data), "options": options, "version": TRAINER_VERSION}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = os.path.join(cache_dir, f"{algorithm.lower()}-{digest}")
+    manifest = os.path.join(path, "manifest.json")
+    if os.path.isfile(manifest):
+        with open(manifest, encoding="utf-8") as f:
+            if json.load(f).get("key") == key:
+                return path
+    tmp = f"{path}.tmp{os.getpid()}"  # trained aside, then moved: a crash leaves no half draft
+    shutil.rmtree(tmp, ignore_errors=True)
+    train_draft(algorithm, target, data, tmp, **opts)
+    with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump({"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=1)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--algorithm", required=True, choices=ALGORITHMS)
+    p.add_argument("--target", default=None, help="HF dir or .gguf (default: the bundled model)")
+    p.add_argument("--data", default=DEFAULT_DATA, help="GSM8K-style train .jsonl")
+    p.add_argument("--out", required=True, help="output directory (created)")
+    for f in fields(TrainOptions):
+        if f.name == "show_progress":
+            continue
+        kind = type(f.default) if f.default is not None else int
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = vars(p.parse_args(argv))
+    opts = {f.name: args[f.name] for f in fields(TrainOptions) if f.name in args}
+    train_draft(args["algorithm"], args["target"], args["data"], args["out"],
+                show_progress=not args["no_progress"], **opts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Self-distillation data for draft training: prompts in the benchmark's format, the target's own
+greedy answers, and the target's features and greedy labels over each whole sequence.
+
+Labels are the target's argmax at every position (its greedy next token), so a draft is trained
+on exactly what verification accepts; on answer positions they are the generated tokens
+themselves (up to bf16 near-ties between the engine and the dense forward).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
+from specpcg.gsm8k import STOP, few_shot_prefix
+
+LOGITS_CHUNK_ROWS = 8192  # rows per LM-head call when taking the target's argmax
+FEATURE_MEMORY_SHARE = 0.5  # most of the free GPU memory the stored features may take
+
+
+def gsm8k_prompts(path: str, tokenizer, num_prompts: int, num_shots: int) -> list:
+    """Token ids of train questions in `specpcg.gsm8k.build_prompts`' format: the same few-shot
+    prefix (the split's first `num_shots` exemplars) and `Question: ...\\nAnswer:`. The exemplars
+    themselves are skipped as questions."""
+    if tokenizer is None:
+        raise ValueError("GSM8K prompts need the target's tokenizer; pass pre-tokenized prompts "
+                         "(a list of token-id lists) as data for a target without one")
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if len(rows) <= num_shots:
+        raise ValueError(f"data {path!r} has {len(rows)} questions: too few for "
+                         f"num_shots={num_shots}")
+    prefix = few_shot_prefix(num_shots, rows) if num_shots else ""
+    questions = rows[num_shots:num_shots + num_prompts]
+    return [tokenizer.encode(f"{prefix}Question: {q['question']}\nAnswer:") for q in questions]
+
+
+def common_prefix_len(prompts: list) -> int:
+    """Tokens every prompt starts with (the few-shot prefix): a draft never drafts inside it,
+    and training on it once per prompt would only repeat it."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        i = 0
+        while i < n and p[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+@dataclass
+class Sequences:
+    token_ids: list  # per sequence: prompt + the target's greedy answer
+    prompt_lens: list
+    shared_len: int  # common_prefix_len of the prompts
+
+    @property
+    def num_answer_tokens(self) -> int:
+        return sum(len(t) - p for t, p in zip(self.token_ids, self.prompt_lens))
+
+
+def generate(engine, prompts: list, max_new_tokens: int, show_progress: bool = True) -> Sequences:
+    """The target's greedy answers. Every prompt is queued at once and the engine batches them
+    continuously, so no batch waits for its slowest answer."""
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    if engine.tokenizer is not None:
+        params["stop"] = STOP  # as the benchmark stops
+    index = {engine.submit(input_ids=p, sampling_params=params): i for i, p in enumerate(prompts)}
+    answers = [None] * len(prompts)
+    bar = tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not show_progress)
+    while engine.has_unfinished():
+        for out in engine.step():
+            answers[index[out["meta_info"]["id"]]] = out["output_ids"]
+            bar.update(1)
+    bar.close()
+    return Sequences([p + a for p, a in zip(prompts, answers)], [len(p) for p in prompts],
+                     common_prefix_len(prompts))
+
+
+@dataclass
+class Features:
+    """Flat per-token arrays of every sequence; sequence i is rows offsets[i]:offsets[i + 1]."""
+
+    token_ids: torch.Tensor  # [N] int64
+    labels: torch.Tensor  # [N] int64: the target's argmax at each position (its next token)
+    hidden: Optional[torch.Tensor]  # [N, F] bf16: final normed hidden, or the aux layers' [3H]
+    offsets: list
+    prompt_lens: list
+    shared_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prompt_lens)
+
+    def seq_len(self, i: int) -> int:
+        return self.offsets[i + 1] - self.offsets[i]
+
+
+def length_batches(lengths: list, ids: list, token_budget: int) -> list:
+    """`ids` grouped by similar length, each group's tokens within `token_budget` (one sequence
+    at least): padding to the group's longest wastes little."""
+    order = sorted(ids, key=lambda i: lengths[i])
+    batches, cur, longest = [], [], 0
+    for i in order:
+        longest = max(longest, lengths[i])
+        if cur and longest * (len(cur) + 1) > token_budget:
+            batches.append(cur)
+            cur, longest = [], lengths[i]
+        cur.append(i)
+    return batches + ([cur] if cur else [])
+
+
+def _store_device(device: torch.device, num_bytes: int) -> torch.device:
+    if device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        if num_bytes < FEATURE_MEMORY_SHARE * free_bytes:
+            return device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def extract_features(model, seqs: Sequences, aux_layers: tuple, keep_hidden: bool, device,
+                     token_budget: int = 32768, show_progress: bool = True) -> Features:
+    """Runs the target over every whole sequence (dense attention, no KV cache): its greedy
+    labels and, when `keep_hidden`, its final hidden states or (aux_layers) the residual streams
+    entering those layers, concatenated. Stored in bf16 on the GPU when they fit, else CPU."""
+    cfg = model.config
+    lens = [len(t) for t in seqs.token_ids]
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    width = cfg.hidden_size * max(len(aux_layers), 1)
+    store = _store_device(device, offsets[-1] * width * 2 if keep_hidden else 0)
+    token_ids = torch.tensor([t for s in seqs.token_ids for t in s], dtype=torch.long)
+    labels = torch.empty(offsets[-1], dtype=torch.long, device=store)
+    hidden = torch.empty(offsets[-1], width, dtype=torch.bfloat16, device=store) \
+        if keep_hidden else None
+    backend = DenseAttnBackend(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5)
+    batches = length_batches(lens, list(range(len(lens))), token_budget)
+    for ids in tqdm(batches, desc="features", unit="batch", disable=not show_progress):
+        rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in ids])
+        batch = dense_batch(token_ids[rows].to(device), [lens[i] for i in ids])
+        final, aux = dense_forward(model, backend, batch, aux_layers)
+        rows = rows.to(store)
+        for start in range(0, final.shape[0], LOGITS_CHUNK_ROWS):
+            part = slice(start, start + LOGITS_CHUNK_ROWS)
+            labels[rows[part]] = model.compute_logits(final[part]).argmax(-1).to(store)
+        if keep_hidden:
+            feats = torch.cat(aux, dim=-1) if aux_layers else final
+            hidden[rows] = feats.to(store, torch.bfloat16)
+    return Features(token_ids.to(store), labels, hidden, offsets, list(seqs.prompt_lens),
+                    seqs.shared_len)
+
+
+def choose_draft_vocab(features: Features, size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` target ids a draft vocabulary keeps, sorted: the most frequent labels on
+    trained positions (what the draft must produce), then the most frequent tokens anywhere,
+    then any others."""
+    size = min(size, vocab_size)
+    keep = torch.zeros(features.labels.shape[0], dtype=torch.bool)
+    for i in range(features.num_seqs):
+        keep[features.offsets[i] + max(features.shared_len - 1, 0):features.offsets[i + 1]] = True
+    counts = torch.bincount(features.labels.cpu()[keep], minlength=vocab_size).double()
+    counts += torch.bincount(features.token_ids.cpu(), minlength=vocab_size).double() * 1e-6
+    return counts.topk(size).indices.sort().values

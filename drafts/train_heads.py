@@ -1,0 +1,155 @@
+"""Training an EAGLE / EAGLE3 / NEXTN head on the target's features, with training-time test.
+
+Position p of a sequence pairs the target's hidden state at p with token p + 1 and predicts the
+target's greedy token after p + 1 (its label at p + 1). Step 1 of the unrolled chain reads the
+target's hidden states; step k > 1 at position p reads the head's own output at p - 1 from step
+k - 1 and attends as the draft KV cache lets it at inference (`specpcg.attention.dense`), so
+steps 2..S learn from the inputs they will really get. Loss: cross-entropy on the target's labels
+summed over steps with weights STEP_DECAY ** (k - 1); EAGLE adds the EAGLE-1 smooth-L1 pull of
+its output toward the target's hidden state at p + 1 (what the next step would ideally read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from drafts.head_checkpoint import random_head, save_head
+from drafts.train_data import Features, choose_draft_vocab, length_batches
+from drafts.train_loop import LoopOptions, evaluate, fit
+from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
+from specpcg.core import ForwardBatch
+
+STEP_DECAY = 0.8  # weight of step k: STEP_DECAY ** (k - 1)
+HIDDEN_LOSS_WEIGHT = {"EAGLE": 1.0}  # EAGLE-1's regression of next_hidden (others: CE only)
+# Heads whose output passes a final norm into an LM head start that norm from the target's own
+# final norm: the LM head (shared, or EAGLE3's rows copied from it) was fit to that scale.
+OUTPUT_NORM = {"EAGLE3": "norm", "NEXTN": "shared_head.norm"}
+
+
+@dataclass
+class HeadRows:
+    """One batch's head rows, packed per sequence (p = 0 .. len - 2 of each)."""
+
+    batch: ForwardBatch  # input_ids: token p + 1; positions: p
+    hidden: torch.Tensor  # [R, F] the target's features at p
+    labels: torch.Tensor  # [R] draft-vocabulary id of the label at p + 1; -1 outside it
+    loss_mask: torch.Tensor  # [R] the predicted token lies past the shared few-shot prefix
+    acc_mask: torch.Tensor  # [R] the predicted token lies in the answer (what gets drafted)
+    target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
+
+
+def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
+              with_next: bool) -> HeadRows:
+    store = feats.labels.device
+    lens = [feats.seq_len(i) - 1 for i in seq_ids]
+    at = torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
+                    for i, n in zip(seq_ids, lens)]).to(store)  # feature row of each head row
+    pos = torch.cat([torch.arange(n) for n in lens]).to(device)
+    prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
+        torch.tensor(lens)).to(device)
+    return HeadRows(
+        batch=dense_batch(feats.token_ids[at + 1].to(device), lens),
+        hidden=feats.hidden[at].to(device, non_blocking=True),
+        labels=t2d[feats.labels[at + 1].to(device)],
+        loss_mask=pos + 2 >= feats.shared_len, acc_mask=pos + 2 >= prompt_lens,
+        target_next=feats.hidden[at + 1].to(device) if with_next else None)
+
+
+def draft_vocab(head) -> torch.Tensor:
+    """The target id of each row of the head's LM head (EAGLE3 may keep a smaller vocabulary)."""
+    ids = getattr(head, "draft_to_target", None)
+    return ids if ids is not None else torch.arange(head.head_weight.shape[0],
+                                                    device=head.head_weight.device)
+
+
+def unrolled_steps(head, backend: DenseAttnBackend, rows: HeadRows, num_steps: int):
+    """Yields (k, valid [R], head_hidden [R, H], next_hidden [R, H]) for steps k = 1..num_steps.
+    Rows at p < k - 1 have no step-k counterpart at inference: not valid."""
+    pos, first = rows.batch.positions, rows.batch.positions == 0
+    x = head.project_target_hidden(rows.hidden)
+    with backend.unrolled():
+        for k in range(1, num_steps + 1):
+            out, (nxt,) = dense_forward(head, backend, rows.batch, (), input_hidden=x)
+            yield k, pos >= k - 1, out, nxt
+            # Step k + 1 at p reads this step's output at p - 1 of the same sequence.
+            x = torch.cat([nxt[:1], nxt[:-1]]).masked_fill(first[:, None], 0.0)
+
+
+def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
+    # The target's (frozen) LM head may be bf16 while the head trains in fp32.
+    return F.linear(hidden, head.head_weight.to(hidden.dtype)).float()  # [R, draft vocab]
+
+
+def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
+    total = 0.0
+    for k, valid, out, nxt in unrolled_steps(head, backend, rows, num_steps):
+        m = valid & rows.loss_mask
+        labels = rows.labels[m]
+        ce = F.cross_entropy(_logits(head, out[m]), labels, ignore_index=-1, reduction="sum")
+        step_loss = ce / (labels >= 0).sum().clamp(min=1)
+        if hidden_weight:
+            diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[m].float(), reduction="none")
+            step_loss = step_loss + hidden_weight * diff.mean(-1).sum() / m.sum().clamp(min=1)
+        total = total + STEP_DECAY ** (k - 1) * step_loss
+    return total
+
+
+def head_accuracy(head, backend, rows: HeadRows, num_steps: int):
+    """(correct [S], counted [S]) on answer rows; a label outside the draft vocabulary is a miss."""
+    correct, counted = [], []
+    for _, valid, out, _ in unrolled_steps(head, backend, rows, num_steps):
+        m = valid & rows.acc_mask
+        correct.append((_logits(head, out[m]).argmax(-1) == rows.labels[m]).sum())
+        counted.append(m.sum())
+    return torch.stack(correct), torch.stack(counted)
+
+
+def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_size: int,
+             device, seed: int):
+    """random_head, attached to the target; EAGLE3 keeps the most used target ids as its
+    vocabulary and starts its LM head from the target's rows for them."""
+    size = min(draft_vocab_size, target_cfg.vocab_size)
+    head, spec = random_head(algorithm, target_cfg, device, torch.float32, seed=seed,
+                             draft_vocab_size=size)
+    head.attach_target(target)
+    if hasattr(head, "set_d2t"):
+        ids = choose_draft_vocab(feats, head.head_weight.shape[0], target_cfg.vocab_size)
+        head.set_d2t((ids - torch.arange(ids.shape[0])).to(device))
+    with torch.no_grad():
+        if spec.has_head:
+            head.head_weight.copy_(target.head_weight[draft_vocab(head)])
+        if algorithm in OUTPUT_NORM:
+            head.get_submodule(OUTPUT_NORM[algorithm]).weight.copy_(target.model.norm.weight)
+    return head, spec
+
+
+def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
+               opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
+               out_dir: str) -> dict:
+    """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
+    the published layout) into out_dir; returns the loop's record plus accuracies."""
+    head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
+                          opts.seed)
+    t2d = torch.full((target_cfg.vocab_size,), -1, dtype=torch.long, device=device)
+    ids = draft_vocab(head)
+    t2d[ids] = torch.arange(ids.shape[0], device=device)
+    weight = HIDDEN_LOSS_WEIGHT.get(algorithm, 0.0)
+    lc = spec.layer_cfg
+    backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5)
+    lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
+    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
+    train_batches = length_batches(lens, split["train"], opts.token_budget)
+    eval_batches = length_batches(lens, split["heldout"], opts.token_budget)
+    accuracy = lambda b: head_accuracy(head, backend, rows(b), ttt_steps)  # noqa: E731
+    initial = evaluate(head, eval_batches, accuracy)
+    record = fit(head, [p for p in head.parameters() if p.requires_grad], train_batches,
+                 lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts)
+    record.update(initial_heldout_top1=initial,
+                  heldout_top1=evaluate(head, eval_batches, accuracy),
+                  draft_vocab_size=int(ids.shape[0]))
+    save_head(head.to(torch.bfloat16), spec, target_cfg, out_dir)
+    return record

@@ -1,0 +1,127 @@
+"""Dense causal attention with no KV cache: the draft trainer's backend (autograd runs through it).
+
+Every sequence of a batch (`extend_seq_lens_cpu`, no cached prefix) attends causally over its own
+tokens. The packed rows [T, ...] are laid out once per batch as a padded [bs, max_len] block, so one
+SDPA call serves the whole batch (training batches hold sequences of similar lengths).
+
+Unrolled training-time test (TTT): inside `backend.unrolled()`, successive forwards are successive
+draft steps over the same rows, and step k (1-based) also attends over the K/V that steps 1..k-1
+left for the same layer. A query at position p of step k sees
+
+    the step-1 keys at positions j <= p - k + 1, and step i's key at position p - (k - i), i = 2..k
+
+which is what a chain draft's KV cache holds when it runs step k at position p: the catch-up wrote
+the step-1 keys up to the root at p - k + 1, then each earlier draft step wrote one key.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from specpcg.attention.base import AttentionBackend
+from specpcg.core import ForwardBatch, ForwardMode
+from specpcg.forward_context import ForwardContext, forward_context
+
+
+class PaddedLayout:
+    """Packed rows [T, ...] <-> padded [bs, max_len, ...] for sequences starting at position 0."""
+
+    def __init__(self, seq_lens: list, device):
+        self.batch_size, self.max_len = len(seq_lens), max(seq_lens)
+        lens = torch.tensor(seq_lens, device=device)
+        valid = torch.arange(self.max_len, device=device)[None, :] < lens[:, None]  # [bs, L]
+        self.rows = valid.flatten().nonzero().squeeze(1)  # [T]: padded row of each packed row
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        padded = x.new_zeros(self.batch_size * self.max_len, *x.shape[1:])
+        return padded.index_copy(0, self.rows, x).view(self.batch_size, self.max_len, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.batch_size * self.max_len, *x.shape[2:])[self.rows]
+
+
+@lru_cache(maxsize=64)
+def ttt_mask(seq_len: int, step: int, device: torch.device) -> torch.Tensor:
+    """[L, step * L] bool: which keys of steps 1..step a step-`step` query at each position sees
+    (key blocks in step order; see the module docstring)."""
+    pos = torch.arange(seq_len, device=device)
+    blocks = [pos[None, :] <= pos[:, None] - (step - 1)]
+    blocks += [pos[None, :] == pos[:, None] - (step - i) for i in range(2, step + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+class DenseAttnBackend(AttentionBackend):
+    name = "dense"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__(None, num_heads, num_kv_heads, head_dim, scale)
+        self._layout = None  # (batch, PaddedLayout) of the forward in flight
+        self._steps = None  # inside unrolled(): layer_id -> [(k, v) padded] of earlier steps
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        assert all(s == e for s, e in zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)), \
+            "the dense backend has no KV cache: every sequence must start at position 0"
+        self._layout = (batch, PaddedLayout(batch.extend_seq_lens_cpu, batch.input_ids.device))
+
+    @contextmanager
+    def unrolled(self):
+        """Forwards inside are TTT steps 1, 2, ... over the same batch rows."""
+        assert self._steps is None, "unrolled() does not nest"
+        self._steps = {}
+        try:
+            yield self
+        finally:
+            self._steps = None
+
+    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
+        owner, layout = self._layout
+        assert owner is batch, "init_forward_metadata was not called for this batch"
+        num_tokens = q.shape[0]
+        q4 = self._heads(layout, q, self.num_heads)  # [bs, H, L, D]
+        k4 = self._heads(layout, k, self.num_kv_heads)  # [bs, Hkv, L, D]
+        v4 = self._heads(layout, v, self.num_kv_heads)
+        mask, keys, values = None, k4, v4
+        if self._steps is not None:
+            earlier = self._steps.setdefault(layer_id, [])
+            keys = torch.cat([*(pk for pk, _ in earlier), k4], dim=2)  # [bs, Hkv, step * L, D]
+            values = torch.cat([*(pv for _, pv in earlier), v4], dim=2)
+            mask = ttt_mask(layout.max_len, len(earlier) + 1, q.device)
+            earlier.append((k4, v4))
+        group = self.num_heads // self.num_kv_heads
+        out = F.scaled_dot_product_attention(
+            q4, keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1),
+            attn_mask=mask, is_causal=mask is None, scale=self.scale)  # [bs, H, L, D]
+        # Padded rows only ever see keys at or before themselves: finite, then dropped here.
+        return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1)
+
+    def _heads(self, layout: PaddedLayout, x: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """[T, heads * D] packed -> [bs, heads, L, D] padded."""
+        return layout.pad(x.reshape(x.shape[0], num_heads, self.head_dim)).transpose(1, 2)
+
+
+def dense_batch(input_ids: torch.Tensor, seq_lens: list) -> ForwardBatch:
+    """An EXTEND batch of whole sequences (packed `input_ids`, positions from 0) with no KV."""
+    device = input_ids.device
+    positions = torch.cat([torch.arange(n, device=device) for n in seq_lens])
+    lens = torch.tensor(seq_lens, device=device)
+    return ForwardBatch(
+        forward_mode=ForwardMode.EXTEND, input_ids=input_ids, positions=positions,
+        out_cache_loc=torch.zeros_like(input_ids), req_pool_indices=torch.zeros_like(lens),
+        seq_lens=lens, extend_seq_lens=lens, seq_lens_cpu=list(seq_lens),
+        extend_seq_lens_cpu=list(seq_lens))
+
+
+def dense_forward(model, backend: DenseAttnBackend, batch: ForwardBatch, aux_layers: tuple = (),
+                  input_hidden=None):
+    """`model(batch.input_ids, batch.positions, aux_layers[, input_hidden])` under a forward
+    context, as ModelRunner runs it, with grad as the caller has it (no inference_mode)."""
+    backend.init_forward_metadata(batch)
+    with forward_context(ForwardContext(batch=batch, attn_backend=backend,
+                                        num_tokens=batch.num_tokens)):
+        if input_hidden is None:
+            return model(batch.input_ids, batch.positions, aux_layers)
+        return model(batch.input_ids, batch.positions, aux_layers, input_hidden=input_hidden)

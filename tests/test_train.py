@@ -1,0 +1,179 @@
+"""drafts.train on CPU: the dense backend against the paged one, the TTT key mask against a
+reference loop, and EAGLE / EAGLE3 / NEXTN heads and a STANDALONE draft trained on a tiny
+4-layer target (synthetic prompts as token ids: no tokenizer)."""
+
+import json
+from collections import namedtuple
+
+import pytest
+import torch
+
+from drafts.head_checkpoint import random_head, save_head
+from drafts.train import train_draft
+from drafts.train_loop import autograd_ops
+from drafts.train_standalone import save_standalone, truncated_model
+from specpcg import Engine
+from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward, ttt_mask
+from specpcg.attention.torch_backend import TorchAttnBackend
+from specpcg.core import ForwardMode
+from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+from specpcg.models.build import build_model
+from specpcg.models.config import ModelConfig
+from specpcg.scheduler import make_batch
+
+H, HKV, D = 4, 2, 8  # attention heads, kv heads, head dim of the backend tests
+CPU = torch.device("cpu")
+GREEDY = {"max_new_tokens": 24, "temperature": 0}
+Row = namedtuple("Row", "req_pool_idx num_cached")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny ops on a shared CPU: a second intra-op thread costs far more than it saves."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def _tiny_target(path) -> str:
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, rms_norm_eps=1e-6, initializer_range=0.2)
+    torch.manual_seed(0)  # wide init: greedy outputs vary instead of repeating one token
+    tf.LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def _engine(target, **kw):
+    return Engine(model_path=target, skip_tokenizer_init=True, device="cpu", dtype="float32",
+                  max_total_tokens=4096, show_progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(target dir, plain engine, prompts, plain greedy outputs): 12 prompts sharing a prefix."""
+    target = _tiny_target(tmp_path_factory.mktemp("target"))
+    gen = torch.Generator().manual_seed(0)
+    shared = torch.randint(3, 128, (16,), generator=gen).tolist()
+    prompts = [shared + torch.randint(3, 128, (6,), generator=gen).tolist() for _ in range(12)]
+    engine = _engine(target)
+    outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    return target, engine, prompts, [o["output_ids"] for o in outs]
+
+
+def test_dense_backend_matches_the_paged_torch_backend():
+    lens = [5, 1, 9]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lens), n * D, generator=gen) for n in (H, HKV, HKV))
+    kv_cache = KVCache(KVPool(64, 1, HKV, D, torch.float32, "cpu"), ReqToTokenPool(4, 32, "cpu"))
+    rows = [Row(kv_cache.new_request(), 0) for _ in lens]
+    kv_cache.extend_many([r.req_pool_idx for r in rows], lens)
+    new_ids = [[1] * n for n in lens]
+    paged = TorchAttnBackend(kv_cache, H, HKV, D, D ** -0.5)
+    want = paged.forward(q, k, v, 0, make_batch(kv_cache, ForwardMode.EXTEND, rows, new_ids, CPU))
+    dense = DenseAttnBackend(H, HKV, D, D ** -0.5)
+    batch = dense_batch(torch.ones(sum(lens), dtype=torch.long), lens)
+    dense.init_forward_metadata(batch)
+    q.requires_grad_(True)
+    got = dense.forward(q, k, v, 0, batch)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got.square().sum().backward()  # autograd runs through it
+    assert q.grad is not None and q.grad.abs().sum() > 0
+
+
+def _reference_step(qs, ks, vs, lens, step):
+    """Step `step`'s attention by explicit key lists (module docstring of attention.dense)."""
+    out, start, group = [], 0, H // HKV
+    for n in lens:
+        for p in range(n):
+            keys = [(0, j) for j in range(max(p - step + 2, 0))]  # step-1 keys j <= p - k + 1
+            keys += [(i - 1, p - (step - i)) for i in range(2, step + 1) if p - (step - i) >= 0]
+            k = torch.stack([ks[s][start + j].view(HKV, D) for s, j in keys])  # [K, Hkv, D]
+            v = torch.stack([vs[s][start + j].view(HKV, D) for s, j in keys])
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            q = qs[step - 1][start + p].view(H, D)
+            w = torch.softmax(torch.einsum("hd,khd->hk", q, k) * D ** -0.5, dim=-1)
+            out.append(torch.einsum("hk,khd->hd", w, v).reshape(-1))
+        start += n
+    return torch.stack(out)
+
+
+def test_ttt_mask_gives_each_step_the_draft_cache_keys():
+    assert ttt_mask(4, 2, CPU).int().tolist() == [
+        [0, 0, 0, 0, 1, 0, 0, 0],  # p=0: no step-1 key (p - 1 < 0), its own step-2 key
+        [1, 0, 0, 0, 0, 1, 0, 0],  # p=1: step-1 key 0, own key 1
+        [1, 1, 0, 0, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 0, 0, 1]]
+    lens, steps = [6, 3, 7], 4
+    gen = torch.Generator().manual_seed(1)
+    qs, ks, vs = ([torch.randn(sum(lens), n * D, generator=gen) for _ in range(steps)]
+                  for n in (H, HKV, HKV))
+    dense = DenseAttnBackend(H, HKV, D, D ** -0.5)
+    batch = dense_batch(torch.ones(sum(lens), dtype=torch.long), lens)
+    dense.init_forward_metadata(batch)
+    with dense.unrolled():
+        for step in range(1, steps + 1):
+            got = dense.forward(qs[step - 1], ks[step - 1], vs[step - 1], 0, batch)
+            torch.testing.assert_close(got, _reference_step(qs, ks, vs, lens, step),
+                                       atol=1e-5, rtol=1e-5)
+
+
+def test_autograd_attention_matches_the_model_forward():
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=H, num_kv_heads=HKV, head_dim=D, max_position_embeddings=64)
+    model = build_model(cfg, None, CPU, torch.float32, seed=3)
+    for p in model.parameters():  # random_init_ gives unit norms: perturb them too
+        p.data.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)) * 0.1)
+    backend = DenseAttnBackend(H, HKV, D, D ** -0.5)
+    batch = dense_batch(torch.randint(0, 64, (11,), generator=torch.Generator().manual_seed(5)),
+                        [4, 7])
+    with torch.no_grad():
+        want, _ = dense_forward(model, backend, batch)
+    model.requires_grad_(True)
+    with autograd_ops(model):
+        got, _ = dense_forward(model, backend, batch)
+        got.square().sum().backward()
+    torch.testing.assert_close(got.detach(), want)
+    assert all(p.grad is not None for p in model.model.parameters())  # the LM head is unused
+    assert "forward" not in vars(model.model.layers[0].self_attn)  # patch undone
+
+
+def _accept_length(target, algorithm, draft_dir, prompts) -> tuple:
+    engine = _engine(target, speculative_algorithm=algorithm,
+                     speculative_draft_model_path=str(draft_dir))
+    outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    accept = engine.get_server_info()["internal_states"][0]["avg_spec_accept_length"]
+    return [o["output_ids"] for o in outs], accept
+
+
+def _untrained_draft(algorithm, target, target_cfg, out) -> str:
+    """What training starts from: a random head, or the target's first layer (STANDALONE)."""
+    if algorithm == "STANDALONE":
+        model, cfg = truncated_model(target, 1, CPU)
+        return save_standalone(model, cfg, target, out)
+    head, spec = random_head(algorithm, target_cfg, CPU, torch.float32, draft_vocab_size=96)
+    return save_head(head, spec, target_cfg, out)
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"])
+def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_path):
+    target, engine, prompts, plain = tiny
+    out = train_draft(algorithm, target, prompts, str(tmp_path / "draft"), engine=engine,
+                      max_new_tokens=GREEDY["max_new_tokens"], max_steps=40, lr=3e-3,
+                      minutes=10, draft_vocab_size=96, num_layers=1, show_progress=False)
+    log = json.loads((tmp_path / "draft" / "train_log.json").read_text())
+    assert log["steps"] == 40 and len(log["heldout_top1"]) == (
+        1 if algorithm == "STANDALONE" else 3)
+    assert log["final_loss"] < 0.7 * log["initial_loss"], log["loss_curve"]
+    if algorithm == "EAGLE3":
+        config = json.loads((tmp_path / "draft" / "config.json").read_text())
+        assert config["draft_vocab_size"] == 96
+
+    trained_ids, trained_accept = _accept_length(target, algorithm, out, prompts)
+    assert trained_ids == plain  # greedy speculative decoding is lossless
+    start = _untrained_draft(algorithm, target, engine.model_config, str(tmp_path / "start"))
+    _, start_accept = _accept_length(target, algorithm, start, prompts)
+    assert trained_accept > start_accept + 0.3, (trained_accept, start_accept)
