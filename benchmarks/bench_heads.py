@@ -138,7 +138,7 @@ def main(argv=None) -> None:
     p.add_argument("--num-shots", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--num-questions", type=int, default=200)
-    p.add_argument("--bs1-questions", type=int, default=30)
+    p.add_argument("--bs1-questions", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--kv-tokens", type=int, default=65536)
     p.add_argument("--out", default=str(common.RESULTS_DIR / "heads.jsonl"))
