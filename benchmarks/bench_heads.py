@@ -74,8 +74,8 @@ def run_all(args) -> None:
 
     args.model_path = args.model_path or default_model_path()
     prompts, golds = build_prompts(max(args.num_questions, args.bs1_questions), args.num_shots)
-    heads = {a: ensure_draft(a, target=args.model_path, cache_dir=args.cache_dir)
-             for a in ALGORITHMS}
+    algos = args.algorithms.split(",")
+    heads = {a: ensure_draft(a, target=args.model_path, cache_dir=args.cache_dir) for a in algos}
     probe = Engine(model_path=args.model_path, show_progress=False, max_total_tokens=4096)
     info = {**common.machine_info(probe.device), "dtype": str(probe.dtype).replace("torch.", ""),
             "model": args.model_path, "num_shots": args.num_shots,
@@ -84,8 +84,8 @@ def run_all(args) -> None:
     bases: dict = {}
     for pcg in (True, False):
         measure(args, prompts, golds, None, None, pcg, None, bases, info)
-        for algo in ALGORITHMS:
-            settings = CHAINS + (TREE,) if pcg else CHAINS[-1:]
+        for algo in algos:
+            settings = (CHAINS if not args.tree_only else ()) + (TREE,) if pcg else CHAINS[-1:]
             if algo != "EAGLE3" and pcg:
                 settings = CHAINS  # one tree setting: EAGLE3's
             for setting in settings:
@@ -142,6 +142,8 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--kv-tokens", type=int, default=65536)
     p.add_argument("--out", default=str(common.RESULTS_DIR / "heads.jsonl"))
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    p.add_argument("--tree-only", action="store_true", help="PCG on: only the tree setting")
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)
     if not args.table_only:

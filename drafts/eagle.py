@@ -159,19 +159,20 @@ class HeadDraft(DraftWorker):
         idx = [s.req_pool_idx for s in states]
         slots = self.kv_cache.extend_many(idx, [num_steps] * len(states))
         base = [s.num_cached for s in states]
-        host = torch.tensor([slots, [[b + j for j in range(num_steps)] for b in base]])
+        host = torch.tensor([slots, [[b + j for j in range(num_steps)] for b in base]]).transpose(1, 2)
+        host = host.contiguous()  # [2, steps, bs]: each step's slots and positions contiguous
         host_rows = torch.tensor(idx)
         if device.type == "cuda":
             host, host_rows = host.pin_memory(), host_rows.pin_memory()
-        packed = host.to(device, non_blocking=True)  # [2, bs, steps]: slots, positions
+        packed = host.to(device, non_blocking=True)
         rows = host_rows.to(device, non_blocking=True)
         ones = torch.ones(len(states), dtype=torch.long, device=device)
 
         def make(step: int, token, hidden) -> ForwardBatch:
             return ForwardBatch(
-                forward_mode=ForwardMode.DECODE, input_ids=token, positions=packed[1, :, step],
-                out_cache_loc=packed[0, :, step], req_pool_indices=rows,
-                seq_lens=packed[1, :, step] + 1, extend_seq_lens=ones,
+                forward_mode=ForwardMode.DECODE, input_ids=token, positions=packed[1, step],
+                out_cache_loc=packed[0, step], req_pool_indices=rows,
+                seq_lens=packed[1, step] + 1, extend_seq_lens=ones,
                 seq_lens_cpu=[b + step + 1 for b in base], extend_seq_lens_cpu=[1] * len(base),
                 capture_hidden_mode=CaptureHiddenMode.LAST, input_hidden=hidden)
         return make
@@ -219,7 +220,7 @@ class HeadDraft(DraftWorker):
         batch = self._forward(ForwardMode.DRAFT_EXTEND, rows, tokens.tolist(),
                               branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
         base = torch.tensor([st.num_cached for st in states], device=tokens.device)
-        batch.positions = (base[:, None] + (s - 1)).expand(bs, k).flatten()
+        batch.positions = (base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous()
         batch.tree_mask = ancestors.contiguous()
         batch.return_all_logits = True
         out = self.router.forward(batch)
