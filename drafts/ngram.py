@@ -1,8 +1,8 @@
 """NGRAM: drafts copied from earlier text of the same request (prompt lookup); no model.
 
-Each request keeps an index from n-grams (min..max window tokens) to where they last ended, fed
-incrementally as tokens are committed, so proposing costs O(window) dict lookups per request
-whatever the context length. A chain takes the continuation after the longest matching suffix;
+Each request keeps an index of where each token occurred, fed incrementally as tokens are
+committed; a propose grows matches backwards (up to max_window tokens) from the most recent
+occurrences of the last token, so its cost does not grow with the context. A chain takes the continuation after the longest matching suffix;
 a tree (topk > 1) merges the continuations of up to `bfs_breadth` matches into a trie and keeps
 its first N - 1 nodes in breadth-first order.
 """
@@ -13,47 +13,51 @@ import torch
 
 from drafts.base import DraftWorker, Proposal
 
-MAX_POSITIONS_PER_KEY = 4  # recent occurrences kept per n-gram (tree breadth comes from these)
+MAX_CANDIDATES = 64  # most recent earlier occurrences of the last token a propose examines
 
 
 class _RequestIndex:
+    """Where each token occurred; a match is grown backwards from an occurrence of the last
+    token. Indexing costs one dict append per committed token (a 4k prompt: about a millisecond),
+    proposing at most MAX_CANDIDATES x max_window comparisons, whatever the context length."""
+
     def __init__(self, min_window: int, max_window: int):
-        self.windows = range(max_window, min_window - 1, -1)  # longest first
-        self.ends = {w: {} for w in self.windows}  # w -> {ngram: [end positions], oldest first}
-        self.num_indexed = 0  # n-grams ending before this position are indexed
+        self.min_window, self.max_window = min_window, max_window
+        self.positions: dict = {}  # token -> [positions], oldest first
+        self.num_indexed = 0  # positions before this one are indexed
 
     def update(self, ids: list) -> None:
-        # NOTE: the n-gram ending at the last token is left out: it is the query itself.
-        start, stop = self.num_indexed, len(ids) - 1
-        for w in self.windows:
-            first_end = max(start, w - 1)
-            if first_end >= stop:
-                continue
-            # zip of w shifted slices builds every window's tuple in C: a 4k context indexes fast.
-            keys = zip(*(ids[first_end - w + 1 + i:stop - w + 1 + i] for i in range(w)))
-            table = self.ends[w]
-            for end, key in enumerate(keys, first_end):
-                found = table.get(key)
-                if found is None:
-                    table[key] = [end]
-                else:
-                    found.append(end)
-                    if len(found) > MAX_POSITIONS_PER_KEY:
-                        del found[0]
-        self.num_indexed = max(start, stop)
+        # NOTE: the last token is left out: it ends the query itself.
+        table = self.positions
+        for pos in range(self.num_indexed, len(ids) - 1):
+            found = table.get(ids[pos])
+            if found is None:
+                table[ids[pos]] = [pos]
+            else:
+                found.append(pos)
+        self.num_indexed = max(self.num_indexed, len(ids) - 1)
+
+    def _match_len(self, ids: list, end: int) -> int:
+        """How many tokens ending at `end` equal the tokens ending the context (<= max_window)."""
+        last, w = len(ids) - 1, 1
+        while w < self.max_window and end - w >= 0 and ids[end - w] == ids[last - w]:
+            w += 1
+        return w
 
     def continuations(self, ids: list, length: int, breadth: int) -> list:
         """Up to `breadth` distinct continuations, longest match first, most recent first."""
+        ends = self.positions.get(ids[-1], ())
+        scored = [(self._match_len(ids, end), end) for end in reversed(ends[-MAX_CANDIDATES:])]
+        scored.sort(key=lambda m: -m[0])  # stable: the most recent first among equal lengths
         found = []
-        for w in self.windows:
-            if len(ids) < w:
-                continue
-            for end in reversed(self.ends[w].get(tuple(ids[-w:]), ())):
-                cont = ids[end + 1:end + 1 + length]
-                if cont and cont not in found:
-                    found.append(cont)
-                if len(found) >= breadth:
-                    return found
+        for match_len, end in scored:
+            if match_len < self.min_window:
+                break
+            cont = ids[end + 1:end + 1 + length]
+            if cont and cont not in found:
+                found.append(cont)
+            if len(found) >= breadth:
+                break
         return found
 
 
