@@ -14,7 +14,6 @@ attention backend (the only one that takes tree masks in this release).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -148,11 +147,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not args.table_only:
         run_all(args)
-    path = args.table_only or args.out
-    records, png = common.read_jsonl(path), Path(path).with_suffix(".png")
-    print(render_table(records))
-    render_plot(records, png)
-    print(f"\nplot: {png}")
+    common.render_results(args.table_only or args.out, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import argparse
 import os
 import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -289,11 +288,7 @@ def main(argv=None) -> None:
                  if getattr(args, f) is not None}
         run_all(args, replace(QUICK if args.quick else Settings(), **given))
         print(f"\nappended to {args.out}\n")
-    path = args.table_only or args.out
-    records, png = common.read_jsonl(path), Path(path).with_suffix(".png")
-    print(render_table(records))
-    render_plot(records, png)
-    print(f"\nplot: {png}")
+    common.render_results(args.table_only or args.out, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -297,3 +297,11 @@ def column_table(keys: list, columns: list) -> str:
     rows = [[fmt(x) if isinstance(x, float) or x is None else x
              for x in (cell(k) for _, cell in columns)] for k in keys]
     return markdown_table([header for header, _ in columns], rows)
+
+
+def render_results(path, render_table: Callable, render_plot: Callable) -> None:
+    """Prints the Markdown table of a results file and writes its plot next to it (.png)."""
+    records, png = read_jsonl(path), Path(path).with_suffix(".png")
+    print(render_table(records))
+    render_plot(records, png)
+    print(f"\nplot: {png}")

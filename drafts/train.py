@@ -60,10 +60,9 @@ class TrainOptions:
 
     @staticmethod
     def from_kwargs(kwargs: dict) -> "TrainOptions":
-        known = {f.name for f in fields(TrainOptions)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(known)}")
+        from specpcg.config import reject_unknown
+
+        reject_unknown(kwargs, TrainOptions, "training option")
         opts = TrainOptions(**kwargs)
         for name in ("num_prompts", "max_new_tokens", "ttt_steps", "draft_vocab_size",
                      "num_layers", "token_budget", "max_epochs"):

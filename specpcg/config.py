@@ -54,10 +54,7 @@ class EngineConfig:
 
     @staticmethod
     def from_kwargs(kwargs: dict) -> "EngineConfig":
-        known = {f.name for f in fields(EngineConfig)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown Engine argument(s) {unknown}")
+        reject_unknown(kwargs, EngineConfig, "Engine argument")
         return EngineConfig(**kwargs)
 
     def _validate(self) -> None:
@@ -101,6 +98,14 @@ class EngineConfig:
         if dtype is None:
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return dtype
+
+
+def reject_unknown(kwargs: dict, cls, what: str) -> None:
+    """ValueError naming every key of `kwargs` that is not a field of the dataclass `cls`."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {unknown}; known: {sorted(known)}")
 
 
 def _check_choice(name: str, value, choices) -> None:

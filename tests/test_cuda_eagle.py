@@ -10,8 +10,7 @@ import os
 import pytest
 
 from specpcg import Engine
-from tests.test_cuda_graphs import NEAR_TIE_ULPS, _token_gap
-from tests.test_cuda_spec import PARAMS, plain, prompts  # noqa: F401 (fixtures)
+from tests.test_cuda_spec import PARAMS, count_identical_check_near_ties, plain, prompts  # noqa: F401
 
 pytestmark = pytest.mark.cuda
 CACHE = os.environ.get("SPECPCG_DRAFT_CACHE", ".cache/drafts")
@@ -30,16 +29,7 @@ def test_head_bf16_matches_plain_and_graphs_serve(algo, prompts, plain):  # noqa
                     speculative_draft_model_path=ensure_draft(algo, cache_dir=CACHE),
                     speculative_num_steps=5)
     outs = engine.generate(prompt=prompts, sampling_params=PARAMS)
-    same = 0
-    for out, want, prompt in zip(outs, ref, prompts):
-        got = out["output_ids"]
-        if got == want:
-            same += 1
-            continue
-        k = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-        print(f"{algo}: divergence at token {k}")
-        assert _token_gap(base, base.tokenizer.encode(prompt) + want[:k], got[k], want[k]) \
-            <= NEAR_TIE_ULPS
+    same = count_identical_check_near_ties(algo, base, ref, outs, prompts)
     info = engine.get_server_info()
     avg = info["internal_states"][0]["avg_spec_accept_length"]
     print(f"{algo}: identical {same}/20, avg accept length {avg:.2f}")

@@ -8,23 +8,14 @@ import re
 
 import pytest
 
-from specpcg import Engine
-from tests.tiny_models import save_tiny_checkpoint
+from tests.tiny_models import tiny_engine
 
 CONTEXT_LEN = 256  # the tiny model's max_position_embeddings
 NUM_GOOD = 500
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_robust")
-    save_tiny_checkpoint("llama", path)
-    return str(path)
-
-
 def _engine(path, **kw):
-    kw = {"device": "cpu", "dtype": "float32", "max_total_tokens": 8192, **kw}
-    return Engine(model_path=path, skip_tokenizer_init=True, **kw)
+    return tiny_engine(path, **{"max_total_tokens": 8192, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -1,24 +1,14 @@
 """Continuous batching, chunked prefill, preemption and slot accounting on a tiny model (CPU)."""
 
-import pytest
 import torch
 
-from specpcg import Engine
-from tests.tiny_models import save_tiny_checkpoint
+from tests.tiny_models import tiny_engine
 
 GREEDY = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    save_tiny_checkpoint("llama", path)
-    return str(path)
-
-
 def _engine(path, **kw):
-    kw = {"device": "cpu", "dtype": "float32", "max_total_tokens": 2048, **kw}
-    return Engine(model_path=path, skip_tokenizer_init=True, **kw)
+    return tiny_engine(path, **{"max_total_tokens": 2048, **kw})
 
 
 def _prompts(n, seed=0):

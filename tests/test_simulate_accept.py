@@ -9,17 +9,14 @@ import torch
 
 from specpcg import Engine
 from specpcg.spec.accept import simulate_accept
-from tests.tiny_models import save_tiny_checkpoint
 
 STEPS = 4  # chain: 5 draft tokens (root + 4 drafts)
 GREEDY = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    save_tiny_checkpoint("llama", path)
-    return str(path)
+def model_dir(tiny_path):
+    return tiny_path
 
 
 @pytest.fixture(scope="module")

@@ -38,3 +38,11 @@ def save_tiny_checkpoint(family: str, path, tie: bool = False):
     model = tiny_hf_model(family, tie)
     model.save_pretrained(path)
     return model
+
+
+def tiny_engine(path, **kw):
+    """A CPU fp32 engine on a tiny checkpoint (input ids in, output ids out)."""
+    from specpcg import Engine
+
+    kw = {"device": "cpu", "dtype": "float32", "max_total_tokens": 2048, **kw}
+    return Engine(model_path=path, skip_tokenizer_init=True, **kw)
