@@ -61,10 +61,14 @@ class SpecDecoder:
         return tree, self.router.forward(batch), prefix_lens
 
     def _commit(self, reqs: list, tree, result, prefix_lens: list, out) -> list:
-        accept_index = result.accept_index.tolist()
-        accept_lens = result.accept_len.tolist()
-        bonus = result.bonus.tolist()
-        tokens = tree.draft_tokens.tolist()
+        n = tree.draft_tokens.shape[1]
+        # One device-to-host copy for everything the host needs (each .tolist() is a sync).
+        host = torch.cat([result.accept_index, result.accept_len[:, None], result.bonus[:, None],
+                          tree.draft_tokens.to(result.bonus.device)], dim=1).tolist()
+        accept_index = [row[:n] for row in host]
+        accept_lens = [row[n] for row in host]
+        bonus = [row[n + 1] for row in host]
+        tokens = [row[n + 2:] for row in host]
         emitted = []
         for i, req in enumerate(reqs):
             m = accept_lens[i]
