@@ -106,7 +106,8 @@ class HeadDraft(DraftWorker):
             self.kv_cache.release(st.req_pool_idx)
 
     # -- forwards ------------------------------------------------------------------------------
-    def _forward(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST):
+    def _batch(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST):
+        """Allocates the new tokens' slots and builds their batch (hidden states as input)."""
         from specpcg.scheduler import make_batch
 
         self.kv_cache.extend_many([r.req_pool_idx for r in rows], [len(x) for x in new_ids])
@@ -126,7 +127,7 @@ class HeadDraft(DraftWorker):
             new_ids.append(ids)
             hidden.append(rows)
         hidden = self.model.project_target_hidden(torch.cat(hidden))
-        batch = self._forward(ForwardMode.DRAFT_EXTEND, [_Row(s.req_pool_idx, s.num_cached)
+        batch = self._batch(ForwardMode.DRAFT_EXTEND, [_Row(s.req_pool_idx, s.num_cached)
                                                          for s in states], new_ids, hidden)
         out = self.router.forward(batch)
         for st, ids in zip(states, new_ids):
@@ -217,7 +218,7 @@ class HeadDraft(DraftWorker):
         prefix and its own ancestors; returns logits [bs, K, V] and hidden [bs, K, H]."""
         bs, k = tokens.shape
         rows = [_Row(st.req_pool_idx, st.num_cached + (s - 1) * k) for st in states]
-        batch = self._forward(ForwardMode.DRAFT_EXTEND, rows, tokens.tolist(),
+        batch = self._batch(ForwardMode.DRAFT_EXTEND, rows, tokens.tolist(),
                               branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
         base = torch.tensor([st.num_cached for st in states], device=tokens.device)
         batch.positions = (base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous()

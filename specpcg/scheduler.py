@@ -80,10 +80,11 @@ class Scheduler:
         if draft is not None:
             batch.capture_hidden_mode, batch.aux_hidden_layers = draft.needs_hidden, draft.aux_layers
         out = self.runner.forward(batch)
+        hidden = draft.target_hidden(out) if draft is not None and draft.needs_hidden else None
         done, chunked, row = [], [], 0
         for (req, chunk_len), start in zip(picked, starts):
-            if draft is not None and draft.needs_hidden:
-                draft.absorb(req, draft.target_hidden(out)[row:row + chunk_len])
+            if hidden is not None:
+                draft.absorb(req, hidden[row:row + chunk_len])
             req.num_cached += chunk_len
             if req.wants_input_logprobs and start < len(req.prompt_ids):
                 record_input_logprobs(req, out.all_logits[row:row + chunk_len], start)

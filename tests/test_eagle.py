@@ -1,18 +1,6 @@
-"""EAGLE, EAGLE3 and NEXTN draft heads on CPU (fp32).
-
-Most tests run on a hand-built 4-layer Llama target over a 64-token vocabulary whose embeddings
-are one-hot (8 * e_t) and whose LM head maps coordinate t to token pi(t), pi a permutation made
-of two long cycles (48 tokens S, 16 others). With its attention and MLP outputs zeroed ("exact")
-the target's greedy continuation is t -> pi(t); with small random attention and MLP outputs
-("noisy") it follows pi most of the time and depends on its context the rest of the time.
-
-Every head is built by hand (`_synthetic_head`): it reads ONLY the target hidden state it is
-handed (its fc / eh_proj ignores the token embedding), and its MLP moves the one-hot from t to
-pi(t). Handed the target's state at position p (which encodes t_p) it predicts pi(pi(t_p)) =
-t_{p+2}, which is exactly right on the exact target; handed any other position's state it is
-wrong every time (pi has no cycle shorter than 16). Its attention output is small but not zero,
-so the head's own KV cache also shapes its outputs (checked against a dense recomputation).
-"""
+"""EAGLE, EAGLE3 and NEXTN draft heads on CPU (fp32): lossless chain and tree drafting, preemption
+and sampling, the hidden states each head is handed, and the default model on GSM8K prompts.
+The synthetic target and hand-built heads are described in tests/eagle_world.py."""
 
 from __future__ import annotations
 

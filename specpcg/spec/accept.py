@@ -35,13 +35,13 @@ class SimulatedAccept:
     @staticmethod
     def from_spec(spec) -> Optional["SimulatedAccept"]:
         """None unless spec.simulate_accept_prob is set; then warns once (engine start)."""
-        prob = getattr(spec, "simulate_accept_prob", None)
+        prob = spec.simulate_accept_prob
         if prob is None:
             return None
         logging.getLogger("specpcg").warning(
             "speculative_simulate_accept_prob=%s: SYNTHETIC acceptance for benchmarking; greedy "
             "outputs are NOT the target's (not lossless)", prob)
-        return SimulatedAccept(prob, getattr(spec, "simulate_seed", 0))
+        return SimulatedAccept(prob, spec.simulate_seed)
 
     def coins(self, shape: tuple, device: torch.device) -> torch.Tensor:
         if self.generator is None:  # one engine, one device

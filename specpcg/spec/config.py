@@ -40,8 +40,7 @@ class SpecConfig:
             tokens = DEFAULT_NUM_DRAFT_TOKENS
         spec = SpecConfig(cfg.speculative_algorithm, steps, topk, tokens,
                           cfg.speculative_draft_model_path,
-                          getattr(cfg, "speculative_simulate_accept_prob", None),
-                          getattr(cfg, "random_seed", 0))
+                          cfg.speculative_simulate_accept_prob, cfg.random_seed)
         spec.validate()
         return spec
 

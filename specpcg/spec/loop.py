@@ -35,7 +35,7 @@ class SpecDecoder:
         tree, out, prefix_lens = self._verify(reqs, proposal)
         logits = out.all_logits.view(len(reqs), self.spec.num_draft_tokens, -1)
         result = accept(reqs, tree, proposal.draft_probs, logits, self.simulate)
-        return self._commit(reqs, tree, result, prefix_lens, out)
+        return self._commit(reqs, tree, result, prefix_lens, out, logits)
 
     def _verify(self, reqs: list, proposal):
         """One TARGET_VERIFY forward over every request's N nodes (root + drafts)."""
@@ -60,7 +60,8 @@ class SpecDecoder:
             batch.tree_mask = tree.tree_mask
         return tree, self.router.forward(batch), prefix_lens
 
-    def _commit(self, reqs: list, tree, result, prefix_lens: list, out) -> list:
+    def _commit(self, reqs: list, tree, result, prefix_lens: list, out, logits) -> list:
+        """logits: [bs, N, V], the verify's; out: its ModelOutput (hidden states)."""
         n = tree.draft_tokens.shape[1]
         # One device-to-host copy for everything the host needs (each .tolist() is a sync).
         host = torch.cat([result.accept_index, result.accept_len[:, None], result.bonus[:, None],
@@ -77,9 +78,8 @@ class SpecDecoder:
             req.num_cached = prefix_lens[i] + m + 1
             emitted.append([tokens[i][node] for node in path[1:]] + [bonus[i]])
             if req.return_logprob:  # node path[j]'s logits chose emitted token j
-                logits = out.all_logits.view(len(reqs), -1, out.all_logits.shape[-1])[i, path]
                 chosen = torch.tensor(emitted[-1], device=logits.device)
-                record_output_logprobs(logits, chosen, [req] * len(path))
+                record_output_logprobs(logits[i, path], chosen, [req] * len(path))
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += m
             req.spec_histogram[m] += 1
