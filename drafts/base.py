@@ -29,8 +29,9 @@ class DraftWorker:
         raise NotImplementedError
 
     def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
-        """After verify: `accept_lens[i]` drafts of request i were accepted; hidden_paths[i]:
-        the target's hidden states at the root and those drafts (drafts that need them)."""
+        """After verify: `accept_lens[i]` drafts of request i were accepted. hidden_paths (drafts
+        that need hidden states): [bs, N, H'], whose row i starts with the target's hidden
+        states at the root and those drafts, accept_lens[i] + 1 rows."""
 
     def target_hidden(self, out) -> torch.Tensor:
         """The rows of a target forward's output this draft reads (final or aux layers)."""

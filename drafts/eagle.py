@@ -18,12 +18,14 @@ After verify the head's KV is cut back to the catch-up's end: the draft steps' K
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
 from drafts.base import DraftWorker, Proposal
+from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from drafts.standalone import chain_proposal, draft_sample
+from drafts.wiring import build_round_runner
 from kernels.tree import build_tree
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -33,6 +35,8 @@ class _HeadReq:
     req_pool_idx: int
     num_cached: int = 0  # head KV positions built from the target's hidden states
     pending: list = field(default_factory=list)  # target hidden rows for the next positions
+    # When `pending` is exactly one verify's path: (that verify's [bs, N, H'] rows, our row).
+    verified: Optional[tuple] = None
 
 
 class _Row(NamedTuple):  # what make_batch reads of a request
@@ -51,7 +55,7 @@ def load_head_draft(spec, engine) -> "HeadDraft":
     return HeadDraft(head, head_spec)
 
 
-class HeadDraft(DraftWorker):
+class HeadDraft(RoundDrafting, DraftWorker):
     needs_hidden = CaptureHiddenMode.FULL
 
     def __init__(self, head, head_spec):
@@ -60,6 +64,7 @@ class HeadDraft(DraftWorker):
         # Our target records the residual stream *entering* a layer: layer i's output enters i+1.
         self.aux_layers = tuple(sorted(i + 1 for i in head_spec.aux_layer_ids))
         self.kv_cache = self.runner = self.router = self.graphs = None
+        self.round = None  # DraftGraphRunner: a chain round's catch-up and steps, a graph each
         self._reqs: dict = {}  # rid -> _HeadReq
 
     @property
@@ -77,11 +82,16 @@ class HeadDraft(DraftWorker):
         self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(
             self, engine, CaptureHiddenMode.LAST,
             extra_slots=engine.config.max_running_requests * round_len)
+        if spec.is_chain and self.runner.attn_backend.supports_row_stride:
+            width = engine.model_config.hidden_size * max(1, len(self.aux_layers))
+            self.round = build_round_runner(self.runner, self.graphs, engine.config,
+                                            spec.num_steps, width)
 
     def info(self) -> dict:
         return {"name": self.name, "aux_layer_ids": list(self.head_spec.aux_layer_ids),
                 "needs_hidden": self.needs_hidden.name, "target_aux_layers": list(self.aux_layers),
-                **(self.graphs.info() if self.graphs else {})}
+                **(self.graphs.info() if self.graphs else {}),
+                "round_graphs": self.round.info() if self.round else None}
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self, req) -> _HeadReq:
@@ -95,10 +105,11 @@ class HeadDraft(DraftWorker):
         self._state(req).pending.append(hidden.clone())
 
     def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
-        for req, path in zip(reqs, hidden_paths):
+        for i, (req, m) in enumerate(zip(reqs, accept_lens)):
             st = self._reqs[req.rid]
             self.kv_cache.truncate(st.req_pool_idx, st.num_cached)  # drop the draft steps' KV
-            st.pending.append(path)
+            st.verified = (hidden_paths, i) if not st.pending else None
+            st.pending.append(hidden_paths[i, :m + 1])
 
     def release(self, req) -> None:
         st = self._reqs.pop(req.rid, None)
@@ -115,13 +126,13 @@ class HeadDraft(DraftWorker):
         batch.input_hidden, batch.capture_hidden_mode = hidden, capture
         return batch
 
-    def _catch_up(self, reqs: list, states: list):
+    def _eager_catch_up(self, reqs: list, states: list):
         """DRAFT_EXTEND over each request's positions with fresh target hidden states;
         returns the last position's logits [bs, V] and output hidden state [bs, H]."""
         new_ids, hidden = [], []
         for req, st in zip(reqs, states):
             rows = torch.cat(st.pending)
-            st.pending = []
+            st.pending, st.verified = [], None
             ids = req.all_ids[st.num_cached + 1:st.num_cached + 1 + rows.shape[0]]
             assert len(ids) == rows.shape[0], "target hidden states and tokens out of step"
             new_ids.append(ids)
@@ -136,12 +147,33 @@ class HeadDraft(DraftWorker):
 
     def propose(self, reqs: list, spec) -> Proposal:
         states = [self._state(r) for r in reqs]
-        logits, hidden = self._catch_up(reqs, states)
-        root = torch.tensor([r.all_ids[-1] for r in reqs], device=logits.device)
         if not spec.is_chain:
-            return self._propose_tree(states, root, logits, hidden, spec)
-        columns, probs = [root], []
-        steps = self._step_batches(states, spec.num_steps - 1, root.device)
+            logits, hidden = self._eager_catch_up(reqs, states)
+            return self._propose_tree(states, roots_of(reqs, logits.device), logits, hidden, spec)
+        return self._propose_chain(reqs, states, spec)
+
+    # -- RoundDrafting hooks -------------------------------------------------------------------
+    def _catch_up_plan(self, reqs: list, states: list):
+        """The graph's catch-up needs every request's pending rows to be one verify's path."""
+        first = states[0].verified
+        if first is None or first[0].shape[1] != self.round.width:
+            return None
+        for st in states:
+            if st.verified is None or st.verified[0] is not first[0] or len(st.pending) != 1:
+                return None
+        ids = [req.all_ids[st.num_cached + 1:st.num_cached + 1 + st.pending[0].shape[0]]
+               for req, st in zip(reqs, states)]
+        return CatchUpPlan(ids, first[0], [st.verified[1] for st in states])
+
+    def _caught_up(self, st: _HeadReq, num_tokens: int) -> None:
+        st.num_cached += num_tokens
+        st.pending, st.verified = [], None
+
+    def _propose_steps(self, reqs, states, spec, logits, hidden, root=None) -> Proposal:
+        """A chain one DECODE batch per step (the decode graph): sampled requests draw their
+        tokens from per-request generators on the host between steps."""
+        columns, probs = [roots_of(reqs, logits.device) if root is None else root], []
+        steps = self._step_batches(states, spec.num_steps - 1, logits.device)
         for step in range(spec.num_steps):
             token, q = draft_sample(logits, reqs)
             columns.append(token)

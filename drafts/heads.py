@@ -87,6 +87,10 @@ class DraftHead(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden, self.head_weight).float()
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax target token per row (a greedy draft step, inside the round's graph)."""
+        return self.compute_logits(hidden).argmax(-1)
+
 
 class EagleHead(DraftHead):
     def __init__(self, spec: HeadSpec):
@@ -158,6 +162,11 @@ class Eagle3Head(DraftHead):
         full = draft.new_full((draft.shape[0], self.config.vocab_size), float("-inf"))
         full[:, self.draft_to_target] = draft
         return full
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        # The argmax over the draft vocabulary, mapped: no [bs, target vocab] scatter.
+        best = torch.nn.functional.linear(hidden, self.lm_head.weight).argmax(-1)
+        return self.draft_to_target[best]
 
 
 class NextNHead(DraftHead):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from drafts.base import DraftWorker, Proposal
+from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.core import ForwardMode
 from specpcg.sampler import target_probs
 
@@ -35,7 +36,7 @@ def check_draft_matches(target_cfg, target_tok, draft_cfg, draft_tok, path: str)
                          f"match the target's (they encode the same text differently)")
 
 
-class StandaloneDraft(DraftWorker):
+class StandaloneDraft(RoundDrafting, DraftWorker):
     name = "STANDALONE"
 
     def __init__(self, model, model_cfg, dtype):
@@ -43,6 +44,7 @@ class StandaloneDraft(DraftWorker):
         budget is known (both caches share one memory budget, split by bytes per slot)."""
         self.model, self.model_cfg, self.dtype = model, model_cfg, dtype
         self.kv_cache = self.runner = self.router = self.graphs = None
+        self.round = None  # DraftGraphRunner: a chain round's catch-up and steps, a graph each
         self._reqs: dict = {}  # rid -> _DraftReq
 
     @property
@@ -53,12 +55,17 @@ class StandaloneDraft(DraftWorker):
         return KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
 
     def setup(self, engine) -> None:
-        from drafts.wiring import wire_draft_model
+        from drafts.wiring import build_round_runner, wire_draft_model
 
         self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(self, engine)
+        if engine.spec.is_chain and self.runner.attn_backend.supports_row_stride:
+            # The catch-up feeds at most the last draft and the bonus token.
+            self.round = build_round_runner(self.runner, self.graphs, engine.config,
+                                            engine.spec.num_steps, width=2)
 
     def info(self) -> dict:
-        return {"name": self.name, **(self.graphs.info() if self.graphs else {})}
+        return {"name": self.name, **(self.graphs.info() if self.graphs else {}),
+                "round_graphs": self.round.info() if self.round else None}
 
     def _state(self, req) -> _DraftReq:
         st = self._reqs.get(req.rid)
@@ -78,9 +85,30 @@ class StandaloneDraft(DraftWorker):
 
     def propose(self, reqs: list, spec) -> Proposal:
         states = [self._state(r) for r in reqs]
-        new_ids = [r.all_ids[st.num_cached:] for r, st in zip(reqs, states)]  # >= the root
-        logits = self._forward(ForwardMode.DRAFT_EXTEND, states, new_ids)
-        columns, probs = [torch.tensor([r.all_ids[-1] for r in reqs], device=logits.device)], []
+        return self._propose_chain(reqs, states, spec)
+
+    # -- RoundDrafting hooks -------------------------------------------------------------------
+    def _catch_up_plan(self, reqs: list, states: list):
+        """The graph's catch-up takes the committed tokens the draft has not seen (the bonus,
+        and the last draft when all were accepted) when they fit its width."""
+        ids = [r.all_ids[st.num_cached:] for r, st in zip(reqs, states)]  # >= the root
+        return CatchUpPlan(ids) if max(len(x) for x in ids) <= self.round.width else None
+
+    def _eager_catch_up(self, reqs: list, states: list):
+        new_ids = [r.all_ids[st.num_cached:] for r, st in zip(reqs, states)]
+        return self._forward(ForwardMode.DRAFT_EXTEND, states, new_ids), None
+
+    def _caught_up(self, st: _DraftReq, num_tokens: int) -> None:
+        st.num_cached += num_tokens
+
+    def _chained(self, states: list, num_steps: int) -> None:
+        for st in states:  # commit keeps the accepted ones of these drafts' KV
+            st.num_cached += num_steps
+
+    def _propose_steps(self, reqs, states, spec, logits, hidden=None, root=None) -> Proposal:
+        """One DECODE batch per step (the decode graph): sampled requests draw their tokens
+        from per-request generators on the host between steps."""
+        columns, probs = [roots_of(reqs, logits.device) if root is None else root], []
         for step in range(spec.num_steps):
             token, q = draft_sample(logits, reqs)
             columns.append(token)

@@ -57,3 +57,20 @@ def wire_draft_model(draft, engine, hidden_mode=CaptureHiddenMode.NULL, extra_sl
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
     return kv_cache, runner, router, graphs
+
+
+def build_round_runner(runner, graphs, cfg, num_steps: int, target_hidden_size: int = 0,
+                       width: int = 0):
+    """A chain draft's round graphs over the same batch buckets as its decode graphs (captured
+    into their pool), or, without decode graphs, the same bodies run eagerly. width: the most
+    tokens a request's catch-up feeds (0: num_steps + 1, all a verify can accept)."""
+    from specpcg.graphs.draft_runner import DraftGraphRunner
+
+    decode = graphs.decode
+    if decode is None:
+        return DraftGraphRunner(runner, [cfg.max_running_requests], num_steps, target_hidden_size,
+                                width=width, eager_reason=graphs.decode_decision.reason)
+    rnd = DraftGraphRunner(runner, decode.buckets, num_steps, target_hidden_size, width=width,
+                           pool=decode.pool, show_progress=cfg.show_progress)
+    rnd.capture()
+    return rnd

@@ -167,6 +167,9 @@ class ForwardBatch:
     # request (the tree so far); keys before those are the committed prefix, seen by all.
     tree_mask: Optional[torch.Tensor] = None
     input_hidden: Optional[torch.Tensor] = None  # [num_tokens, H]: a draft head's hidden input
+    # > 0: request i's tokens sit at rows i*stride .. i*stride + extend_len - 1 and the rows past
+    # them are padding (a draft catch-up graph's fixed layout); 0: requests packed back to back.
+    req_row_stride: int = 0
 
     @property
     def batch_size(self) -> int:

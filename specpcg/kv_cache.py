@@ -161,7 +161,8 @@ class KVCache:
         del slots[prefix_len:]
         slots.extend(kept)
         row = self.req_pool.req_to_token[req_pool_idx]
-        row[prefix_len:prefix_len + len(kept)] = torch.tensor(kept, dtype=torch.int32).to(row.device)
+        row[prefix_len:prefix_len + len(kept)] = torch.tensor(kept, dtype=torch.int32).to(
+            row.device, non_blocking=True)
 
     def release(self, req_pool_idx: int) -> None:
         self.pool.allocator.free(self._slots.pop(req_pool_idx))

@@ -77,6 +77,10 @@ class ForwardRouter:
             return self.eager_runner.forward(batch)
         return self.runners[name].forward(batch)
 
+    def count(self, mode: str, runner: str, reason=None, n: int = 1) -> None:
+        """Records forwards run outside `forward` (a draft round's own graphs)."""
+        self.stats[(mode, runner, reason or "")] += n
+
     def _log_once(self, mode: ForwardMode, reason) -> None:
         if (mode, reason) not in self._logged:
             self._logged.add((mode, reason))

@@ -130,6 +130,51 @@ def test_triton_extend_with_padded_tokens(head_dim):
              atol=1e-4, num_pad_tokens=5)
 
 
+def _strided(batch, tensors, stride: int):
+    """The batch with request i's rows moved to i*stride.. (a draft round graph's catch-up
+    layout), the rows between them padding that writes KV to the sink slot."""
+    lens = batch.extend_seq_lens_cpu
+    where = torch.tensor([i * stride + j for i, n in enumerate(lens) for j in range(n)])
+    size = stride * len(lens)
+
+    def spread(x, fill):
+        out = torch.full((size, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+        out[where] = x
+        return out
+
+    moved = ForwardBatch(
+        forward_mode=batch.forward_mode, input_ids=spread(batch.input_ids, 0),
+        positions=spread(batch.positions, 0), out_cache_loc=spread(batch.out_cache_loc, SINK_SLOT),
+        req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
+        extend_seq_lens=batch.extend_seq_lens, seq_lens_cpu=batch.seq_lens_cpu,
+        extend_seq_lens_cpu=lens, req_row_stride=stride)
+    return moved, [spread(t, 0.0) for t in tensors], where
+
+
+@needs_cpu_triton
+@pytest.mark.parametrize("backend_name", ["triton", "torch"])
+def test_strided_rows_match_packed(backend_name):
+    """req_row_stride: each request's queries at row i*stride give the packed batch's results,
+    and the padding rows between requests come back as zeros."""
+    lens, head_dim, stride = [(4, 3), (9, 1), (0, 5)], 16, 6
+    cache = _make_cache("cpu", torch.float32, head_dim)
+    packed = _make_batch(cache, lens, ForwardMode.DRAFT_EXTEND)
+    q, k, v = _random_qkv(packed, head_dim, torch.float32, "cpu")
+    scale = 1.0 / math.sqrt(head_dim)
+    ref = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale).forward(
+        q, k, v, LAYER, packed)
+    batch, (q2, k2, v2), where = _strided(packed, (q, k, v), stride)
+    backend = create_attention_backend(backend_name, "cpu", cache, NUM_HEADS, NUM_KV_HEADS,
+                                       head_dim, scale)
+    assert backend.supports_row_stride
+    backend.init_forward_metadata(batch)
+    out = backend.forward(q2, k2, v2, LAYER, batch)
+    torch.testing.assert_close(out[where], ref, atol=1e-4, rtol=0)
+    pad = torch.ones(out.shape[0], dtype=torch.bool)
+    pad[where] = False
+    assert torch.all(out[pad] == 0)
+
+
 @needs_cpu_triton
 @pytest.mark.parametrize("num_kv_splits", [None, 1, 4, 16])
 @pytest.mark.parametrize("head_dim", [16, 24])

@@ -1,6 +1,7 @@
 """EAGLE-family drafts on the GPU in bf16 with trained heads: identical outputs except at
 near-ties, the piecewise graph serving every target prefill (invariant 4: it is captured with
-the hidden states the head needs), verify and draft steps on decode graphs, and no KV leak.
+the hidden states the head needs), verify on decode graphs, each draft round's catch-up and
+steps on the round's own graphs, and no KV leak.
 
 Heads come from `drafts.train.ensure_draft` (trained on first use, cached in
 $SPECPCG_DRAFT_CACHE or .cache/drafts)."""
@@ -39,7 +40,10 @@ def test_head_bf16_matches_plain_and_graphs_serve(algo, prompts, plain):  # noqa
     assert target.get(("TARGET_VERIFY", "decode_graph"), 0) > 0
     assert ("TARGET_VERIFY", "eager") not in target
     draft = _stats(engine.draft.router)
-    assert draft.get(("DECODE", "decode_graph"), 0) > 0 and ("DECODE", "eager") not in draft
+    # Greedy chain rounds: the catch-up and every draft step replay the round's graphs.
+    assert draft.get(("DRAFT_EXTEND", "draft_round_graph"), 0) > 0, draft
+    assert draft.get(("DECODE", "draft_round_graph"), 0) > 0 and ("DECODE", "eager") not in draft
+    assert engine.draft.round.info()["captured"]
     assert not any(r == "piecewise" for _, r in draft)  # invariant 5
     kv = info["kv_cache"]
     assert kv["free_slots"] == kv["total_slots"]

@@ -44,6 +44,30 @@ def test_greedy_is_lossless_single_and_batched(world, plain, algo, setting):
     assert 0 in accepted and len(accepted) >= 3, accepted
     assert state["avg_spec_accept_length"] > 1.2
     _check_no_leak(engine)
+    if setting != "tree":  # greedy chains run the round's bodies (eagerly here, no graphs)
+        stats = {(s["mode"], s["runner"]): s["count"] for s in engine.draft.router.forward_stats()}
+        assert stats.get(("DRAFT_EXTEND", "draft_round_eager"), 0) > 0, stats
+        assert stats.get(("DECODE", "draft_round_eager"), 0) > 0, stats
+        assert ("DECODE", "eager") not in stats, stats
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_round_padded_to_a_bucket_is_lossless(world, plain, algo):
+    """The round's bodies on a batch padded up to a larger bucket (as a captured graph runs
+    them): padding requests on the pad row and sink slots change no real request's output."""
+    from specpcg.graphs.draft_runner import DraftGraphRunner
+
+    engine = _engine(world.noisy, algo, world.heads[algo])
+    draft = engine.draft
+    width = engine.model_config.hidden_size * max(1, len(draft.aux_layers))
+    draft.round = DraftGraphRunner(draft.runner, [len(world.prompts) + 3], engine.spec.num_steps,
+                                   width)  # no eager_reason: bucket padding, bodies uncaptured
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert [o["output_ids"] for o in outs] == plain.batch
+    stats = {(s["mode"], s["runner"]): s["count"] for s in draft.router.forward_stats()}
+    assert stats.get(("DRAFT_EXTEND", "draft_round_graph"), 0) > 0, stats
+    assert stats.get(("DECODE", "draft_round_graph"), 0) > 0, stats
+    _check_no_leak(engine)
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -142,9 +166,12 @@ class _Recorder:
         for pool_idx, n, seq_len in zip(batch.req_pool_indices.tolist(),
                                         batch.extend_seq_lens_cpu, batch.seq_lens_cpu):
             rid, rows = pool_to_rid[pool_idx], slice(row, row + n)
-            row += n
+            row += batch.req_row_stride or n  # a round graph's catch-up: request i at i*stride
             if catch_up:
-                assert len(self.draft.kv_cache.slots_of(pool_idx)) == seq_len
+                held = len(self.draft.kv_cache.slots_of(pool_idx))
+                # A round allocates its chain steps' slots with the catch-up's, in one go.
+                chain = self.draft.round.steps if batch.req_row_stride else 0
+                assert held in (seq_len, seq_len + chain), (held, seq_len)
                 assert self.raw is not None and self.raw.shape[0] == batch.num_tokens
                 for i in range(rows.start, rows.stop):
                     self.rows.append(dict(rid=rid, pos=int(positions[i]), id=int(input_ids[i]),

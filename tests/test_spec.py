@@ -40,6 +40,11 @@ def test_greedy_spec_is_lossless_single_and_batched(algo, gsm8k_prompts, plain):
     assert sum(meta["spec_accept_histogram"]) == meta["spec_verify_ct"]
     kv = engine.get_server_info()["kv_cache"]
     assert kv["free_slots"] == kv["total_slots"]
+    if algo == "STANDALONE":  # greedy rounds run the round's bodies (eagerly: no CUDA graphs)
+        stats = {(s["mode"], s["runner"]): s["count"] for s in engine.draft.router.forward_stats()}
+        assert stats.get(("DRAFT_EXTEND", "draft_round_eager"), 0) > 0, stats
+        assert stats.get(("DECODE", "draft_round_eager"), 0) > 0, stats
+        assert ("DECODE", "eager") not in stats, stats
 
 
 def test_standalone_self_draft_accepts_nearly_everything(gsm8k_prompts):

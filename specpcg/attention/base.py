@@ -17,6 +17,7 @@ from specpcg.kv_cache import KVCache
 class AttentionBackend:
     name = "base"
     supports_cuda_graph = False
+    supports_row_stride = False  # ForwardBatch.req_row_stride (padded per-request rows)
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float):

@@ -11,6 +11,7 @@ from specpcg.core import ForwardBatch
 
 class TorchAttnBackend(AttentionBackend):
     name = "torch"
+    supports_row_stride = True
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         self._save_kv(k, v, layer_id, batch)
@@ -35,7 +36,7 @@ class TorchAttnBackend(AttentionBackend):
                 queries.transpose(0, 1), keys, values, attn_mask=mask,
                 is_causal=mask is None and prefix_len == 0 and ext_len > 1, scale=self.scale)
             out[start:start + ext_len] = o.transpose(0, 1).reshape(ext_len, -1)
-            start += ext_len
+            start += batch.req_row_stride or ext_len
         return out
 
 

@@ -15,6 +15,7 @@ from specpcg.core import ForwardBatch, ForwardMode
 
 class TritonAttnBackend(AttentionBackend):
     name = "triton"
+    supports_row_stride = True
     supports_cuda_graph = True
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
@@ -35,6 +36,7 @@ class TritonAttnBackend(AttentionBackend):
         self._num_real_tokens = 0
         self._max_extend_len = 0
         self._num_kv_splits = 1
+        self._row_stride = 0
 
     def _alloc_metadata(self, max_reqs: int) -> None:
         # NOTE: graphs capture these addresses; reallocating (a larger batch than any seen)
@@ -53,9 +55,15 @@ class TritonAttnBackend(AttentionBackend):
         self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
         self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
         self._extend_lens[:num_reqs].copy_(batch.extend_seq_lens[:num_reqs])
-        torch.cumsum(self._extend_lens[:num_reqs], dim=0, dtype=torch.int32,
-                     out=self._q_starts[1:num_reqs + 1])
+        stride = batch.req_row_stride
+        if stride:  # request i's queries start at row i * stride
+            self._q_starts[:num_reqs + 1].copy_(torch.arange(
+                0, (num_reqs + 1) * stride, stride, dtype=torch.int32, device=self.device))
+        else:
+            torch.cumsum(self._extend_lens[:num_reqs], dim=0, dtype=torch.int32,
+                         out=self._q_starts[1:num_reqs + 1])
         self._num_reqs = num_reqs
+        self._row_stride = stride
         self._num_real_tokens = int(sum(batch.extend_seq_lens_cpu))
         self._max_extend_len = int(max(batch.extend_seq_lens_cpu, default=0))
         self._num_kv_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
@@ -69,8 +77,10 @@ class TritonAttnBackend(AttentionBackend):
         self._save_kv(k, v, layer_id, batch)
         num_tokens = q.shape[0]
         q3 = q.view(num_tokens, self.num_heads, self.head_dim)
-        out = torch.empty(num_tokens, self.num_heads * self.head_dim, dtype=q.dtype,
-                          device=q.device)  # [T, H * D]
+        # Padding rows between a strided batch's requests are never written by the kernel.
+        alloc = torch.zeros if self._row_stride else torch.empty
+        out = alloc(num_tokens, self.num_heads * self.head_dim, dtype=q.dtype,
+                    device=q.device)  # [T, H * D]
         out3 = out.view(num_tokens, self.num_heads, self.head_dim)
         pool = self.kv_cache.pool
         req_to_token = self.kv_cache.req_pool.req_to_token
@@ -86,7 +96,7 @@ class TritonAttnBackend(AttentionBackend):
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
                 self._req_pool_indices, self._seq_lens, self._extend_lens, self._q_starts,
                 self._max_extend_len, self._num_reqs, self.scale)
-        if num_tokens > num_real:
+        if num_tokens > num_real and not self._row_stride:
             # Padding rows hold no request; zeros keep NaN/garbage out of the layers after us.
             out[num_real:].zero_()
         return out

@@ -109,6 +109,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden, self.head_weight).float()
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax token per row of `hidden` (a draft's greedy step, inside its graph)."""
+        return self.compute_logits(hidden).argmax(-1)
+
     def load_weights(self, state_dict: dict) -> None:
         """Takes Hugging Face parameter names; fuses q/k/v and gate/up into one matrix each."""
         missing, unexpected = self.load_state_dict(fuse_projections(state_dict), strict=False)

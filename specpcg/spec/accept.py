@@ -84,6 +84,9 @@ def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
     accept_index = torch.full((bs, max_depth + 1), -1, dtype=torch.long, device=device)
     accept_len = torch.zeros(bs, dtype=torch.long, device=device)  # [bs]
     bonus = torch.zeros(bs, dtype=torch.long, device=device)  # [bs]
+    if not sampled and simulate is None:  # the common case: no gathers, no host-built index
+        return verify_greedy(tree.draft_tokens, tree.first_child, tree.next_sibling,
+                             logits.argmax(-1), max_depth)
     parts = []
     if greedy:
         rows = torch.tensor(greedy, device=device)

@@ -47,8 +47,10 @@ class SpecDecoder:
         n = self.spec.num_draft_tokens
         prefix_lens = [r.num_cached for r in reqs]  # the root (last token) has no KV yet
         self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [n] * len(reqs))
-        batch = make_batch(self.kv_cache, ForwardMode.TARGET_VERIFY, reqs,
-                           proposal.draft_tokens.tolist(), self.device)
+        # Placeholder ids build the batch; the drafts stay on the device (no host sync here).
+        batch = make_batch(self.kv_cache, ForwardMode.TARGET_VERIFY, reqs, [[0] * n] * len(reqs),
+                           self.device)
+        batch.input_ids = draft_tokens.reshape(-1)
         batch.return_all_logits = True
         if self.draft.needs_hidden:  # every node's hidden state: the accepted ones feed the draft
             batch.capture_hidden_mode = CaptureHiddenMode.FULL
@@ -90,15 +92,15 @@ class SpecDecoder:
         return emitted
 
     def _hidden_paths(self, out, result, accept_lens: list):
-        """Per request, the target's hidden states at the root and its accepted drafts."""
+        """[bs, N, H']: row i holds the target's hidden states at request i's root and accepted
+        drafts first (accept_lens[i] + 1 of them), then rows that mean nothing."""
         if not self.draft.needs_hidden:
             return None
         n = self.spec.num_draft_tokens
         hidden = self.draft.target_hidden(out)  # [bs * N, H']
         rows = result.accept_index.to(hidden.device) + n * torch.arange(
             len(accept_lens), device=hidden.device)[:, None]  # [bs, N]
-        picked = hidden[rows.clamp(min=0)]  # [bs, N, H'], a copy: the graph's buffer is reused
-        return [picked[i, :m + 1] for i, m in enumerate(accept_lens)]
+        return hidden[rows.clamp(min=0)]  # a copy: the graph's buffer is reused
 
     def stats(self) -> dict:
         avg = self.num_emitted / self.num_verify if self.num_verify else 0.0
