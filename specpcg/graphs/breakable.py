@@ -115,6 +115,17 @@ def capture_stream() -> torch.cuda.Stream:
     return torch.cuda.graph.default_capture_stream
 
 
+def joined_capture_stream() -> torch.cuda.Stream:
+    """capture_stream(), made to wait for everything queued so far on the current stream.
+
+    Why: static inputs are written (zero fills, copies) on the current stream; a warm-up or
+    capture on the side stream that does not wait for them reads whatever the memory held
+    before (seen as out-of-range token ids while other processes kept the GPU busy)."""
+    stream = capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    return stream
+
+
 def _begin_segment(state: _CaptureState) -> None:
     segment = torch.cuda.CUDAGraph()
     segment.capture_begin(pool=state.pool)

@@ -14,7 +14,7 @@ import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import capture_stream
+from specpcg.graphs.breakable import joined_capture_stream
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.piecewise_runner import StaticInputs
 from specpcg.router import Refusal, hidden_refusal
@@ -115,7 +115,7 @@ class DecodeGraphRunner:
         attn.init_forward_metadata(batch)
         ctx = ForwardContext(batch, attn, bs * width)
         call = self.model_runner.call_model
-        stream = capture_stream()
+        stream = joined_capture_stream()
         with forward_context(ctx):
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: lazy init and Triton compilation outside capture

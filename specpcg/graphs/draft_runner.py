@@ -27,7 +27,7 @@ import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import capture_stream
+from specpcg.graphs.breakable import joined_capture_stream
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.kv_cache import SINK_SLOT
 
@@ -203,7 +203,7 @@ class DraftGraphRunner:
     def _capture_one(self, kind: str, bs: int) -> None:
         # Host lengths only shape the attention plan (its max extend length): capture the widest.
         seq_lens_cpu, lens_cpu = [self.width] * bs, [self.width] * bs
-        stream = capture_stream()
+        stream = joined_capture_stream()
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: lazy init and Triton compilation outside capture
                 self._body(kind, bs, seq_lens_cpu, lens_cpu)

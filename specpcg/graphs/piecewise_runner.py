@@ -15,7 +15,8 @@ import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import BreakableGraph, breakable_capture, capture_stream
+from specpcg.graphs.breakable import (BreakableGraph, breakable_capture, capture_stream,
+                                      joined_capture_stream)
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.staging import StagingArena
 from specpcg.kv_cache import SINK_SLOT
@@ -109,7 +110,7 @@ class PiecewiseRunner:
                     self.capture_time_s, self.capture_memory_bytes / 2**20)
 
     def _run_body(self, batch: ForwardBatch):
-        with torch.cuda.stream(capture_stream()):
+        with torch.cuda.stream(joined_capture_stream()):
             out = self.model_runner.forward_body(batch)
         torch.cuda.synchronize()
         return out
