@@ -2,7 +2,7 @@
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data train.jsonl] [--num-prompts N] [--max-new-tokens 256] [--num-shots 5]
-        [--minutes 4] [--ttt-steps 3] [--draft-vocab-size 8192] [--device auto] [--seed 0]
+        [--minutes 4.75] [--ttt-steps 3] [--draft-vocab-size 8192] [--device auto] [--seed 0]
 
 Pipeline: GSM8K train questions in the benchmark's few-shot format -> the target's own greedy
 answers (Engine) -> the target's features and greedy labels over each whole sequence (dense
@@ -37,6 +37,7 @@ TRAINER_VERSION = 1  # part of ensure_draft's cache key: bump when trained draft
 # streams (EAGLE3), or nothing but its greedy labels (STANDALONE).
 FEATURES = {"EAGLE": "final", "EAGLE3": "aux", "NEXTN": "final", "STANDALONE": None}
 GEN_BATCH_CUDA = 256  # concurrent requests (and decode-graph batch) while generating answers
+FINISH_MARGIN_S = 10.0  # held-out evaluation and saving, after the training loop
 GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: a 5-shot prompt (~900) plus its answer
 
 
@@ -45,7 +46,9 @@ class TrainOptions:
     num_prompts: int = 4000
     max_new_tokens: int = 256
     num_shots: int = 5  # the benchmark's few-shot count (benchmarks/bench_spec.py)
-    minutes: float = 3.0  # training loop budget; generation and features add ~1.3 min (H100)
+    # The whole run's wall clock (under 5 minutes): generation and features first, then the
+    # training loop gets what is left, less FINISH_MARGIN_S for held-out evaluation and saving.
+    minutes: float = 4.75
     ttt_steps: int = 3
     draft_vocab_size: int = 8192  # EAGLE3
     num_layers: int = 4  # STANDALONE: the target's first K layers
@@ -74,8 +77,8 @@ class TrainOptions:
                              f"{opts.minutes!r} and {opts.heldout_frac!r}")
         return opts
 
-    def loop(self) -> LoopOptions:
-        return LoopOptions(minutes=self.minutes, max_epochs=self.max_epochs,
+    def loop(self, minutes: float) -> LoopOptions:
+        return LoopOptions(minutes=minutes, max_epochs=self.max_epochs,
                            max_steps=self.max_steps, lr=self.lr, token_budget=self.token_budget,
                            seed=self.seed, show_progress=self.show_progress)
 
@@ -133,21 +136,33 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     times["features_s"] = time.perf_counter() - t0 - times["generate_s"]
     split = _split(feats.num_seqs, o.heldout_frac, o.seed)
     os.makedirs(out, exist_ok=True)
-    record = _train(algorithm, target_path, model, target_cfg, feats, split, o, device, out)
+    loop = o.loop(_loop_minutes(o, time.perf_counter() - t0))
+    record = _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device, out)
     times["train_s"] = record.pop("train_s")
     times["total_s"] = time.perf_counter() - t0
     _write_log(out, algorithm, target_path, o, seqs, split, record, times, device)
     return out
 
 
-def _train(algorithm, target_path, model, target_cfg, feats, split, o, device, out) -> dict:
+def _loop_minutes(o: TrainOptions, elapsed_s: float) -> float:
+    """The training loop's share of o.minutes once generation and features took elapsed_s."""
+    left_s = o.minutes * 60.0 - elapsed_s - FINISH_MARGIN_S
+    if left_s <= 0:
+        raise RuntimeError(f"generation and features took {elapsed_s:.0f} s of the {o.minutes} "
+                           f"minute budget (minutes={o.minutes}): raise minutes or lower "
+                           f"num_prompts")
+    return left_s / 60.0
+
+
+def _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device,
+           out) -> dict:
     if algorithm == "STANDALONE":  # a whole model, not a head: its own trainer
         from drafts.train_standalone import train_standalone
 
-        return train_standalone(target_path, feats, split, o.loop(), o.num_layers, device, out)
+        return train_standalone(target_path, feats, split, loop, o.num_layers, device, out)
     from drafts.train_heads import train_head
 
-    return train_head(algorithm, model, target_cfg, feats, split, o.loop(), o.ttt_steps,
+    return train_head(algorithm, model, target_cfg, feats, split, loop, o.ttt_steps,
                       o.draft_vocab_size, device, out)
 
 

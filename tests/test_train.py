@@ -177,3 +177,14 @@ def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_pat
     start = _untrained_draft(algorithm, target, engine.model_config, str(tmp_path / "start"))
     _, start_accept = _accept_length(target, algorithm, start, prompts)
     assert trained_accept > start_accept + 0.3, (trained_accept, start_accept)
+
+
+def test_minutes_bound_the_whole_run():
+    """The loop gets what generation and features left of `minutes`, less the finishing
+    margin; a budget they already spent is refused with the figures."""
+    from drafts.train import FINISH_MARGIN_S, TrainOptions, _loop_minutes
+
+    o = TrainOptions(minutes=4.75)
+    assert _loop_minutes(o, 100.0) * 60 == pytest.approx(285.0 - 100.0 - FINISH_MARGIN_S)
+    with pytest.raises(RuntimeError, match=r"took 70 s of the 1.0 minute budget"):
+        _loop_minutes(TrainOptions(minutes=1.0), 70.0)
