@@ -60,6 +60,8 @@ def stage_models(args, dtype, tmp: str) -> tuple[str, str]:
     ckpt, target = load_checkpoint(args.model_path), args.model_path
     if not os.path.isdir(target):
         target = truncate(target, ckpt[0].num_layers, os.path.join(tmp, "target"), dtype, ckpt)
+    if args.draft_path:
+        return target, args.draft_path
     return target, truncate(args.model_path, args.draft_layers, os.path.join(tmp, "draft"),
                             dtype, ckpt)
 
@@ -205,7 +207,8 @@ def run_all(args, s: Settings) -> None:
     args.dtype = str(dtype).replace("torch.", "")
     info = {**common.machine_info(device), "dtype": args.dtype, "model": args.model_path,
             "num_shots": s.num_shots, "max_new_tokens": s.max_new_tokens,
-            "draft_layers": args.draft_layers, "num_steps": args.num_steps}
+            "draft_layers": None if args.draft_path else args.draft_layers,
+            "draft_path": args.draft_path, "num_steps": args.num_steps}
     print(f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
           f"git {info['git']}, model {args.model_path}, dtype {args.dtype}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_spec_") as tmp:
@@ -250,11 +253,17 @@ def render_plot(records: list[dict], path) -> None:
 
     last = rows[-1]
     title = (f"spec decoding, GSM8K {last['num_shots']}-shot greedy, <= {last['max_new_tokens']} "
-             f"new tokens, draft {last['draft_layers']} layers, {last['num_steps']} steps; "
+             f"new tokens, draft {_draft_label(last)}, {last['num_steps']} steps; "
              f"{last['device']} ({last['dtype']}, torch {last['torch']}, git {last['git']})")
     common.grouped_bar_plot([panel("speedup over no-spec (HF: over HF plain)", "speedup", True),
                              panel("accept length (run average)", "accept_length", False)],
                             list(SERIES), path, title)
+
+
+def _draft_label(rec: dict) -> str:
+    if rec.get("draft_path"):
+        return "trained (drafts.train)"
+    return f"{rec['draft_layers']} layers"
 
 
 def parse_args(argv=None):
@@ -264,6 +273,9 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--draft-layers", type=int, default=8, help="STANDALONE draft: first K layers")
+    p.add_argument("--draft-path", default=None,
+                   help="STANDALONE and HF assisted draft: a trained draft directory "
+                        "(python -m drafts.train) instead of the first --draft-layers layers")
     p.add_argument("--num-steps", type=int, default=3, help="speculative_num_steps")
     for name in Settings.__dataclass_fields__:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,

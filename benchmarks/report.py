@@ -2,7 +2,7 @@
 file (benchmarks/results/REPORT.md), each with the command that produced it and the machine.
 
     python benchmarks/report.py            # tables from what benchmarks/results/ holds
-    bash scripts/report.sh MODEL.gguf      # on a GPU: run every benchmark, then this
+    bash scripts/report.sh                 # on a GPU: run every benchmark, then this
 
 A benchmark whose results file is missing is listed as not measured, never filled in.
 """
@@ -28,12 +28,16 @@ SECTIONS = [
      "python benchmarks/bench_heads.py --model-path MODEL"),
     ("Accept length and framework efficiency", "accept.jsonl", "bench_accept",
      "python benchmarks/bench_accept.py --model-path MODEL"),
+    ("EAGLE-family heads at batch 1 with the draft round graphs", "round_bs1.jsonl", None,
+     "the inline loop in README.md (EAGLE-family heads section)"),
     ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
 ]
 MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "num_questions", "accuracy",
                  "baseline_accuracy", "identical_frac", "max_near_tie_ulps", "avg_accept_length",
                  "piecewise_hits")
+ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
+                "output_tokens", "seconds", "output_tok_s", "speedup")
 NGRAM_FIELDS = ("batch_size", "context", "topk", "num_draft_tokens", "first_propose_ms",
                 "steady_propose_ms")
 
@@ -42,7 +46,7 @@ def plain_table(records: list[dict], keys: tuple) -> str:
     """The latest line per combination of the non-measured keys."""
     latest = {}
     for r in records:
-        latest[tuple(r.get(k) for k in keys[:4])] = r
+        latest[tuple(str(r.get(k)) for k in keys[:4])] = r  # str: settings are lists
     return common.column_table(list(latest.values()), [(k, lambda r, k=k: r.get(k)) for k in keys])
 
 
@@ -58,7 +62,8 @@ def section(title: str, file: str, module: str | None, command: str) -> str:
         return head + "Not measured yet.\n"
     records = common.read_jsonl(path)
     if module is None:
-        keys = MATRIX_FIELDS if file.startswith("gsm8k") else NGRAM_FIELDS
+        keys = {"gsm8k_matrix.jsonl": MATRIX_FIELDS, "round_bs1.jsonl": ROUND_FIELDS}.get(
+            file, NGRAM_FIELDS)
         table = plain_table(records, keys)
     else:
         bench = importlib.import_module(module)

@@ -1,18 +1,55 @@
 #!/usr/bin/env bash
-# The performance report, on a GPU machine: runs every benchmark against MODEL (appending JSON
+# The performance report, on a GPU machine: runs the benchmarks against MODEL (appending JSON
 # lines and plots under benchmarks/results/), then renders benchmarks/results/REPORT.md.
-# Trained drafts are made once by drafts.train.ensure_draft and cached in .cache/drafts.
-# Usage: bash scripts/report.sh [MODEL]   (default: the bundled SmolLM2-135M-Instruct GGUF)
+#
+# Usage: bash scripts/report.sh [PART ...]   (default: all)
+#   drafts  train every draft the report needs, side by side (each <= 5 min), cached in
+#           $SPECPCG_DRAFT_CACHE (default .cache/drafts); later parts reuse them
+#   engine  bench_engine, bench_graphs (default model and the 8B shape)
+#   spec    bench_spec (NGRAM, STANDALONE, HF transformers baselines)
+#   heads   bench_heads (EAGLE, EAGLE3, NEXTN: three chains and a tree, PCG on and off)
+#   accept  bench_accept (accept-length grids, synthetic acceptance, the 8B shape)
+#   matrix  the GPU GSM8K matrix (tests/test_gsm8k_matrix.py -m cuda)
+#   render  benchmarks/report.py -> benchmarks/results/REPORT.md
+# Parts are separate so each fits a bounded job; MODEL defaults to the bundled GGUF
+# ($SPECPCG_DEFAULT_MODEL overrides it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:-$(python3 -c "from specpcg.models.loader import default_model_path as p; print(p())")}
 export PYTHONUNBUFFERED=1
-python3 benchmarks/bench_engine.py --model-path "$MODEL"
-python3 benchmarks/bench_graphs.py --model-path "$MODEL"
-python3 benchmarks/bench_graphs.py --model-path shape:llama-3-8b
-python3 benchmarks/bench_ngram.py
-python3 benchmarks/bench_spec.py --model-path "$MODEL"
-python3 benchmarks/bench_heads.py --model-path "$MODEL"
-python3 benchmarks/bench_accept.py --model-path "$MODEL"
-python3 -m pytest -q -m cuda tests/test_gsm8k_matrix.py
-python3 benchmarks/report.py
+CACHE=${SPECPCG_DRAFT_CACHE:-.cache/drafts}
+export SPECPCG_DRAFT_CACHE=$CACHE
+MODEL=$(python3 -c "from specpcg.models.loader import default_model_path as p; print(p())")
+
+drafts() {
+  local pids=()
+  for algo in EAGLE EAGLE3 NEXTN STANDALONE; do
+    python3 -c "from drafts.train import ensure_draft; print(ensure_draft('$algo', \
+cache_dir='$CACHE', show_progress=False))" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+}
+engine() {
+  python3 benchmarks/bench_engine.py --model-path "$MODEL"
+  python3 benchmarks/bench_graphs.py --model-path "$MODEL"
+  python3 benchmarks/bench_graphs.py --model-path shape:llama-3-8b
+  python3 benchmarks/bench_ngram.py
+}
+spec() {
+  local draft
+  draft=$(python3 -c "from drafts.train import ensure_draft; print(ensure_draft('STANDALONE', cache_dir='$CACHE', show_progress=False))")
+  python3 benchmarks/bench_spec.py --model-path "$MODEL" --draft-path "$draft"
+}
+heads() { python3 benchmarks/bench_heads.py --model-path "$MODEL" --cache-dir "$CACHE"; }
+accept() { python3 benchmarks/bench_accept.py --model-path "$MODEL" --cache-dir "$CACHE"; }
+matrix() { python3 -m pytest -q -m cuda tests/test_gsm8k_matrix.py; }
+render() { python3 benchmarks/report.py; }
+
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(drafts engine spec heads accept matrix render)
+for part in "${parts[@]}"; do
+  case "$part" in
+    drafts|engine|spec|heads|accept|matrix|render) echo "== $part"; "$part" ;;
+    *) echo "unknown part '$part' (drafts engine spec heads accept matrix render)" >&2; exit 2 ;;
+  esac
+done
