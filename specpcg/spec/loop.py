@@ -24,6 +24,7 @@ class SpecDecoder:
         self.num_emitted = 0
         self.histogram: Counter = Counter()
         self.simulate = SimulatedAccept.from_spec(spec)  # benchmark only; None = lossless
+        self._chain_trees: dict = {}  # (bs, N) -> a chain Tree (its tokens replaced per step)
 
     @property
     def tokens_per_request(self) -> int:
@@ -42,7 +43,7 @@ class SpecDecoder:
         from specpcg.scheduler import make_batch
 
         draft_tokens = proposal.draft_tokens.to(self.device)
-        tree = (chain_tree(draft_tokens) if proposal.parents is None
+        tree = (self._chain_tree(draft_tokens) if proposal.parents is None
                 else tree_from_parents(draft_tokens, proposal.parents.to(self.device)))
         n = self.spec.num_draft_tokens
         prefix_lens = [r.num_cached for r in reqs]  # the root (last token) has no KV yet
@@ -61,6 +62,15 @@ class SpecDecoder:
                                + tree.depths).flatten()
             batch.tree_mask = tree.tree_mask
         return tree, self.router.forward(batch), prefix_lens
+
+    def _chain_tree(self, draft_tokens):
+        """A chain's tree depends on its shape alone: built once per batch size, then only
+        the tokens change (a verify step is latency-bound; this saves a handful of ops)."""
+        key = tuple(draft_tokens.shape)
+        shape = self._chain_trees.get(key)
+        if shape is None:
+            shape = self._chain_trees[key] = chain_tree(draft_tokens)
+        return shape._replace(draft_tokens=draft_tokens)
 
     def _commit(self, reqs: list, tree, result, prefix_lens: list, out, logits) -> list:
         """logits: [bs, N, V], the verify's; out: its ModelOutput (hidden states)."""
