@@ -61,6 +61,8 @@ def measure(args, prompts, golds, algo, setting, pcg, head, bases: dict, info: d
         records.append({"bench": "heads", "system": algo or "nospec", "setting": list(setting)
                         if algo else None, "pcg": pcg, "batch_size": bs, **rec, **info,
                         "forward_stats": stats["forward_stats"],
+                        "draft_forward_stats": (engine.draft.router.forward_stats()
+                                                if engine.draft is not None else None),
                         "timestamp": common.now_iso()})
         engine.shutdown()
         common.free_memory(engine.device)

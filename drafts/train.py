@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from drafts.heads import default_aux_layer_ids
-from drafts.train_data import extract_features, generate, gsm8k_prompts
+from drafts.train_data import extract_features, generate, gsm8k_prompts, shared_answers
 from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.gsm8k import DATA_DIR
 
@@ -109,10 +109,13 @@ def _feature_layers(algorithm: str, num_layers: int) -> tuple:
 
 
 def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
-                out: Optional[str] = None, *, engine=None, **opts) -> str:
+                out: Optional[str] = None, *, engine=None, answers_cache: Optional[str] = None,
+                **opts) -> str:
     """Trains a draft into `out` and returns it. data: a GSM8K-style .jsonl path, or prompts as
     token-id lists (targets without a tokenizer). engine: an Engine on the target to generate
-    with (kept open); by default one is made and shut down after generating."""
+    with (kept open); by default one is made and shut down after generating. answers_cache: a
+    file the target's answers are shared through (drafts of one target trained side by side
+    generate once); it must be keyed by target, prompts and generation options."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
     if not out:
@@ -125,7 +128,10 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     target_path = target or engine.config.model_path or _default_target()
     prompts = data if isinstance(data, list) else gsm8k_prompts(
         data, engine.tokenizer, o.num_prompts, o.num_shots)
-    seqs = generate(engine, prompts, o.max_new_tokens, o.show_progress)
+    def make():
+        return generate(engine, prompts, o.max_new_tokens, o.show_progress)
+
+    seqs = shared_answers(answers_cache, make) if answers_cache else make()
     model, target_cfg, device = engine.model, engine.model_config, engine.device
     if own:
         engine.shutdown()  # frees its KV cache and graphs; `model` stays for the features
@@ -214,12 +220,21 @@ def ensure_draft(algorithm: str, target: Optional[str] = None, cache_dir: str = 
                 return path
     tmp = f"{path}.tmp{os.getpid()}"  # trained aside, then moved: a crash leaves no half draft
     shutil.rmtree(tmp, ignore_errors=True)
-    train_draft(algorithm, target, data, tmp, **opts)
+    train_draft(algorithm, target, data, tmp, answers_cache=_answers_path(cache_dir, key, o),
+                **opts)
     with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump({"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=1)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path
+
+
+def _answers_path(cache_dir: str, key: dict, o: TrainOptions) -> str:
+    """Where drafts of one target share its answers: keyed by what changes them."""
+    answers = {"target": key["target"], "data": key["data"], "version": TRAINER_VERSION,
+               **{k: getattr(o, k) for k in ("num_prompts", "max_new_tokens", "num_shots")}}
+    digest = hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(cache_dir, f"answers-{digest}.pt")
 
 
 def main(argv=None) -> None:

@@ -8,7 +8,9 @@ themselves (up to bf16 near-ties between the engine and the dense forward).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -60,6 +62,24 @@ class Sequences:
     @property
     def num_answer_tokens(self) -> int:
         return sum(len(t) - p for t, p in zip(self.token_ids, self.prompt_lens))
+
+
+def shared_answers(path: str, make) -> Sequences:
+    """The Sequences cached at `path`, or `make()`'s, saved there. Drafts trained side by side
+    for one target share one generation: the first takes the lock and generates, the others
+    wait and load it (so the GPU generates once, not once per draft)."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if os.path.isfile(path):
+            return Sequences(**torch.load(path))
+        seqs = make()
+        tmp = f"{path}.tmp{os.getpid()}"
+        torch.save(dataclasses.asdict(seqs), tmp)
+        os.replace(tmp, path)  # never a half-written cache
+        return seqs
 
 
 def generate(engine, prompts: list, max_new_tokens: int, show_progress: bool = True) -> Sequences:

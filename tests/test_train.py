@@ -188,3 +188,29 @@ def test_minutes_bound_the_whole_run():
     assert _loop_minutes(o, 100.0) * 60 == pytest.approx(285.0 - 100.0 - FINISH_MARGIN_S)
     with pytest.raises(RuntimeError, match=r"took 70 s of the 1.0 minute budget"):
         _loop_minutes(TrainOptions(minutes=1.0), 70.0)
+
+
+def test_drafts_of_one_target_share_its_answers(tiny, tmp_path, monkeypatch):
+    """With an answers cache the target generates once; the next draft trains on the same
+    sequences, loaded from the file."""
+    import drafts.train as train_module
+
+    target, engine, prompts, _ = tiny
+    calls = []
+    real = train_module.generate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "generate", counting)
+    cache = str(tmp_path / "answers.pt")
+    kw = dict(engine=engine, answers_cache=cache, max_new_tokens=GREEDY["max_new_tokens"],
+              max_steps=2, minutes=10, draft_vocab_size=96, show_progress=False)
+    logs = []
+    for algorithm in ("EAGLE", "NEXTN"):
+        out = train_draft(algorithm, target, prompts, str(tmp_path / algorithm), **kw)
+        logs.append(json.loads((tmp_path / algorithm / "train_log.json").read_text()))
+        assert out == str(tmp_path / algorithm)
+    assert len(calls) == 1
+    assert logs[0]["answer_tokens"] == logs[1]["answer_tokens"] > 0
