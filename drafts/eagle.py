@@ -154,9 +154,10 @@ class HeadDraft(RoundDrafting, DraftWorker):
 
     # -- RoundDrafting hooks -------------------------------------------------------------------
     def _catch_up_plan(self, reqs: list, states: list):
-        """The graph's catch-up needs every request's pending rows to be one verify's path."""
+        """The graph's catch-up needs every request's pending rows to be one verify's path
+        (a chain verify is num_steps + 1 rows a request: the round's width)."""
         first = states[0].verified
-        if first is None or first[0].shape[1] != self.round.width:
+        if first is None:
             return None
         for st in states:
             if st.verified is None or st.verified[0] is not first[0] or len(st.pending) != 1:

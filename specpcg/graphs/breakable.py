@@ -38,12 +38,16 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 class BreakableGraph:
@@ -113,6 +117,28 @@ def capture_stream() -> torch.cuda.Stream:
     if torch.cuda.graph.default_capture_stream is None:
         torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
     return torch.cuda.graph.default_capture_stream
+
+
+class CaptureCost:
+    """What a runner's captures took: wall time and graph memory (its info() reports them)."""
+
+    def __init__(self):
+        self.time_s, self.memory_bytes = 0.0, 0
+
+    @contextmanager
+    def measure(self, what: str, count: int):
+        """Times the captures run inside (synchronized at the end) and logs them."""
+        t0, mem0 = time.perf_counter(), torch.cuda.memory_allocated()
+        yield
+        torch.cuda.synchronize()
+        self.time_s = time.perf_counter() - t0
+        self.memory_bytes = torch.cuda.memory_allocated() - mem0
+        logger.info("%s: %d in %.1f s, %.1f MiB", what, count, self.time_s,
+                    self.memory_bytes / 2**20)
+
+    def info(self) -> dict:
+        return {"capture_time_s": round(self.time_s, 3),
+                "capture_memory_mb": round(self.memory_bytes / 2**20, 1)}
 
 
 def joined_capture_stream() -> torch.cuda.Stream:

@@ -7,19 +7,15 @@ write their KV to the sink slot; their outputs are sliced away.
 
 from __future__ import annotations
 
-import logging
-import time
 
 import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import joined_capture_stream
+from specpcg.graphs.breakable import CaptureCost, joined_capture_stream
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.piecewise_runner import StaticInputs
 from specpcg.router import Refusal, hidden_refusal
-
-logger = logging.getLogger(__name__)
 
 
 class DecodeGraphRunner:
@@ -45,8 +41,7 @@ class DecodeGraphRunner:
         self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self.graphs: dict = {}  # (mode, bs) -> CUDAGraph
         self.outputs: dict = {}
-        self.capture_time_s = 0.0
-        self.capture_memory_bytes = 0
+        self.cost = CaptureCost()
 
     @property
     def max_bs(self) -> int:
@@ -85,15 +80,11 @@ class DecodeGraphRunner:
     def capture(self) -> None:
         from tqdm import tqdm
 
-        t0, mem0 = time.perf_counter(), torch.cuda.memory_allocated()
         keys = [(m, bs) for m in self.tokens_per_req for bs in sorted(self.buckets, reverse=True)]
-        for mode, bs in tqdm(keys, desc="capturing decode graphs", disable=not self.show_progress):
-            self._capture_one(mode, bs)
-        torch.cuda.synchronize()
-        self.capture_time_s = time.perf_counter() - t0
-        self.capture_memory_bytes = torch.cuda.memory_allocated() - mem0
-        logger.info("decode graphs: %d in %.1f s, %.1f MiB", len(keys), self.capture_time_s,
-                    self.capture_memory_bytes / 2**20)
+        with self.cost.measure("decode graphs", len(keys)):
+            for mode, bs in tqdm(keys, desc="capturing decode graphs",
+                                 disable=not self.show_progress):
+                self._capture_one(mode, bs)
 
     def _capture_one(self, mode: ForwardMode, bs: int) -> None:
         width = self.tokens_per_req[mode]
@@ -140,5 +131,4 @@ class DecodeGraphRunner:
         return {"batch_sizes": self.buckets,
                 "modes": {m.name: w for m, w in self.tokens_per_req.items()},
                 "hidden_mode": self.hidden_mode.name,
-                "capture_time_s": round(self.capture_time_s, 3),
-                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1)}
+                **self.cost.info()}

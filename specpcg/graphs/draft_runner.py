@@ -19,19 +19,15 @@ exercises the exact code a graph replays.
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import NamedTuple, Optional
 
 import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import joined_capture_stream
+from specpcg.graphs.breakable import CaptureCost, joined_capture_stream
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.kv_cache import SINK_SLOT
-
-logger = logging.getLogger(__name__)
 
 
 class RoundRow(NamedTuple):
@@ -114,7 +110,7 @@ class DraftGraphRunner:
                                      hidden, self.model.head_weight.dtype, model_runner.device)
         self.graphs: dict = {}  # (kind, bs) -> CUDAGraph
         self.outputs: dict = {}
-        self.capture_time_s, self.capture_memory_bytes = 0.0, 0
+        self.cost = CaptureCost()
 
     @property
     def max_bs(self) -> int:
@@ -180,20 +176,15 @@ class DraftGraphRunner:
     def capture(self) -> None:
         from tqdm import tqdm
 
-        t0, mem0 = time.perf_counter(), torch.cuda.memory_allocated()
         kinds = ["catch_up"] + (["chain"] if self.steps > 0 else [])
         keys = [(k, bs) for bs in sorted(self.buckets, reverse=True) for k in kinds]
         pad_row = self.model_runner.kv_cache.req_pool.pad_row
-        for kind, bs in tqdm(keys, desc="capturing draft round graphs",
-                             disable=not self.show_progress):
-            host = self.buf.pack(bs, pad_row, [], None)  # all padding: sink slots, pad row
-            self.buf.ints[:host.shape[0]].copy_(host)
-            self._capture_one(kind, bs)
-        torch.cuda.synchronize()
-        self.capture_time_s = time.perf_counter() - t0
-        self.capture_memory_bytes = torch.cuda.memory_allocated() - mem0
-        logger.info("draft round graphs: %d in %.1f s, %.1f MiB", len(keys), self.capture_time_s,
-                    self.capture_memory_bytes / 2**20)
+        with self.cost.measure("draft round graphs", len(keys)):
+            for kind, bs in tqdm(keys, desc="capturing draft round graphs",
+                                 disable=not self.show_progress):
+                host = self.buf.pack(bs, pad_row, [], None)  # all padding: sink slots, pad row
+                self.buf.ints[:host.shape[0]].copy_(host)
+                self._capture_one(kind, bs)
 
     def _body(self, kind: str, bs: int, seq_lens_cpu: list, lens_cpu: list):
         if kind == "catch_up":
@@ -223,11 +214,11 @@ class DraftGraphRunner:
         if self.model_runner.device.type == "cuda":
             host = host.pin_memory()
         self.buf.ints[:host.shape[0]].copy_(host, non_blocking=True)
+        views = self.buf.views(bs)
         if verify_hidden is not None:
-            rows = self.buf.views(bs)["verify_rows"]
             dst = self.buf.target_hidden[:bs * self.width].view(bs, self.width, -1)
-            torch.index_select(verify_hidden, 0, rows, out=dst)
-        return self.buf.views(bs)["roots"][:len(reqs)]
+            torch.index_select(verify_hidden, 0, views["verify_rows"], out=dst)
+        return views["roots"][:len(reqs)]
 
     def catch_up(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
         """After `load`: ([bs, V] logits, [bs, H] hidden) at each request's last accepted row."""
@@ -250,5 +241,4 @@ class DraftGraphRunner:
 
     def info(self) -> dict:
         return {"batch_sizes": self.buckets, "chain_steps": self.steps, "catch_up_width": self.width,
-                "captured": bool(self.graphs), "capture_time_s": round(self.capture_time_s, 3),
-                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1)}
+                "captured": bool(self.graphs), **self.cost.info()}

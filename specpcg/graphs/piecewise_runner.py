@@ -8,21 +8,17 @@ serves batches of many requests and last-token logprobs. Padded tokens write KV 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
 
 import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import (BreakableGraph, breakable_capture, capture_stream,
-                                      joined_capture_stream)
+from specpcg.graphs.breakable import (BreakableGraph, CaptureCost, breakable_capture,
+                                      capture_stream, joined_capture_stream)
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.staging import StagingArena
 from specpcg.kv_cache import SINK_SLOT
 from specpcg.router import Refusal, hidden_refusal
-
-logger = logging.getLogger(__name__)
 
 
 class StaticInputs:
@@ -72,8 +68,7 @@ class PiecewiseRunner:
         self.staging = StagingArena(self.buckets[-1])
         self.graphs: dict = {}
         self.outputs: dict = {}
-        self.capture_time_s = 0.0
-        self.capture_memory_bytes = 0
+        self.cost = CaptureCost()
 
     @property
     def max_tokens(self) -> int:
@@ -91,23 +86,22 @@ class PiecewiseRunner:
     def capture(self) -> None:
         from tqdm import tqdm
 
-        t0, mem0 = time.perf_counter(), torch.cuda.memory_allocated()
         order = sorted(self.buckets, reverse=True)  # largest first: smaller ones reuse its blocks
-        self._run_body(self._dummy_batch(order[0]))  # warm-up: lazy init, Triton compilation
-        for n in tqdm(order, desc="capturing piecewise graphs", disable=not self.show_progress):
-            batch = self._dummy_batch(n)
-            graph = BreakableGraph()
-            self.model_runner.attn_backend.init_forward_metadata(batch)
-            with forward_context(ForwardContext(batch, self.model_runner.attn_backend, n)):
-                with breakable_capture(graph, self.pool, capture_stream(), self.staging):
-                    self.outputs[n] = self.model_runner.model(batch.input_ids, batch.positions,
-                                                              self.aux_layers)
-            self.graphs[n] = graph
-        torch.cuda.synchronize()
-        self.capture_time_s = time.perf_counter() - t0
-        self.capture_memory_bytes = torch.cuda.memory_allocated() - mem0
-        logger.info("piecewise graphs: %d buckets in %.1f s, %.1f MiB", len(order),
-                    self.capture_time_s, self.capture_memory_bytes / 2**20)
+        with self.cost.measure("piecewise graphs", len(order)):
+            self._run_body(self._dummy_batch(order[0]))  # warm-up: lazy init, Triton compile
+            for n in tqdm(order, desc="capturing piecewise graphs",
+                          disable=not self.show_progress):
+                self._capture_one(n)
+
+    def _capture_one(self, n: int) -> None:
+        batch = self._dummy_batch(n)
+        graph = BreakableGraph()
+        self.model_runner.attn_backend.init_forward_metadata(batch)
+        with forward_context(ForwardContext(batch, self.model_runner.attn_backend, n)):
+            with breakable_capture(graph, self.pool, capture_stream(), self.staging):
+                self.outputs[n] = self.model_runner.model(batch.input_ids, batch.positions,
+                                                          self.aux_layers)
+        self.graphs[n] = graph
 
     def _run_body(self, batch: ForwardBatch):
         with torch.cuda.stream(joined_capture_stream()):
@@ -144,6 +138,5 @@ class PiecewiseRunner:
     def info(self) -> dict:
         return {"num_buckets": len(self.graphs), "max_tokens": self.max_tokens,
                 "hidden_mode": self.hidden_mode.name, "aux_layers": list(self.aux_layers),
-                "capture_time_s": round(self.capture_time_s, 3),
-                "capture_memory_mb": round(self.capture_memory_bytes / 2**20, 1),
+                **self.cost.info(),
                 "staging_memory_mb": round(self.staging.num_bytes / 2**20, 1)}
