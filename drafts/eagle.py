@@ -24,6 +24,7 @@ import torch
 
 from drafts.base import DraftWorker, Proposal
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
+from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.wiring import build_round_runner
 from kernels.tree import build_tree
@@ -194,12 +195,9 @@ class HeadDraft(RoundDrafting, DraftWorker):
         slots = self.kv_cache.extend_many(idx, [num_steps] * len(states))
         base = [s.num_cached for s in states]
         host = torch.tensor([slots, [[b + j for j in range(num_steps)] for b in base]]).transpose(1, 2)
-        host = host.contiguous()  # [2, steps, bs]: each step's slots and positions contiguous
-        host_rows = torch.tensor(idx)
-        if device.type == "cuda":
-            host, host_rows = host.pin_memory(), host_rows.pin_memory()
-        packed = host.to(device, non_blocking=True)
-        rows = host_rows.to(device, non_blocking=True)
+        # [2, steps, bs]: each step's slots and positions contiguous
+        packed = to_device(host.contiguous(), device)
+        rows = to_device(idx, device)
         ones = torch.ones(len(states), dtype=torch.long, device=device)
 
         def make(step: int, token, hidden) -> ForwardBatch:
@@ -253,7 +251,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         rows = [_Row(st.req_pool_idx, st.num_cached + (s - 1) * k) for st in states]
         batch = self._batch(ForwardMode.DRAFT_EXTEND, rows, tokens.tolist(),
                               branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
-        base = torch.tensor([st.num_cached for st in states], device=tokens.device)
+        base = to_device([st.num_cached for st in states], tokens.device)
         batch.positions = (base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous()
         batch.tree_mask = ancestors.contiguous()
         batch.return_all_logits = True

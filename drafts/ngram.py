@@ -103,7 +103,7 @@ def _chain(conts: list, n: int) -> tuple:
 def _trie_bfs(conts: list, n: int) -> tuple:
     """Merges continuations into a trie under the root; its first n - 1 nodes in BFS order."""
     children: dict = {0: {}}  # node -> {token: child node}
-    tokens, parents, level = [None], [-1], []
+    tokens, parents = [None], [-1]
     for cont in conts:
         node = 0
         for tok in cont:

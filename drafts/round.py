@@ -16,6 +16,7 @@ import torch
 
 from drafts.base import Proposal
 from specpcg.graphs.draft_runner import RoundRow
+from specpcg.transfer import to_device
 
 
 class CatchUpPlan(NamedTuple):
@@ -82,6 +83,5 @@ class RoundDrafting:
 
 
 def roots_of(reqs: list, device) -> torch.Tensor:
-    """Each request's last committed token, on the device; non_blocking: a plain host tensor
-    is staged and copied without a stream sync."""
-    return torch.tensor([r.all_ids[-1] for r in reqs]).to(device, non_blocking=True)
+    """Each request's last committed token, on the device (no host sync)."""
+    return to_device([r.all_ids[-1] for r in reqs], device)

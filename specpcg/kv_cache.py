@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from specpcg.transfer import to_device
+
 SINK_SLOT = 0
 
 
@@ -136,8 +138,8 @@ class KVCache:
             slots.extend(new)
             new_all.append(new)
         if rows:
-            packed = torch.tensor([rows, cols, [s for new in new_all for s in new]])  # [3, n]
-            packed = packed.to(self.req_pool.req_to_token.device, non_blocking=True)
+            packed = to_device([rows, cols, [s for new in new_all for s in new]],
+                               self.req_pool.req_to_token.device)  # [3, n]
             self.req_pool.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
         return new_all
 
@@ -161,8 +163,7 @@ class KVCache:
         del slots[prefix_len:]
         slots.extend(kept)
         row = self.req_pool.req_to_token[req_pool_idx]
-        row[prefix_len:prefix_len + len(kept)] = torch.tensor(kept, dtype=torch.int32).to(
-            row.device, non_blocking=True)
+        row[prefix_len:prefix_len + len(kept)] = to_device(kept, row.device, torch.int32)
 
     def release(self, req_pool_idx: int) -> None:
         self.pool.allocator.free(self._slots.pop(req_pool_idx))

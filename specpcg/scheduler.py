@@ -15,6 +15,7 @@ import torch
 
 from specpcg.core import ForwardBatch, ForwardMode, Request
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
+from specpcg.transfer import to_device
 
 
 class Scheduler:
@@ -91,7 +92,7 @@ class Scheduler:
             row += chunk_len
             (done if req.num_cached == len(req.all_ids) else chunked).append(req)
         self.waiting.extendleft(reversed(chunked))
-        last = torch.tensor([reqs.index(r) for r in done], dtype=torch.long, device=self.device)
+        last = to_device([reqs.index(r) for r in done], self.device)
         return self._sample_and_finish(done, out.logits[last] if done else None)
 
     # -- decode --------------------------------------------------------------------------------
@@ -185,8 +186,7 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -
     num_tokens, bs = len(positions), len(reqs)
     flat_ids = [t for ids in new_ids for t in ids]
     rows = [r.req_pool_idx for r in reqs]
-    host = torch.tensor(flat_ids + positions + slots + rows + seq_lens + ext_lens)
-    packed = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+    packed = to_device(flat_ids + positions + slots + rows + seq_lens + ext_lens, device)
     parts = packed.split([num_tokens] * 3 + [bs] * 3)
     return ForwardBatch(
         forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],

@@ -28,6 +28,7 @@ from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, joined_capture_stream
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.kv_cache import SINK_SLOT
+from specpcg.transfer import to_device
 
 
 class RoundRow(NamedTuple):
@@ -211,9 +212,7 @@ class DraftGraphRunner:
         Returns the requests' root tokens [n] on the device (a view: copy before next load)."""
         pad_row = self.model_runner.kv_cache.req_pool.pad_row
         host = self.buf.pack(bs, pad_row, reqs, chain_slots)
-        if self.model_runner.device.type == "cuda":
-            host = host.pin_memory()
-        self.buf.ints[:host.shape[0]].copy_(host, non_blocking=True)
+        self.buf.ints[:host.shape[0]].copy_(to_device(host, self.buf.ints.device))
         views = self.buf.views(bs)
         if verify_hidden is not None:
             dst = self.buf.target_hidden[:bs * self.width].view(bs, self.width, -1)

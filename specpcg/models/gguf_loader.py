@@ -11,7 +11,6 @@ own dtype afterwards). Two layout facts matter:
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np

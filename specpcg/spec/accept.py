@@ -17,6 +17,7 @@ import torch
 from kernels.sampling import verify_sampling
 from kernels.verify import VerifyResult, verify_greedy
 from specpcg.sampler import target_probs
+from specpcg.transfer import to_device
 
 
 def _target_probs(logits: torch.Tensor, params) -> torch.Tensor:
@@ -89,7 +90,7 @@ def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
                              logits.argmax(-1), max_depth)
     parts = []
     if greedy:
-        rows = torch.tensor(greedy, device=device)
+        rows = to_device(greedy, device)
         predict = logits[rows].argmax(-1)  # [n, N]
         if simulate is not None:
             coins = simulate.coins((len(greedy), max_depth), device)
@@ -98,7 +99,7 @@ def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
             parts.append((rows, verify_greedy(tree.draft_tokens[rows], tree.first_child[rows],
                                               tree.next_sibling[rows], predict, max_depth)))
     if sampled:
-        rows = torch.tensor(sampled, device=device)
+        rows = to_device(sampled, device)
         probs = torch.stack([_target_probs(logits[i], reqs[i].params) for i in sampled])
         coins = torch.stack([torch.rand(num_nodes + 1, generator=reqs[i].generator,
                                         device=device) for i in sampled])  # [n, N + 1]

@@ -14,6 +14,7 @@ from kernels.tree import chain_tree, tree_from_parents
 from specpcg.core import CaptureHiddenMode, ForwardMode
 from specpcg.sampler import record_output_logprobs
 from specpcg.spec.accept import SimulatedAccept, accept
+from specpcg.transfer import to_device
 
 
 class SpecDecoder:
@@ -58,7 +59,7 @@ class SpecDecoder:
             batch.aux_hidden_layers = self.draft.aux_layers
         if proposal.parents is not None:
             # NOTE: a node sits at prefix_len + depth and sees only its ancestors.
-            batch.positions = (torch.tensor(prefix_lens, device=self.device)[:, None]
+            batch.positions = (to_device(prefix_lens, self.device)[:, None]
                                + tree.depths).flatten()
             batch.tree_mask = tree.tree_mask
         return tree, self.router.forward(batch), prefix_lens
@@ -90,7 +91,7 @@ class SpecDecoder:
             req.num_cached = prefix_lens[i] + m + 1
             emitted.append([tokens[i][node] for node in path[1:]] + [bonus[i]])
             if req.return_logprob:  # node path[j]'s logits chose emitted token j
-                chosen = torch.tensor(emitted[-1], device=logits.device)
+                chosen = to_device(emitted[-1], logits.device)
                 record_output_logprobs(logits[i, path], chosen, [req] * len(path))
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += m
