@@ -234,8 +234,10 @@ def save_head(head, spec: HeadSpec, target_cfg: ModelConfig, out_dir: str) -> st
 
 
 def random_head(algorithm: str, target_cfg: ModelConfig, device, dtype, seed: int = 0,
-                draft_vocab_size: int = 0, intermediate_size: int | None = None):
-    """A freshly initialised head shaped for `target_cfg` (tests, and the trainer's start)."""
+                draft_vocab_size: int = 0, intermediate_size: int | None = None,
+                aux_layer_ids: tuple = ()):
+    """A freshly initialised head shaped for `target_cfg` (tests, and the trainer's start);
+    aux_layer_ids: EAGLE3's fused target layers (() = SGLang's default low, middle, high)."""
     if algorithm not in HEAD_ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(HEAD_ALGORITHMS)}")
     layer_cfg = target_cfg.with_overrides(
@@ -243,8 +245,8 @@ def random_head(algorithm: str, target_cfg: ModelConfig, device, dtype, seed: in
         intermediate_size=intermediate_size or target_cfg.intermediate_size)
     spec = HeadSpec(algorithm=algorithm, layer_cfg=layer_cfg,
                     draft_vocab_size=draft_vocab_size if algorithm == "EAGLE3" else 0,
-                    aux_layer_ids=default_aux_layer_ids(target_cfg.num_layers)
-                    if algorithm == "EAGLE3" else (),
+                    aux_layer_ids=(tuple(aux_layer_ids) or default_aux_layer_ids(
+                        target_cfg.num_layers)) if algorithm == "EAGLE3" else (),
                     has_head=algorithm == "EAGLE3")
     head = build_head(spec, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)

@@ -2,7 +2,8 @@
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data train.jsonl] [--num-prompts N] [--max-new-tokens 256] [--num-shots 5]
-        [--minutes 4.75] [--ttt-steps 3] [--draft-vocab-size 8192] [--device auto] [--seed 0]
+        [--minutes 4.75] [--ttt-steps 3] [--draft-vocab-size 8192] [--aux-layer-ids 1,14,29]
+        [--device auto] [--seed 0]
 
 Pipeline: GSM8K train questions in the benchmark's few-shot format -> the target's own greedy
 answers (Engine) -> the target's features and greedy labels over each whole sequence (dense
@@ -20,7 +21,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Optional
 
 import torch
@@ -51,6 +52,8 @@ class TrainOptions:
     minutes: float = 4.75
     ttt_steps: int = 3
     draft_vocab_size: int = 8192  # EAGLE3
+    # EAGLE3: the target layers it fuses; () = SGLang's default (low, middle, high).
+    aux_layer_ids: tuple = ()
     num_layers: int = 4  # STANDALONE: the target's first K layers
     device: str = "auto"
     seed: int = 0
@@ -72,6 +75,11 @@ class TrainOptions:
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        aux = opts.aux_layer_ids
+        if not isinstance(aux, (tuple, list)) or (aux and (len(set(aux)) != 3 or any(
+                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in aux))):
+            raise ValueError(f"aux_layer_ids must be three distinct layer indices, got {aux!r}")
+        opts = replace(opts, aux_layer_ids=tuple(aux))
         if not opts.minutes > 0 or not 0 <= opts.heldout_frac < 1:
             raise ValueError(f"minutes must be > 0 and heldout_frac in [0, 1), got "
                              f"{opts.minutes!r} and {opts.heldout_frac!r}")
@@ -101,11 +109,18 @@ def _split(num_seqs: int, heldout_frac: float, seed: int) -> dict:
     return {"heldout": sorted(perm[:k]), "train": sorted(perm[k:])}
 
 
-def _feature_layers(algorithm: str, num_layers: int) -> tuple:
+def _aux_layer_ids(o: TrainOptions, num_layers: int) -> tuple:
+    ids = o.aux_layer_ids or default_aux_layer_ids(num_layers)
+    if any(i >= num_layers for i in ids):
+        raise ValueError(f"aux_layer_ids {list(ids)} name layers past the target's {num_layers}")
+    return tuple(ids)
+
+
+def _feature_layers(algorithm: str, aux_layer_ids: tuple) -> tuple:
     """The target layers whose *entering* residual stream EAGLE3 reads (layer i's output)."""
     if FEATURES[algorithm] != "aux":
         return ()
-    return tuple(sorted(i + 1 for i in default_aux_layer_ids(num_layers)))
+    return tuple(sorted(i + 1 for i in aux_layer_ids))
 
 
 def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
@@ -133,17 +148,19 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
 
     seqs = shared_answers(answers_cache, make) if answers_cache else make()
     model, target_cfg, device = engine.model, engine.model_config, engine.device
+    aux = _aux_layer_ids(o, target_cfg.num_layers)
     if own:
         engine.shutdown()  # frees its KV cache and graphs; `model` stays for the features
     times["generate_s"] = time.perf_counter() - t0
-    feats = extract_features(model, seqs, _feature_layers(algorithm, target_cfg.num_layers),
+    feats = extract_features(model, seqs, _feature_layers(algorithm, aux),
                              FEATURES[algorithm] is not None, device,
                              show_progress=o.show_progress)
     times["features_s"] = time.perf_counter() - t0 - times["generate_s"]
     split = _split(feats.num_seqs, o.heldout_frac, o.seed)
     os.makedirs(out, exist_ok=True)
     loop = o.loop(_loop_minutes(o, time.perf_counter() - t0))
-    record = _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device, out)
+    record = _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device,
+                    out, aux)
     times["train_s"] = record.pop("train_s")
     times["total_s"] = time.perf_counter() - t0
     _write_log(out, algorithm, target_path, o, seqs, split, record, times, device)
@@ -161,7 +178,7 @@ def _loop_minutes(o: TrainOptions, elapsed_s: float) -> float:
 
 
 def _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device,
-           out) -> dict:
+           out, aux_layer_ids: tuple) -> dict:
     if algorithm == "STANDALONE":  # a whole model, not a head: its own trainer
         from drafts.train_standalone import train_standalone
 
@@ -169,7 +186,7 @@ def _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, dev
     from drafts.train_heads import train_head
 
     return train_head(algorithm, model, target_cfg, feats, split, loop, o.ttt_steps,
-                      o.draft_vocab_size, device, out)
+                      o.draft_vocab_size, device, out, aux_layer_ids)
 
 
 def _default_target() -> str:
@@ -211,6 +228,7 @@ def ensure_draft(algorithm: str, target: Optional[str] = None, cache_dir: str = 
     options = {k: v for k, v in asdict(o).items() if k not in ("device", "show_progress")}
     key = {"algorithm": algorithm, "target": os.path.abspath(target or _default_target()),
            "data": os.path.abspath(data), "options": options, "version": TRAINER_VERSION}
+    key = json.loads(json.dumps(key))  # as the manifest reads back (tuples become lists)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     path = os.path.join(cache_dir, f"{algorithm.lower()}-{digest}")
     manifest = os.path.join(path, "manifest.json")
@@ -247,6 +265,8 @@ def main(argv=None) -> None:
         if f.name == "show_progress":
             continue
         kind = type(f.default) if f.default is not None else int
+        if kind is tuple:  # a comma list of ints, e.g. --aux-layer-ids 1,14,29
+            kind = lambda v: tuple(int(x) for x in v.split(",") if x)  # noqa: E731
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = vars(p.parse_args(argv))

@@ -109,12 +109,12 @@ def head_accuracy(head, backend, rows: HeadRows, num_steps: int):
 
 
 def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_size: int,
-             device, seed: int):
+             device, seed: int, aux_layer_ids: tuple = ()):
     """random_head, attached to the target; EAGLE3 keeps the most used target ids as its
     vocabulary and starts its LM head from the target's rows for them."""
     size = min(draft_vocab_size, target_cfg.vocab_size)
     head, spec = random_head(algorithm, target_cfg, device, torch.float32, seed=seed,
-                             draft_vocab_size=size)
+                             draft_vocab_size=size, aux_layer_ids=aux_layer_ids)
     head.attach_target(target)
     if hasattr(head, "set_d2t"):
         ids = choose_draft_vocab(feats, head.head_weight.shape[0], target_cfg.vocab_size)
@@ -129,11 +129,11 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
-               out_dir: str) -> dict:
+               out_dir: str, aux_layer_ids: tuple = ()) -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
-                          opts.seed)
+                          opts.seed, aux_layer_ids)
     t2d = torch.full((target_cfg.vocab_size,), -1, dtype=torch.long, device=device)
     ids = draft_vocab(head)
     t2d[ids] = torch.arange(ids.shape[0], device=device)

@@ -179,6 +179,40 @@ def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_pat
     assert trained_accept > start_accept + 0.3, (trained_accept, start_accept)
 
 
+def test_eagle3_fuses_the_layers_it_was_trained_on(tiny, tmp_path):
+    """aux_layer_ids picks the target layers an EAGLE3 head trains on; the checkpoint names them
+    and the engine captures those layers (the default would be (0, 2, 3) on 4 layers)."""
+    target, engine, prompts, plain = tiny
+    out = train_draft("EAGLE3", target, prompts, str(tmp_path / "draft"), engine=engine,
+                      max_new_tokens=GREEDY["max_new_tokens"], max_steps=3, minutes=10,
+                      draft_vocab_size=96, aux_layer_ids=(0, 1, 3), show_progress=False)
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]
+    spec_engine = _engine(target, speculative_algorithm="EAGLE3",
+                          speculative_draft_model_path=out)
+    info = spec_engine.get_server_info()["speculative"]["draft"]
+    assert info["aux_layer_ids"] == [0, 1, 3] and info["target_aux_layers"] == [1, 2, 4]
+    outs = spec_engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in outs] == plain
+
+
+@pytest.mark.parametrize("aux", [(1, 1, 2), (0, 1), (0, 1, -2), [0, 1, True]])
+def test_bad_aux_layer_ids_are_refused(aux):
+    from drafts.train import TrainOptions
+
+    with pytest.raises(ValueError, match="aux_layer_ids must be three distinct"):
+        TrainOptions.from_kwargs({"aux_layer_ids": aux})
+
+
+def test_aux_layer_ids_past_the_target_are_refused(tiny, tmp_path):
+    target, engine, prompts, _ = tiny
+    with pytest.raises(ValueError, match=r"aux_layer_ids \[0, 1, 4\] name layers past the "
+                                         r"target's 4"):
+        train_draft("EAGLE3", target, prompts, str(tmp_path / "d"), engine=engine,
+                    max_new_tokens=4, max_steps=1, minutes=10, aux_layer_ids=(0, 1, 4),
+                    show_progress=False)
+
+
 def test_minutes_bound_the_whole_run():
     """The loop gets what generation and features left of `minutes`, less the finishing
     margin; a budget they already spent is refused with the figures."""
