@@ -54,6 +54,8 @@ class TrainOptions:
     draft_vocab_size: int = 8192  # EAGLE3
     # EAGLE3: the target layers it fuses; () = SGLang's default (low, middle, high).
     aux_layer_ids: tuple = ()
+    # Heads: tokens of the shared few-shot prefix's end they train on (0 = whole sequences).
+    head_context: int = 0
     num_layers: int = 4  # STANDALONE: the target's first K layers
     device: str = "auto"
     seed: int = 0
@@ -75,6 +77,9 @@ class TrainOptions:
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(opts.head_context, bool) or not isinstance(opts.head_context, int) or \
+                opts.head_context < 0:
+            raise ValueError(f"head_context must be an integer >= 0, got {opts.head_context!r}")
         aux = opts.aux_layer_ids
         if not isinstance(aux, (tuple, list)) or (aux and (len(set(aux)) != 3 or any(
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in aux))):
@@ -186,7 +191,7 @@ def _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, dev
     from drafts.train_heads import train_head
 
     return train_head(algorithm, model, target_cfg, feats, split, loop, o.ttt_steps,
-                      o.draft_vocab_size, device, out, aux_layer_ids)
+                      o.draft_vocab_size, device, out, aux_layer_ids, o.head_context)
 
 
 def _default_target() -> str:

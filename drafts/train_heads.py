@@ -42,13 +42,22 @@ class HeadRows:
     target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
 
 
+def window_start(feats: Features, context: int) -> int:
+    """The first position a head trains on: `context` tokens before the end of the shared
+    few-shot prefix (0 = the whole sequence). The prefix is most of every sequence and no loss
+    falls in it; a window over its end keeps the attention the head learns near what follows
+    while each step costs a fraction (RoPE scores depend on relative positions only)."""
+    return max(feats.shared_len - context, 0) if context else 0
+
+
 def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
-              with_next: bool) -> HeadRows:
+              with_next: bool, start: int = 0) -> HeadRows:
+    """start: window_start; the window's rows sit at batch positions 0.. ."""
     store = feats.labels.device
-    lens = [feats.seq_len(i) - 1 for i in seq_ids]
-    at = torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
+    lens = [feats.seq_len(i) - 1 - start for i in seq_ids]
+    at = torch.cat([torch.arange(feats.offsets[i] + start, feats.offsets[i] + start + n)
                     for i, n in zip(seq_ids, lens)]).to(store)  # feature row of each head row
-    pos = torch.cat([torch.arange(n) for n in lens]).to(device)
+    pos = torch.cat([torch.arange(start, start + n) for n in lens]).to(device)  # in the sequence
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
         torch.tensor(lens)).to(device)
     return HeadRows(
@@ -129,7 +138,7 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
-               out_dir: str, aux_layer_ids: tuple = ()) -> dict:
+               out_dir: str, aux_layer_ids: tuple = (), context: int = 0) -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
@@ -140,8 +149,9 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     weight = HIDDEN_LOSS_WEIGHT.get(algorithm, 0.0)
     lc = spec.layer_cfg
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5)
-    lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
-    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
+    start = window_start(feats, context)
+    lens = [feats.seq_len(i) - 1 - start for i in range(feats.num_seqs)]
+    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0, start)  # noqa: E731
     train_batches = length_batches(lens, split["train"], opts.token_budget)
     eval_batches = length_batches(lens, split["heldout"], opts.token_budget)
     accuracy = lambda b: head_accuracy(head, backend, rows(b), ttt_steps)  # noqa: E731
@@ -150,6 +160,6 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                  lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts)
     record.update(initial_heldout_top1=initial,
                   heldout_top1=evaluate(head, eval_batches, accuracy),
-                  draft_vocab_size=int(ids.shape[0]))
+                  draft_vocab_size=int(ids.shape[0]), window_start=start)
     save_head(head.to(torch.bfloat16), spec, target_cfg, out_dir)
     return record

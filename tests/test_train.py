@@ -158,13 +158,18 @@ def _untrained_draft(algorithm, target, target_cfg, out) -> str:
     return save_head(head, spec, target_cfg, out)
 
 
-@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"])
-def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_path):
+@pytest.mark.parametrize("algorithm,context", [("EAGLE", 0), ("EAGLE3", 0), ("NEXTN", 0),
+                                               ("STANDALONE", 0), ("EAGLE3", 4)])
+def test_trained_draft_learns_loads_and_beats_its_start(algorithm, context, tiny, tmp_path):
+    """context: head_context (4 tokens of the shared prefix's end; 0: whole sequences)."""
     target, engine, prompts, plain = tiny
     out = train_draft(algorithm, target, prompts, str(tmp_path / "draft"), engine=engine,
                       max_new_tokens=GREEDY["max_new_tokens"], max_steps=40, lr=3e-3,
-                      minutes=10, draft_vocab_size=96, num_layers=1, show_progress=False)
+                      minutes=10, draft_vocab_size=96, num_layers=1, head_context=context,
+                      show_progress=False)
     log = json.loads((tmp_path / "draft" / "train_log.json").read_text())
+    if context:
+        assert log["window_start"] == log["shared_prefix_tokens"] - context > 0
     assert log["steps"] == 40 and len(log["heldout_top1"]) == (
         1 if algorithm == "STANDALONE" else 3)
     assert log["final_loss"] < 0.7 * log["initial_loss"], log["loss_curve"]
@@ -211,6 +216,35 @@ def test_aux_layer_ids_past_the_target_are_refused(tiny, tmp_path):
         train_draft("EAGLE3", target, prompts, str(tmp_path / "d"), engine=engine,
                     max_new_tokens=4, max_steps=1, minutes=10, aux_layer_ids=(0, 1, 4),
                     show_progress=False)
+
+
+def test_a_window_over_the_shared_prefix_keeps_each_rows_token_label_and_masks():
+    """head_context: the windowed rows are the whole-sequence rows at positions >= the window's
+    start, with the same inputs, labels, target features and loss / accuracy masks."""
+    from drafts.train_data import Features
+    from drafts.train_heads import head_rows, window_start
+
+    gen = torch.Generator().manual_seed(0)
+    lens, shared = [30, 24, 41], 17
+    n = sum(lens)
+    offsets = [0, 30, 54, 95]
+    feats = Features(token_ids=torch.randint(0, 50, (n,), generator=gen),
+                     labels=torch.randint(0, 50, (n,), generator=gen),
+                     hidden=torch.randn(n, 8, generator=gen), offsets=offsets,
+                     prompt_lens=[20, 19, 25], shared_len=shared)
+    t2d = torch.arange(50)
+    start = window_start(feats, 5)
+    assert start == 12 and window_start(feats, 0) == 0 and window_start(feats, 99) == 0
+    full = head_rows(feats, [0, 1, 2], t2d, CPU, True)
+    win = head_rows(feats, [0, 1, 2], t2d, CPU, True, start)
+    pos = torch.cat([torch.arange(k - 1) for k in lens])
+    keep = pos >= start
+    assert win.batch.positions.tolist() == torch.cat(
+        [torch.arange(k - 1 - start) for k in lens]).tolist()
+    for field in ("hidden", "labels", "loss_mask", "acc_mask", "target_next"):
+        assert torch.equal(getattr(win, field), getattr(full, field)[keep]), field
+    assert torch.equal(win.batch.input_ids, full.batch.input_ids[keep])
+    assert win.loss_mask.any() and not win.loss_mask.all()
 
 
 def test_minutes_bound_the_whole_run():
