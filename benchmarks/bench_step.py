@@ -6,8 +6,9 @@ engine decodes --num-questions five-shot GSM8K questions one at a time under cPr
 cumulative wall time of its function per step; `sync_wait` is the time spent in the one
 device-to-host copy a step makes (the host waiting for the GPU). A step whose host phases add up
 to much more than its GPU work is host-bound: that gap is what CUDA graphs and queued (pinned)
-copies remove. cProfile itself slows the host, so the absolute step time here is an upper bound;
-bench_heads measures speed.
+copies remove. `graph_gpu_us` is the GPU time of one replay of each batch-1 graph the step uses
+(the floor a step could reach with no host work at all). cProfile itself slows the host, so the
+absolute step time here is an upper bound; bench_heads measures speed.
 
     python benchmarks/bench_step.py --model-path /path/SmolLM2-135M-Instruct.Q4_1.gguf
     python benchmarks/bench_step.py --random-heads --algorithms none,EAGLE   # untrained drafts
@@ -35,9 +36,9 @@ PHASES = (
     ("propose", "drafts/standalone.py", "propose"),
     ("propose", "drafts/ngram.py", "propose"),
     ("verify", "specpcg/spec/loop.py", "_verify"),
+    ("target_forward", "specpcg/router.py", "forward"),
     ("accept", "specpcg/spec/accept.py", "accept"),
     ("commit", "specpcg/spec/loop.py", "_commit"),
-    ("forward", "specpcg/router.py", "forward"),
     ("sample", "specpcg/scheduler.py", "_sample_and_finish"),
     ("append_and_finish", "specpcg/scheduler.py", "_append_and_finish"),
 )
@@ -85,6 +86,36 @@ def top_functions(stats: pstats.Stats, steps: int, n: int = 25) -> list:
             for (path, line, func), (_, nc, tt, _, _) in rows]
 
 
+def graph_gpu_us(engine, replays: int = 50) -> dict:
+    """GPU time of one replay of each batch-1 graph a step uses (the target's decode / verify
+    graph, the draft round's catch-up and chain), replayed back to back between CUDA events.
+    Run after every request finished: the replays write KV only into free slots."""
+    import torch
+
+    if engine.device.type != "cuda":
+        return {}
+    graphs = {}
+    decode = engine.router.runners.get("decode_graph")
+    for (mode, bs), graph in (decode.graphs.items() if decode else ()):
+        if bs == 1:
+            graphs[f"target_{mode.name.lower()}"] = graph
+    rnd = getattr(engine.draft, "round", None)
+    for (kind, bs), graph in (rnd.graphs.items() if rnd else ()):
+        if bs == 1:
+            graphs[f"draft_{kind}"] = graph
+    out = {}
+    for name, graph in graphs.items():
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        out[name] = round(start.elapsed_time(end) / replays * 1e3, 1)
+    return out
+
+
 def verify_count(engine) -> int:
     return engine.get_server_info()["internal_states"][0].get("spec_verify_ct", 0)
 
@@ -108,6 +139,7 @@ def profile_system(args, algo: str, prompts: list, info: dict) -> dict:
     profiler.disable()
     seconds = time.perf_counter() - start
     verify = verify_count(engine) - before
+    gpu = graph_gpu_us(engine)
     engine.shutdown()
     num_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     num_steps = verify or num_tokens
@@ -117,7 +149,8 @@ def profile_system(args, algo: str, prompts: list, info: dict) -> dict:
             "num_questions": len(prompts), "output_tokens": num_tokens, "steps": num_steps,
             "tokens_per_step": round(num_tokens / num_steps, 3),
             "step_us": round(seconds / num_steps * 1e6, 1),
-            "phases_us": phase_times(stats, num_steps), "top": top_functions(stats, num_steps),
+            "phases_us": phase_times(stats, num_steps), "graph_gpu_us": gpu,
+            "top": top_functions(stats, num_steps),
             **info, "timestamp": common.now_iso()}
 
 

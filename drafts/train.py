@@ -3,7 +3,7 @@
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data train.jsonl] [--num-prompts N] [--max-new-tokens 256] [--num-shots 5]
         [--minutes 4.75] [--ttt-steps 3] [--draft-vocab-size 8192] [--aux-layer-ids 1,14,29]
-        [--device auto] [--seed 0]
+        [--head-context 128] [--device auto] [--seed 0]
 
 Pipeline: GSM8K train questions in the benchmark's few-shot format -> the target's own greedy
 answers (Engine) -> the target's features and greedy labels over each whole sequence (dense
@@ -55,7 +55,10 @@ class TrainOptions:
     # EAGLE3: the target layers it fuses; () = SGLang's default (low, middle, high).
     aux_layer_ids: tuple = ()
     # Heads: tokens of the shared few-shot prefix's end they train on (0 = whole sequences).
-    head_context: int = 0
+    # 128 on the default model: held-out top-1 and accept length rose for every head, since
+    # each step costs ~1/3 of a whole sequence's and the 5 minutes hold ~3x the epochs
+    # (benchmarks/results/experiments/head_context_eval.jsonl).
+    head_context: int = 128
     num_layers: int = 4  # STANDALONE: the target's first K layers
     device: str = "auto"
     seed: int = 0

@@ -34,22 +34,40 @@ class ModelRunner:
         return self.model(batch.input_ids, batch.positions, batch.aux_hidden_layers,
                           input_hidden=batch.input_hidden)
 
-    def postprocess(self, hidden: torch.Tensor, aux: list, batch: ForwardBatch) -> ModelOutput:
-        """Runs eagerly after the body: LM head on the rows asked for, hidden-state selection."""
+    def postprocess(self, hidden: torch.Tensor, aux: list, batch: ForwardBatch,
+                    logits: torch.Tensor | None = None) -> ModelOutput:
+        """Runs eagerly after the body: LM head on the rows asked for, hidden-state selection.
+        logits: every row's logits when the body computed them already (a decode graph)."""
         num_tokens = batch.num_tokens
         hidden, aux = hidden[:num_tokens], [a[:num_tokens] for a in aux]
-        last_rows = torch.cumsum(batch.extend_seq_lens, 0) - 1  # [bs]
-        all_logits = None
-        if batch.return_all_logits:
+        last = last_rows(batch)
+        if logits is not None:
+            all_logits = logits[:num_tokens]
+            last_logits = last(all_logits)
+        elif batch.return_all_logits:
             all_logits = self.model.compute_logits(hidden)
-            logits = all_logits[last_rows]
+            last_logits = last(all_logits)
         else:
-            logits = self.model.compute_logits(hidden[last_rows])
+            all_logits, last_logits = None, self.model.compute_logits(last(hidden))
         mode = batch.capture_hidden_mode
-        rows = None if mode == CaptureHiddenMode.FULL else last_rows
         hidden_out = aux_out = None
-        if mode != CaptureHiddenMode.NULL:
-            hidden_out = hidden if rows is None else hidden[rows]
-            aux_out = [a if rows is None else a[rows] for a in aux]
-        return ModelOutput(logits=logits, all_logits=all_logits, hidden_states=hidden_out,
-                           aux_hidden_states=aux_out)
+        if mode == CaptureHiddenMode.FULL:
+            hidden_out, aux_out = hidden, aux
+        elif mode != CaptureHiddenMode.NULL:
+            hidden_out, aux_out = last(hidden), [last(a) for a in aux]
+        return ModelOutput(logits=last_logits,
+                           all_logits=all_logits if batch.return_all_logits else None,
+                           hidden_states=hidden_out, aux_hidden_states=aux_out)
+
+
+def last_rows(batch: ForwardBatch):
+    """A function picking each request's last row of a [num_tokens, ...] tensor. When every
+    request has the same number of rows it is a view (no index built on the device)."""
+    lens = batch.extend_seq_lens_cpu
+    width = lens[0] if lens and all(n == lens[0] for n in lens) else None
+    if width == 1:
+        return lambda x: x
+    if width:
+        return lambda x: x.view(len(lens), width, *x.shape[1:])[:, -1]
+    rows = torch.cumsum(batch.extend_seq_lens, 0) - 1  # [bs]
+    return lambda x: x[rows]

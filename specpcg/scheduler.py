@@ -142,12 +142,7 @@ class Scheduler:
         running_ids = {id(r) for r in self.running}
         for req, tokens in zip(reqs, new_tokens):
             req.first_token_at = req.first_token_at or now
-            for token in tokens:
-                if req.params.max_new_tokens > 0:
-                    req.output_ids.append(token)
-                self.stop_checker.check(req)
-                if req.finished:
-                    break
+            self.stop_checker.append(req, tokens)
             if req.return_logprob:  # tokens cut by EOS or max_new_tokens lose theirs too
                 del req.output_logprobs[len(req.output_ids):]
             if req.finished:

@@ -11,25 +11,50 @@ class StopChecker:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.context_len = context_len
 
-    def check(self, req: Request) -> None:
-        """Sets req.finish_reason if the last output token ends the request."""
+    def append(self, req: Request, tokens: list) -> None:
+        """Appends a run of new tokens (a spec step's accepted drafts and bonus), stopping at
+        the first that ends the request. Stop strings cost a detokenization each, so they are
+        looked for once, in the tail the run ends; only a run that holds one is walked again
+        token by token to find where the request ends."""
+        start = len(req.output_ids)
+        self._walk(req, tokens, strings=False)
+        if not (req.params.stop and self.tokenizer is not None):
+            return
+        if self._stop_string(req, len(req.output_ids) - start):
+            del req.output_ids[start:]
+            req.finish_reason = req.matched_stop = None
+            self._walk(req, tokens, strings=True)
+
+    def _walk(self, req: Request, tokens: list, strings: bool) -> None:
+        for token in tokens:
+            if req.params.max_new_tokens > 0:
+                req.output_ids.append(token)
+            self.check(req, strings)
+            if req.finished:
+                return
+
+    def check(self, req: Request, strings: bool = True) -> None:
+        """Sets req.finish_reason if the last output token ends the request (stop strings
+        only when `strings`)."""
         params = req.params
         token = req.output_ids[-1] if req.output_ids else None
         if token is not None and token in params.stop_token_ids:
             req.finish_reason = {"type": "stop", "matched": token}
         elif token is not None and not params.ignore_eos and token in self.eos_token_ids:
             req.finish_reason = {"type": "stop", "matched": token}
-        elif params.stop and self.tokenizer is not None and self._stop_string(req):
+        elif strings and params.stop and self.tokenizer is not None and self._stop_string(req):
             req.finish_reason = {"type": "stop", "matched": req.matched_stop}
         elif len(req.output_ids) >= params.max_new_tokens:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
         elif req.seq_len >= self.context_len:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
 
-    def _stop_string(self, req: Request) -> bool:
-        # Only the tail can hold a new match: decode enough tokens to cover the longest stop string.
+    def _stop_string(self, req: Request, new_tokens: int = 1) -> bool:
+        # Only the tail can hold a new match: decode enough tokens to cover the longest stop
+        # string ending in any of the last `new_tokens` tokens.
         longest = max(len(s) for s in req.params.stop)
-        tail = self.tokenizer.decode(req.output_ids[-(longest + 8):], skip_special_tokens=False)
+        tail = self.tokenizer.decode(req.output_ids[-(longest + 7 + new_tokens):],
+                                     skip_special_tokens=False)
         for s in req.params.stop:
             if s in tail:
                 req.matched_stop = s

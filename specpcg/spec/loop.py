@@ -37,7 +37,8 @@ class SpecDecoder:
         tree, out, prefix_lens = self._verify(reqs, proposal)
         logits = out.all_logits.view(len(reqs), self.spec.num_draft_tokens, -1)
         result = accept(reqs, tree, proposal.draft_probs, logits, self.simulate)
-        return self._commit(reqs, tree, result, prefix_lens, out, logits)
+        return self._commit(reqs, tree, result, prefix_lens, out, logits,
+                            chain=proposal.parents is None)
 
     def _verify(self, reqs: list, proposal):
         """One TARGET_VERIFY forward over every request's N nodes (root + drafts)."""
@@ -73,7 +74,8 @@ class SpecDecoder:
             shape = self._chain_trees[key] = chain_tree(draft_tokens)
         return shape._replace(draft_tokens=draft_tokens)
 
-    def _commit(self, reqs: list, tree, result, prefix_lens: list, out, logits) -> list:
+    def _commit(self, reqs: list, tree, result, prefix_lens: list, out, logits,
+                chain: bool) -> list:
         """logits: [bs, N, V], the verify's; out: its ModelOutput (hidden states)."""
         n = tree.draft_tokens.shape[1]
         # One device-to-host copy for everything the host needs (each .tolist() is a sync).
@@ -99,19 +101,24 @@ class SpecDecoder:
             self.histogram[m] += 1
         self.num_verify += len(reqs)
         self.num_emitted += sum(a + 1 for a in accept_lens)
-        self.draft.commit(reqs, accept_lens, self._hidden_paths(out, result, accept_lens))
+        self.draft.commit(reqs, accept_lens, self._hidden_paths(out, result, chain))
         return emitted
 
-    def _hidden_paths(self, out, result, accept_lens: list):
+    def _hidden_paths(self, out, result, chain: bool):
         """[bs, N, H']: row i holds the target's hidden states at request i's root and accepted
         drafts first (accept_lens[i] + 1 of them), then rows that mean nothing."""
         if not self.draft.needs_hidden:
             return None
         n = self.spec.num_draft_tokens
         hidden = self.draft.target_hidden(out)  # [bs * N, H']
+        bs = hidden.shape[0] // n
+        if chain:  # a chain's accepted nodes are its first ones: the rows are in place
+            paths = hidden.view(bs, n, -1)
+            # A copy unless target_hidden made one (aux layers): the graph's buffer is reused.
+            return paths if self.draft.aux_layers else paths.clone()
         rows = result.accept_index.to(hidden.device) + n * torch.arange(
-            len(accept_lens), device=hidden.device)[:, None]  # [bs, N]
-        return hidden[rows.clamp(min=0)]  # a copy: the graph's buffer is reused
+            bs, device=hidden.device)[:, None]  # [bs, N]
+        return hidden[rows.clamp(min=0)]
 
     def stats(self) -> dict:
         avg = self.num_emitted / self.num_verify if self.num_verify else 0.0
