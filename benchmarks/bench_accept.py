@@ -356,6 +356,9 @@ def parse_args(argv=None):
     p.add_argument("--skip-8b", action="store_true", help=f"part B without {BIG_MODEL}")
     p.add_argument("--cache-dir", default=".cache/drafts", help="trained heads (made if missing)")
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None)
+    p.add_argument("--a-settings", nargs="+", default=None, metavar="STEPS,TOPK,TOKENS",
+                   type=lambda v: tuple(int(x) for x in v.split(",")),
+                   help="part A's settings (default: five chains and two trees)")
     p.add_argument("--b-batches", nargs="+", type=int, default=None)
     p.add_argument("--b-probs", nargs="+", type=float, default=None)
     for name in ("num_prompts", "num_shots", "max_new_tokens", "a_batch", "b_steps",
