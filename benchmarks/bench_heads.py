@@ -32,7 +32,8 @@ TREE = (5, 4, 8)
 
 def make_engine(args, algo, setting, pcg: bool, head: str | None, bs: int, kv_tokens: int):
     kw = dict(model_path=args.model_path, max_total_tokens=kv_tokens, max_running_requests=bs,
-              cuda_graph_max_bs=bs, disable_piecewise_cuda_graph=not pcg, show_progress=False)
+              cuda_graph_max_bs=bs, disable_piecewise_cuda_graph=not pcg, show_progress=False,
+              triton_verify_kernel=args.triton_verify_kernel)
     if algo:
         steps, topk, tokens = setting
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=head,
@@ -61,6 +62,7 @@ def measure(args, prompts, golds, algo, setting, pcg, head, bases: dict, info: d
         records.append({"bench": "heads", "system": algo or "nospec", "setting": list(setting)
                         if algo else None, "pcg": pcg, "batch_size": bs, **rec, **info,
                         "forward_stats": stats["forward_stats"],
+                        "triton_verify_kernel": args.triton_verify_kernel,
                         "draft_forward_stats": (engine.draft.router.forward_stats()
                                                 if engine.draft is not None else None),
                         "timestamp": common.now_iso()})
@@ -145,6 +147,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "heads.jsonl"))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--tree-only", action="store_true", help="PCG on: only the tree setting")
+    p.add_argument("--triton-verify-kernel", default="extend", choices=("extend", "split_k"))
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)
     if not args.table_only:

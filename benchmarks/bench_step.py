@@ -123,7 +123,8 @@ def verify_count(engine) -> int:
 def profile_system(args, algo: str, prompts: list, info: dict) -> dict:
     steps, topk, tokens = args.setting
     kw = dict(model_path=args.model_path, max_total_tokens=args.kv_tokens, max_running_requests=1,
-              cuda_graph_max_bs=1, show_progress=False)
+              cuda_graph_max_bs=1, show_progress=False,
+              triton_verify_kernel=args.triton_verify_kernel)
     if algo != "none":
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=draft_path(args, algo),
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
@@ -146,6 +147,7 @@ def profile_system(args, algo: str, prompts: list, info: dict) -> dict:
     stats = pstats.Stats(profiler)
     return {"bench": "step", "system": algo, "setting": list(args.setting) if algo != "none"
             else None, "batch_size": 1, "random_heads": bool(args.random_heads),
+            "triton_verify_kernel": args.triton_verify_kernel,
             "num_questions": len(prompts), "output_tokens": num_tokens, "steps": num_steps,
             "tokens_per_step": round(num_tokens / num_steps, 3),
             "step_us": round(seconds / num_steps * 1e6, 1),
@@ -160,6 +162,7 @@ def main(argv=None) -> None:
     p.add_argument("--algorithms", default="none,EAGLE,EAGLE3")
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens")
     p.add_argument("--random-heads", action="store_true", help="untrained heads (no training)")
+    p.add_argument("--triton-verify-kernel", default="extend", choices=("extend", "split_k"))
     p.add_argument("--cache-dir", default=".cache/drafts")
     p.add_argument("--num-questions", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)

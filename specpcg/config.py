@@ -24,6 +24,9 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     attention_backend: str = "auto"
+    # triton: how a chain's TARGET_VERIFY attends; "split_k" runs each draft node as a split-K
+    # decode query (more programs over the prefix than the prefill kernel's at small batches).
+    triton_verify_kernel: str = "extend"
     context_length: Optional[int] = None
     mem_fraction_static: float = 0.8  # GPU: share of free memory for weights + KV
     max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768
@@ -63,6 +66,7 @@ class EngineConfig:
             raise ValueError(f"speculative_algorithm {algo!r} is unknown; choose one of "
                              f"{list(SPECULATIVE_ALGORITHMS)} or None")
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("triton_verify_kernel", self.triton_verify_kernel, ("extend", "split_k"))
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("dtype", self.dtype, tuple(DTYPES))
         if not 0 < self.mem_fraction_static < 1:

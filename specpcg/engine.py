@@ -43,7 +43,7 @@ class Engine:
         self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
-            mc.head_dim, mc.head_dim ** -0.5)
+            mc.head_dim, mc.head_dim ** -0.5, verify_kernel=cfg.triton_verify_kernel)
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device)
         self.spec_decoder = self._setup_spec() if self.spec else None
         self.graphs = build_graphs(cfg, self.runner, self.context_len, **self._graph_needs())

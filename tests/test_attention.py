@@ -71,7 +71,7 @@ def _random_qkv(batch, head_dim, dtype, device, seed=1):
 
 
 def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv_splits=None,
-             backend_name="triton"):
+             backend_name="triton", verify_kernel="extend"):
     """Runs a backend and torch on one batch; returns the max abs difference over the real rows."""
     cache = _make_cache(device, dtype, head_dim)
     batch = _make_batch(cache, lens, mode, num_pad_tokens)
@@ -84,11 +84,13 @@ def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv
         from specpcg.attention.triton_backend import TritonAttnBackend
 
         backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale,
-                                    num_kv_splits=num_kv_splits)
+                                    num_kv_splits=num_kv_splits, verify_kernel=verify_kernel)
     else:
         backend = create_attention_backend(backend_name, device, cache, NUM_HEADS, NUM_KV_HEADS,
                                            head_dim, scale)
     backend.init_forward_metadata(batch)
+    if verify_kernel == "split_k":  # a chain verify takes the decode kernel
+        assert backend._verify_width == lens[0][1]
     out = backend.forward(q, k, v, LAYER, batch)
     assert out.shape == q.shape and out.dtype == q.dtype
     num_real = sum(e for _, e in lens)
@@ -121,6 +123,29 @@ def test_triton_extend_matches_torch(case, head_dim):
 @needs_cpu_triton
 def test_triton_target_verify_uses_extend_path():
     _compare("cpu", torch.float32, 16, [(6, 4), (12, 4)], ForwardMode.TARGET_VERIFY, atol=1e-4)
+
+
+@needs_cpu_triton
+@pytest.mark.parametrize("lens", [[(6, 4), (12, 4)], [(0, 3)], [(150, 8), (3, 8), (40, 8)]])
+@pytest.mark.parametrize("splits", [None, 1, 4])
+def test_triton_split_k_verify_matches_torch(lens, splits):
+    """triton_verify_kernel='split_k': node j of each request as a decode query over its first
+    prefix + j + 1 positions equals causal attention over the prefix and the nodes."""
+    _compare("cpu", torch.float32, 16, lens, ForwardMode.TARGET_VERIFY, atol=1e-4,
+             num_kv_splits=splits, verify_kernel="split_k")
+
+
+@needs_cpu_triton
+def test_triton_split_k_verify_zeroes_padding_rows():
+    _compare("cpu", torch.float32, 16, [(9, 5), (30, 5)], ForwardMode.TARGET_VERIFY, atol=1e-4,
+             num_pad_tokens=6, verify_kernel="split_k")
+
+
+def test_unknown_verify_kernel_is_refused():
+    from specpcg.config import EngineConfig
+
+    with pytest.raises(ValueError, match="triton_verify_kernel 'fast' is not one of"):
+        EngineConfig(triton_verify_kernel="fast")
 
 
 @needs_cpu_triton

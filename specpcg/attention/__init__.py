@@ -51,12 +51,17 @@ def _importable(module: str) -> bool:
 
 
 def create_attention_backend(name: str, device, kv_cache, num_heads: int, num_kv_heads: int,
-                             head_dim: int, scale: float) -> AttentionBackend:
+                             head_dim: int, scale: float,
+                             verify_kernel: str = "extend") -> AttentionBackend:
+    """verify_kernel: the triton backend's chain-verify kernel (triton_backend.VERIFY_KERNELS)."""
     resolved = resolve_attention_backend_name(name, device)
     if resolved == "torch":
         from specpcg.attention.torch_backend import TorchAttnBackend as backend_cls
     elif resolved == "triton":
-        from specpcg.attention.triton_backend import TritonAttnBackend as backend_cls
+        from specpcg.attention.triton_backend import TritonAttnBackend
+
+        return TritonAttnBackend(kv_cache, num_heads, num_kv_heads, head_dim, scale,
+                                 verify_kernel=verify_kernel)
     else:
         from specpcg.attention.flashinfer_backend import FlashInferAttnBackend as backend_cls
     return backend_cls(kv_cache, num_heads, num_kv_heads, head_dim, scale)

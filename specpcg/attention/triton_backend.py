@@ -13,15 +13,31 @@ from specpcg.attention.base import AttentionBackend
 from specpcg.core import ForwardBatch, ForwardMode
 
 
+# "extend": the prefill kernel (one program per request, head and query block walks the whole
+# prefix); "split_k": node j of a request is a decode query over its first seq_len - N + 1 + j
+# positions, so the split-K decode kernel spreads the prefix over many programs (a batch-1
+# verify of a few nodes otherwise keeps a handful of SMs busy).
+VERIFY_KERNELS = ("extend", "split_k")
+
+
 class TritonAttnBackend(AttentionBackend):
     name = "triton"
     supports_row_stride = True
     supports_cuda_graph = True
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 num_kv_splits=None):
-        """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch."""
+                 num_kv_splits=None, verify_kernel: str = "extend"):
+        """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch.
+        verify_kernel: how a chain's TARGET_VERIFY attends (VERIFY_KERNELS)."""
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
+        if verify_kernel not in VERIFY_KERNELS:
+            raise ValueError(f"verify_kernel must be one of {list(VERIFY_KERNELS)}, got "
+                             f"{verify_kernel!r}")
+        self.verify_kernel = verify_kernel
+        self._verify_width = 0  # > 0: this batch's verify runs as split-K decode queries
+        self._verify_req = self._verify_seq = None
+        self._verify_splits = 1
+        self._verify_offsets: dict = {}  # width -> [width] int32: 1 - width .. 0
         assert num_heads % num_kv_heads == 0, "GQA needs num_heads to be a multiple of num_kv_heads"
         if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
             raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits!r}")
@@ -68,6 +84,34 @@ class TritonAttnBackend(AttentionBackend):
         self._max_extend_len = int(max(batch.extend_seq_lens_cpu, default=0))
         self._num_kv_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             num_reqs, self.num_kv_heads, self._num_sms)
+        self._verify_width = 0
+        lens = batch.extend_seq_lens_cpu
+        if (self.verify_kernel == "split_k" and batch.forward_mode == ForwardMode.TARGET_VERIFY
+                and batch.tree_mask is None and not stride and lens
+                and all(n == lens[0] for n in lens)):
+            self._expand_verify(num_reqs, lens[0])
+
+    def _expand_verify(self, num_reqs: int, width: int) -> None:
+        """Per-query request rows and key counts of a chain verify as num_reqs * width decode
+        queries (the nodes' own KV is saved before the kernel runs)."""
+        n = num_reqs * width
+        if self._verify_req is None or self._verify_req.shape[0] < n:
+            # NOTE: graphs read these addresses; a verify graph's capture (largest bucket
+            # first) sizes them for every request row once.
+            size = max(n, self._req_pool_indices.shape[0] * width)
+            self._verify_req = torch.zeros(size, dtype=torch.int32, device=self.device)
+            self._verify_seq = torch.zeros(size, dtype=torch.int32, device=self.device)
+        offsets = self._verify_offsets.get(width)
+        if offsets is None:
+            offsets = self._verify_offsets[width] = torch.arange(
+                1 - width, 1, dtype=torch.int32, device=self.device)
+        self._verify_req[:n].view(num_reqs, width).copy_(
+            self._req_pool_indices[:num_reqs, None].expand(num_reqs, width))
+        torch.add(self._seq_lens[:num_reqs, None], offsets[None, :],
+                  out=self._verify_seq[:n].view(num_reqs, width))
+        self._verify_width = width
+        self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
+            n, self.num_kv_heads, self._num_sms)
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """q: [T, num_heads * head_dim]; rows past the real tokens (padding) come back as zeros."""
@@ -84,7 +128,13 @@ class TritonAttnBackend(AttentionBackend):
         out3 = out.view(num_tokens, self.num_heads, self.head_dim)
         pool = self.kv_cache.pool
         req_to_token = self.kv_cache.req_pool.req_to_token
-        if batch.forward_mode == ForwardMode.DECODE:
+        if self._verify_width:
+            num_real = self._num_real_tokens  # every node is a query, in row order
+            triton_kernels.decode_attention(
+                q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
+                self._verify_req, self._verify_seq, self._num_reqs * self._verify_width,
+                self._verify_splits, self.scale)
+        elif batch.forward_mode == ForwardMode.DECODE:
             num_real = self._num_reqs  # one query per request, request i in row i
             triton_kernels.decode_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
