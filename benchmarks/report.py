@@ -30,6 +30,8 @@ SECTIONS = [
      "python benchmarks/bench_accept.py --model-path MODEL"),
     ("EAGLE-family heads at batch 1 with the draft round graphs", "round_bs1.jsonl", None,
      "the inline loop in README.md (EAGLE-family heads section)"),
+    ("Where a batch-1 step's time goes", "step.jsonl", None,
+     "python benchmarks/bench_step.py --model-path MODEL --algorithms none,EAGLE,EAGLE3,NEXTN"),
     ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
 ]
@@ -38,6 +40,8 @@ MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "num_questions", "accu
                  "piecewise_hits")
 ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
                 "output_tokens", "seconds", "output_tok_s", "speedup")
+STEP_FIELDS = ("system", "setting", "random_heads", "triton_verify_kernel", "step_us",
+               "tokens_per_step", "graph_gpu_us", "phases_us")
 NGRAM_FIELDS = ("batch_size", "context", "topk", "num_draft_tokens", "first_propose_ms",
                 "steady_propose_ms")
 
@@ -62,8 +66,8 @@ def section(title: str, file: str, module: str | None, command: str) -> str:
         return head + "Not measured yet.\n"
     records = common.read_jsonl(path)
     if module is None:
-        keys = {"gsm8k_matrix.jsonl": MATRIX_FIELDS, "round_bs1.jsonl": ROUND_FIELDS}.get(
-            file, NGRAM_FIELDS)
+        keys = {"gsm8k_matrix.jsonl": MATRIX_FIELDS, "round_bs1.jsonl": ROUND_FIELDS,
+                "step.jsonl": STEP_FIELDS}.get(file, NGRAM_FIELDS)
         table = plain_table(records, keys)
     else:
         bench = importlib.import_module(module)

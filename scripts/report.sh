@@ -8,6 +8,7 @@
 #   engine  bench_engine, bench_graphs (default model and the 8B shape)
 #   spec    bench_spec (NGRAM, STANDALONE, HF transformers baselines)
 #   heads   bench_heads (EAGLE, EAGLE3, NEXTN: three chains and a tree, PCG on and off)
+#   step    bench_step (where a batch-1 step's time goes: host phases, each graph's GPU time)
 #   accept  bench_accept (accept-length grids, synthetic acceptance, the 8B shape)
 #   matrix  the GPU GSM8K matrix (tests/test_gsm8k_matrix.py -m cuda)
 #   render  benchmarks/report.py -> benchmarks/results/REPORT.md
@@ -41,15 +42,20 @@ spec() {
   python3 benchmarks/bench_spec.py --model-path "$MODEL" --draft-path "$draft"
 }
 heads() { python3 benchmarks/bench_heads.py --model-path "$MODEL" --cache-dir "$CACHE"; }
+step() {
+  python3 benchmarks/bench_step.py --model-path "$MODEL" --cache-dir "$CACHE" \
+    --algorithms none,EAGLE,EAGLE3,NEXTN
+}
 accept() { python3 benchmarks/bench_accept.py --model-path "$MODEL" --cache-dir "$CACHE"; }
 matrix() { python3 -m pytest -q -m cuda tests/test_gsm8k_matrix.py; }
 render() { python3 benchmarks/report.py; }
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(drafts engine spec heads accept matrix render)
+[ ${#parts[@]} -eq 0 ] && parts=(drafts engine spec heads step accept matrix render)
 for part in "${parts[@]}"; do
   case "$part" in
-    drafts|engine|spec|heads|accept|matrix|render) echo "== $part"; "$part" ;;
-    *) echo "unknown part '$part' (drafts engine spec heads accept matrix render)" >&2; exit 2 ;;
+    drafts|engine|spec|heads|step|accept|matrix|render) echo "== $part"; "$part" ;;
+    *) echo "unknown part '$part' (drafts engine spec heads step accept matrix render)" >&2
+       exit 2 ;;
   esac
 done
