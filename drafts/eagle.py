@@ -134,7 +134,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         for req, st in zip(reqs, states):
             rows = torch.cat(st.pending)
             st.pending, st.verified = [], None
-            ids = req.all_ids[st.num_cached + 1:st.num_cached + 1 + rows.shape[0]]
+            ids = req.ids_slice(st.num_cached + 1, st.num_cached + 1 + rows.shape[0])
             assert len(ids) == rows.shape[0], "target hidden states and tokens out of step"
             new_ids.append(ids)
             hidden.append(rows)
@@ -163,7 +163,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         for st in states:
             if st.verified is None or st.verified[0] is not first[0] or len(st.pending) != 1:
                 return None
-        ids = [req.all_ids[st.num_cached + 1:st.num_cached + 1 + st.pending[0].shape[0]]
+        ids = [req.ids_slice(st.num_cached + 1, st.num_cached + 1 + st.pending[0].shape[0])
                for req, st in zip(reqs, states)]
         return CatchUpPlan(ids, first[0], [st.verified[1] for st in states])
 

@@ -84,7 +84,7 @@ class NgramDraft(DraftWorker):
         for req in reqs:
             conts = self._continuations(req, spec)
             tokens, parents = (_chain(conts, n) if spec.is_chain else _trie_bfs(conts, n))
-            rows.append([req.all_ids[-1]] + [t if t is not None else self.pad_token for t in tokens])
+            rows.append([req.last_id] + [t if t is not None else self.pad_token for t in tokens])
             parent_rows.append([-1] + parents)
         draft_tokens = torch.tensor(rows, dtype=torch.long)  # [bs, N]
         parents = None if spec.is_chain else torch.tensor(parent_rows, dtype=torch.long)

@@ -55,7 +55,7 @@ class RoundDrafting:
         # One allocation for the catch-up's and the chain's slots: one req_to_token write.
         slots = self.kv_cache.extend_many([st.req_pool_idx for st in states],
                                           [len(x) + chain for x in ids])
-        rows = [RoundRow(x, st.num_cached, sl[:len(x)], st.req_pool_idx, vr, req.all_ids[-1])
+        rows = [RoundRow(x, st.num_cached, sl[:len(x)], st.req_pool_idx, vr, req.last_id)
                 for req, st, x, sl, vr in zip(reqs, states, ids, slots, verify_rows)]
         chain_slots = [sl[len(x):] for sl, x in zip(slots, ids)] if greedy else None
         root = rnd.load(bs, rows, chain_slots, plan.verify_hidden if plan else None).clone()
@@ -84,4 +84,4 @@ class RoundDrafting:
 
 def roots_of(reqs: list, device) -> torch.Tensor:
     """Each request's last committed token, on the device (no host sync)."""
-    return to_device([r.all_ids[-1] for r in reqs], device)
+    return to_device([r.last_id for r in reqs], device)

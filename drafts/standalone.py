@@ -91,11 +91,11 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
     def _catch_up_plan(self, reqs: list, states: list):
         """The graph's catch-up takes the committed tokens the draft has not seen (the bonus,
         and the last draft when all were accepted) when they fit its width."""
-        ids = [r.all_ids[st.num_cached:] for r, st in zip(reqs, states)]  # >= the root
+        ids = [r.ids_slice(st.num_cached) for r, st in zip(reqs, states)]  # >= the root
         return CatchUpPlan(ids) if max(len(x) for x in ids) <= self.round.width else None
 
     def _eager_catch_up(self, reqs: list, states: list):
-        new_ids = [r.all_ids[st.num_cached:] for r, st in zip(reqs, states)]
+        new_ids = [r.ids_slice(st.num_cached) for r, st in zip(reqs, states)]
         return self._forward(ForwardMode.DRAFT_EXTEND, states, new_ids), None
 
     def _caught_up(self, st: _DraftReq, num_tokens: int) -> None:
@@ -122,7 +122,7 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
             st = self._reqs[req.rid]
             # Called before the step's tokens are appended: all_ids still ends at the root.
             # The draft fed all_ids then d1..d_{k-1}; the accepted d1..dm stay valid.
-            committed = len(req.all_ids)
+            committed = req.seq_len
             keep = committed + min(m, st.num_cached - committed)
             self.kv_cache.truncate(st.req_pool_idx, keep)
             st.num_cached = keep

@@ -139,6 +139,21 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def last_id(self) -> int:
+        """all_ids[-1], without building all_ids (a step reads it for every request)."""
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def ids_slice(self, start: int, stop: Optional[int] = None) -> list:
+        """all_ids[start:stop] for 0 <= start, without building all_ids."""
+        p = len(self.prompt_ids)
+        stop = self.seq_len if stop is None else min(stop, self.seq_len)
+        if start >= p:
+            return self.output_ids[start - p:stop - p]
+        if stop <= p:
+            return self.prompt_ids[start:stop]
+        return self.prompt_ids[start:] + self.output_ids[:stop - p]
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 

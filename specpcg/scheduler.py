@@ -56,7 +56,7 @@ class Scheduler:
             new_row = req.req_pool_idx is None
             if new_row and len(self.running) + len(picked) >= self.max_running_requests:
                 break
-            chunk_len = min(len(req.all_ids) - req.num_cached, budget)
+            chunk_len = min(req.seq_len - req.num_cached, budget)
             # Keep one slot per running request free for its next decode token.
             reserve = len(self.running) + len(picked) + 1
             pending = self.chunked_prefill_size - budget  # picked, not yet allocated
@@ -75,7 +75,7 @@ class Scheduler:
         reqs = [r for r, _ in picked]
         starts = [r.num_cached for r in reqs]
         batch = make_batch(self.kv_cache, ForwardMode.EXTEND, reqs,
-                           [r.all_ids[s:s + n] for (r, n), s in zip(picked, starts)], self.device)
+                           [r.ids_slice(s, s + n) for (r, n), s in zip(picked, starts)], self.device)
         batch.return_all_logits = any(r.wants_input_logprobs for r in reqs)
         draft = self.spec.draft if self.spec is not None else None
         if draft is not None:
@@ -90,7 +90,7 @@ class Scheduler:
             if req.wants_input_logprobs and start < len(req.prompt_ids):
                 record_input_logprobs(req, out.all_logits[row:row + chunk_len], start)
             row += chunk_len
-            (done if req.num_cached == len(req.all_ids) else chunked).append(req)
+            (done if req.num_cached == req.seq_len else chunked).append(req)
         self.waiting.extendleft(reversed(chunked))
         last = to_device([reqs.index(r) for r in done], self.device)
         return self._sample_and_finish(done, out.logits[last] if done else None)
@@ -105,7 +105,7 @@ class Scheduler:
             return self._append_and_finish(reqs, self.spec.step(reqs))
         self.kv_cache.extend_many([r.req_pool_idx for r in self.running], [1] * len(self.running))
         batch = make_batch(self.kv_cache, ForwardMode.DECODE, self.running,
-                           [[r.all_ids[-1]] for r in self.running], self.device)
+                           [[r.last_id] for r in self.running], self.device)
         out = self.runner.forward(batch)
         for req in self.running:
             req.num_cached += 1

@@ -97,3 +97,16 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_path):
     assert batch[1]["output_ids"] == a
     other = engine.generate(input_ids=[5, 6, 7], sampling_params={**p, "seed": 8})["output_ids"]
     assert other != a
+
+
+def test_request_slices_read_prompt_and_output_as_one_sequence():
+    from specpcg.core import Request, SamplingParams
+
+    req = Request(prompt_ids=[1, 2, 3], params=SamplingParams())
+    assert req.last_id == 3 and req.ids_slice(1) == [2, 3] and req.ids_slice(0, 9) == [1, 2, 3]
+    req.output_ids += [4, 5]
+    whole = req.all_ids
+    for start in range(6):
+        for stop in (None, *range(start, 8)):
+            assert req.ids_slice(start, stop) == whole[start:stop], (start, stop)
+    assert req.last_id == 5
