@@ -1,6 +1,7 @@
 """Speculative decoding on few-shot GSM8K: accept length, speed, and unchanged answers.
 
-no-spec, NGRAM, STANDALONE (draft: the target's first --draft-layers layers, by drafts.truncate),
+no-spec, NGRAM, STANDALONE (draft: the target's first --draft-layers layers, by drafts.truncate,
+or a trained --draft-path), and EAGLE with a trained --head-path at (--head-num-steps, 1, +1),
 PCG on and off, batch 1 (--bs1-questions, one at a time) and 16 (--num-questions at once,
 max_running_requests=16). Per run: accept length (engine counters' run average; mean over
 requests), output tok/s (completion tokens / wall time), speedup and identical outputs against
@@ -34,8 +35,9 @@ from specpcg.gsm8k import STOP, build_prompts, extract_answer  # noqa: E402
 from specpcg.models.loader import default_model_path, load_checkpoint  # noqa: E402
 from specpcg.tokenizer import load_tokenizer  # noqa: E402
 
-SYSTEMS = {"nospec": None, "ngram": "NGRAM", "standalone": "STANDALONE"}
-NAMES = {"nospec": "no-spec", "ngram": "NGRAM", "standalone": "STANDALONE", "hf_plain": "HF plain",
+SYSTEMS = {"nospec": None, "ngram": "NGRAM", "standalone": "STANDALONE", "eagle": "EAGLE"}
+NAMES = {"nospec": "no-spec", "ngram": "NGRAM", "standalone": "STANDALONE", "eagle": "EAGLE",
+         "hf_plain": "HF plain",
          "hf_prompt_lookup": "HF prompt lookup", "hf_assisted": "HF assisted"}
 SERIES = {"n-gram (NGRAM / HF prompt lookup)": ("ngram", "hf_prompt_lookup"),
           "draft model (STANDALONE / HF assisted)": ("standalone", "hf_assisted")}  # plot
@@ -71,7 +73,10 @@ def make_engine(args, s: Settings, system: str, pcg: bool, paths, kv_tokens: int
               attention_backend=args.attention_backend, max_total_tokens=kv_tokens,
               max_running_requests=s.batch_size, cuda_graph_max_bs=s.batch_size,
               disable_piecewise_cuda_graph=not pcg, show_progress=False)
-    if SYSTEMS[system]:
+    if system == "eagle":  # a trained head at its own chain length: (k, 1, k + 1)
+        kw.update(speculative_algorithm="EAGLE", speculative_num_steps=args.head_num_steps,
+                  speculative_draft_model_path=args.head_path)
+    elif SYSTEMS[system]:
         kw.update(speculative_algorithm=SYSTEMS[system], speculative_num_steps=args.num_steps,
                   speculative_draft_model_path=paths[1] if system == "standalone" else None)
     return Engine(**kw)
@@ -140,6 +145,8 @@ def run_specpcg(args, s: Settings, paths, info: dict) -> None:
     for pcg in (True, False):
         bases: dict = {}  # batch size -> the no-spec run
         for system in SYSTEMS:
+            if system == "eagle" and not args.head_path:
+                continue
             engine = make_engine(args, s, system, pcg, paths, kv_tokens)
             engine.generate(prompt=prompts[:2], sampling_params={**params, "max_new_tokens": 8})
             bar = tqdm(total=sum(n for _, n in phases), unit="q",
@@ -208,7 +215,8 @@ def run_all(args, s: Settings) -> None:
     info = {**common.machine_info(device), "dtype": args.dtype, "model": args.model_path,
             "num_shots": s.num_shots, "max_new_tokens": s.max_new_tokens,
             "draft_layers": None if args.draft_path else args.draft_layers,
-            "draft_path": args.draft_path, "num_steps": args.num_steps}
+            "draft_path": args.draft_path, "num_steps": args.num_steps,
+            "head_path": args.head_path, "head_num_steps": args.head_num_steps}
     print(f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
           f"git {info['git']}, model {args.model_path}, dtype {args.dtype}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_spec_") as tmp:
@@ -277,6 +285,9 @@ def parse_args(argv=None):
                    help="STANDALONE and HF assisted draft: a trained draft directory "
                         "(python -m drafts.train) instead of the first --draft-layers layers")
     p.add_argument("--num-steps", type=int, default=3, help="speculative_num_steps")
+    p.add_argument("--head-path", default=None,
+                   help="also run EAGLE with this trained head (drafts.train.ensure_draft)")
+    p.add_argument("--head-num-steps", type=int, default=7, help="EAGLE's speculative_num_steps")
     for name in Settings.__dataclass_fields__:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                        help=f"default {getattr(Settings(), name)}")

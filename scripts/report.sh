@@ -6,7 +6,7 @@
 #   drafts  train every draft the report needs, side by side (each <= 5 min), cached in
 #           $SPECPCG_DRAFT_CACHE (default .cache/drafts); later parts reuse them
 #   engine  bench_engine, bench_graphs (default model and the 8B shape)
-#   spec    bench_spec (NGRAM, STANDALONE, HF transformers baselines)
+#   spec    bench_spec (NGRAM, STANDALONE, EAGLE, HF transformers baselines)
 #   heads   bench_heads (EAGLE, EAGLE3, NEXTN: three chains and a tree, PCG on and off)
 #   step    bench_step (where a batch-1 step's time goes: host phases, each graph's GPU time)
 #   accept  bench_accept (accept-length grids, synthetic acceptance, the 8B shape)
@@ -37,9 +37,10 @@ engine() {
   python3 benchmarks/bench_ngram.py
 }
 spec() {
-  local draft
+  local draft head
   draft=$(python3 -c "from drafts.train import ensure_draft; print(ensure_draft('STANDALONE', cache_dir='$CACHE', show_progress=False))")
-  python3 benchmarks/bench_spec.py --model-path "$MODEL" --draft-path "$draft"
+  head=$(python3 -c "from drafts.train import ensure_draft; print(ensure_draft('EAGLE', cache_dir='$CACHE', show_progress=False))")
+  python3 benchmarks/bench_spec.py --model-path "$MODEL" --draft-path "$draft" --head-path "$head"
 }
 heads() { python3 benchmarks/bench_heads.py --model-path "$MODEL" --cache-dir "$CACHE"; }
 step() {
