@@ -85,7 +85,7 @@ def run_all(args) -> None:
             "max_new_tokens": args.max_new_tokens}
     probe.shutdown()
     bases: dict = {}
-    for pcg in (True, False):
+    for pcg in {"both": (True, False), "on": (True,), "off": (False,)}[args.pcg]:
         measure(args, prompts, golds, None, None, pcg, None, bases, info)
         for algo in algos:
             settings = (CHAINS if not args.tree_only else ()) + (TREE,) if pcg else CHAINS[-1:]
@@ -147,6 +147,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "heads.jsonl"))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--tree-only", action="store_true", help="PCG on: only the tree setting")
+    p.add_argument("--pcg", default="both", choices=("both", "on", "off"),
+                   help="piecewise graphs on, off, or both (each with its own no-spec run)")
     p.add_argument("--triton-verify-kernel", default="extend", choices=("extend", "split_k"))
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)
