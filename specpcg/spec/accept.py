@@ -81,13 +81,13 @@ def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
     max_depth = num_nodes - 1
     greedy = [i for i, r in enumerate(reqs) if r.params.is_greedy]
     sampled = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
+    if not sampled and simulate is None:  # the common case: no gathers, no host-built index
+        return verify_greedy(tree.draft_tokens, tree.first_child, tree.next_sibling,
+                             logits.argmax(-1), max_depth)
     device = logits.device
     accept_index = torch.full((bs, max_depth + 1), -1, dtype=torch.long, device=device)
     accept_len = torch.zeros(bs, dtype=torch.long, device=device)  # [bs]
     bonus = torch.zeros(bs, dtype=torch.long, device=device)  # [bs]
-    if not sampled and simulate is None:  # the common case: no gathers, no host-built index
-        return verify_greedy(tree.draft_tokens, tree.first_child, tree.next_sibling,
-                             logits.argmax(-1), max_depth)
     parts = []
     if greedy:
         rows = to_device(greedy, device)
