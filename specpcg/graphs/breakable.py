@@ -152,6 +152,20 @@ def joined_capture_stream() -> torch.cuda.Stream:
     return stream
 
 
+def warm_and_capture(fn: Callable, pool):
+    """Runs fn() twice on the joined capture stream (lazy init and Triton compilation stay
+    outside the capture), then captures a third call into one graph; returns (graph, output)."""
+    stream = joined_capture_stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        out = fn()
+    return graph, out
+
+
 def _begin_segment(state: _CaptureState) -> None:
     segment = torch.cuda.CUDAGraph()
     segment.capture_begin(pool=state.pool)

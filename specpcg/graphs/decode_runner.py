@@ -12,7 +12,7 @@ import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import CaptureCost, joined_capture_stream
+from specpcg.graphs.breakable import CaptureCost, warm_and_capture
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.piecewise_runner import StaticInputs
 from specpcg.router import Refusal, hidden_refusal
@@ -104,17 +104,9 @@ class DecodeGraphRunner:
         batch = self._padded_batch(dummy, bs)
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(batch)
-        ctx = ForwardContext(batch, attn, bs * width)
-        call = self._body
-        stream = joined_capture_stream()
-        with forward_context(ctx):
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: lazy init and Triton compilation outside capture
-                    call(batch)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.outputs[(mode, bs)] = call(batch)
+        with forward_context(ForwardContext(batch, attn, bs * width)):
+            graph, self.outputs[(mode, bs)] = warm_and_capture(lambda: self._body(batch),
+                                                               self.pool)
         self.graphs[(mode, bs)] = graph
 
     def _body(self, batch: ForwardBatch):

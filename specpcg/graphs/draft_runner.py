@@ -25,7 +25,7 @@ import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.graphs.breakable import CaptureCost, joined_capture_stream
+from specpcg.graphs.breakable import CaptureCost, warm_and_capture
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.kv_cache import SINK_SLOT
 from specpcg.transfer import to_device
@@ -195,14 +195,8 @@ class DraftGraphRunner:
     def _capture_one(self, kind: str, bs: int) -> None:
         # Host lengths only shape the attention plan (its max extend length): capture the widest.
         seq_lens_cpu, lens_cpu = [self.width] * bs, [self.width] * bs
-        stream = joined_capture_stream()
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy init and Triton compilation outside capture
-                self._body(kind, bs, seq_lens_cpu, lens_cpu)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            self.outputs[(kind, bs)] = self._body(kind, bs, seq_lens_cpu, lens_cpu)
+        graph, self.outputs[(kind, bs)] = warm_and_capture(
+            lambda: self._body(kind, bs, seq_lens_cpu, lens_cpu), self.pool)
         self.graphs[(kind, bs)] = graph
 
     # -- a round ---------------------------------------------------------------------------------
