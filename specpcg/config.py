@@ -9,6 +9,11 @@ import torch
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+# How the triton backend attends in a chain's TARGET_VERIFY. "extend": the prefill kernel (one
+# program per request, head and query block walks the whole prefix); "split_k": node j of a
+# request is a decode query over its first seq_len - N + 1 + j positions, so the split-K decode
+# kernel spreads the prefix over many programs (a batch-1 verify otherwise keeps few SMs busy).
+TRITON_VERIFY_KERNELS = ("extend", "split_k")
 LOAD_FORMATS = ("auto", "dummy")
 DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -24,9 +29,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     attention_backend: str = "auto"
-    # triton: how a chain's TARGET_VERIFY attends; "split_k" runs each draft node as a split-K
-    # decode query (more programs over the prefix than the prefill kernel's at small batches).
-    triton_verify_kernel: str = "extend"
+    triton_verify_kernel: str = "extend"  # one of TRITON_VERIFY_KERNELS
     context_length: Optional[int] = None
     mem_fraction_static: float = 0.8  # GPU: share of free memory for weights + KV
     max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768
@@ -66,7 +69,7 @@ class EngineConfig:
             raise ValueError(f"speculative_algorithm {algo!r} is unknown; choose one of "
                              f"{list(SPECULATIVE_ALGORITHMS)} or None")
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _check_choice("triton_verify_kernel", self.triton_verify_kernel, ("extend", "split_k"))
+        _check_choice("triton_verify_kernel", self.triton_verify_kernel, TRITON_VERIFY_KERNELS)
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
         _check_choice("dtype", self.dtype, tuple(DTYPES))
         if not 0 < self.mem_fraction_static < 1:

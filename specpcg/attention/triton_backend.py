@@ -10,14 +10,8 @@ import torch
 
 from specpcg.attention import triton_kernels
 from specpcg.attention.base import AttentionBackend
+from specpcg.config import TRITON_VERIFY_KERNELS
 from specpcg.core import ForwardBatch, ForwardMode
-
-
-# "extend": the prefill kernel (one program per request, head and query block walks the whole
-# prefix); "split_k": node j of a request is a decode query over its first seq_len - N + 1 + j
-# positions, so the split-K decode kernel spreads the prefix over many programs (a batch-1
-# verify of a few nodes otherwise keeps a handful of SMs busy).
-VERIFY_KERNELS = ("extend", "split_k")
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -28,10 +22,10 @@ class TritonAttnBackend(AttentionBackend):
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  num_kv_splits=None, verify_kernel: str = "extend"):
         """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch.
-        verify_kernel: how a chain's TARGET_VERIFY attends (VERIFY_KERNELS)."""
+        verify_kernel: how a chain's TARGET_VERIFY attends (config.TRITON_VERIFY_KERNELS)."""
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
-        if verify_kernel not in VERIFY_KERNELS:
-            raise ValueError(f"verify_kernel must be one of {list(VERIFY_KERNELS)}, got "
+        if verify_kernel not in TRITON_VERIFY_KERNELS:
+            raise ValueError(f"verify_kernel must be one of {list(TRITON_VERIFY_KERNELS)}, got "
                              f"{verify_kernel!r}")
         self.verify_kernel = verify_kernel
         self._verify_width = 0  # > 0: this batch's verify runs as split-K decode queries
