@@ -97,16 +97,12 @@ def spec_counts(engine) -> tuple:
 
 # -- part A: real drafts -----------------------------------------------------------------------
 def draft_paths(args, algorithms) -> dict:
-    """{algorithm: draft path (NGRAM: None)}; heads need drafts.train.ensure_draft."""
-    paths, heads = {"NGRAM": None} if "NGRAM" in algorithms else {}, set(algorithms) - {"NGRAM"}
-    try:
-        from drafts.train import ensure_draft
-    except ImportError as exc:
-        if heads:
-            print(f"  SKIP {sorted(heads)}: drafts.train.ensure_draft is unavailable ({exc})")
-        return paths
-    return {**paths, **{a: ensure_draft(a, target=args.model_path, cache_dir=args.cache_dir)
-                        for a in algorithms if a in heads}}
+    """{algorithm: draft path (NGRAM: None)}; trained drafts come from drafts.train."""
+    from drafts.train import ensure_draft
+
+    return {a: None if a == "NGRAM" else ensure_draft(a, target=args.model_path,
+                                                      cache_dir=args.cache_dir)
+            for a in algorithms}
 
 
 def run_set(engine, inputs: dict, params: dict, num_tokens: int) -> dict:
