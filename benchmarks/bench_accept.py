@@ -353,7 +353,7 @@ def parse_args(argv=None):
     p.add_argument("--cache-dir", default=".cache/drafts", help="trained heads (made if missing)")
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None)
     p.add_argument("--a-settings", nargs="+", default=None, metavar="STEPS,TOPK,TOKENS",
-                   type=lambda v: tuple(int(x) for x in v.split(",")),
+                   type=common.parse_setting,
                    help="part A's settings (default: five chains and two trees)")
     p.add_argument("--b-batches", nargs="+", type=int, default=None)
     p.add_argument("--b-probs", nargs="+", type=float, default=None)
@@ -389,7 +389,7 @@ def main(argv=None) -> None:
     path = args.table_only or args.out
     records = common.read_jsonl(path)
     print(render_tables(records))
-    hist = tuple(int(x) for x in args.hist_setting.split(","))
+    hist = common.parse_setting(args.hist_setting)
     for png in render_plots(records, path, hist):
         print(f"plot: {png}")
 

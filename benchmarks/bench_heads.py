@@ -92,6 +92,8 @@ def run_all(args) -> None:
             if algo != "EAGLE3" and pcg:
                 settings = CHAINS  # one tree setting: EAGLE3's
             for setting in settings:
+                if args.settings and setting not in args.settings:
+                    continue
                 measure(args, prompts, golds, algo, setting, pcg, heads[algo], bases, info)
 
 
@@ -147,9 +149,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "heads.jsonl"))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--tree-only", action="store_true", help="PCG on: only the tree setting")
+    p.add_argument("--settings", nargs="+", type=common.parse_setting, default=None,
+                   metavar="STEPS,TOPK,TOKENS", help="only these of the grid's settings")
     p.add_argument("--pcg", default="both", choices=("both", "on", "off"),
                    help="piecewise graphs on, off, or both (each with its own no-spec run)")
-    p.add_argument("--triton-verify-kernel", default="extend", choices=("extend", "split_k"))
+    p.add_argument("--triton-verify-kernel", default="split_k", choices=("extend", "split_k"))
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)
     if not args.table_only:

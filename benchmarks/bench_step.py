@@ -162,7 +162,7 @@ def main(argv=None) -> None:
     p.add_argument("--algorithms", default="none,EAGLE,EAGLE3")
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens")
     p.add_argument("--random-heads", action="store_true", help="untrained heads (no training)")
-    p.add_argument("--triton-verify-kernel", default="extend", choices=("extend", "split_k"))
+    p.add_argument("--triton-verify-kernel", default="split_k", choices=("extend", "split_k"))
     p.add_argument("--cache-dir", default=".cache/drafts")
     p.add_argument("--num-questions", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -170,7 +170,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "step.jsonl"))
     args = p.parse_args(argv)
     args.model_path = args.model_path or default_model_path()
-    args.setting = tuple(int(x) for x in args.setting.split(","))
+    args.setting = common.parse_setting(args.setting)
     prompts, _ = build_prompts(args.num_questions + 2, 5)
     probe = Engine(model_path=args.model_path, show_progress=False, max_total_tokens=4096)
     info = {**common.machine_info(probe.device), "model": args.model_path}

@@ -93,6 +93,11 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def parse_setting(text: str) -> tuple:
+    """'7,1,8' -> (7, 1, 8): a (steps, topk, draft tokens) setting on a command line."""
+    return tuple(int(x) for x in text.split(","))
+
+
 def machine_info(device: torch.device) -> dict:
     """The fields every JSON line carries about where and with what it was measured."""
     import transformers

@@ -29,7 +29,9 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     attention_backend: str = "auto"
-    triton_verify_kernel: str = "extend"  # one of TRITON_VERIFY_KERNELS
+    # One of TRITON_VERIFY_KERNELS. split_k: a batch-1 verify of 8 nodes took 1.17 ms of GPU
+    # time against 1.56 ms with the prefill kernel (H100, benchmarks/results/step.jsonl).
+    triton_verify_kernel: str = "split_k"
     context_length: Optional[int] = None
     mem_fraction_static: float = 0.8  # GPU: share of free memory for weights + KV
     max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768

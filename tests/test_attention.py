@@ -288,6 +288,16 @@ def test_cuda_decode_bf16(lens, head_dim):
 
 @pytest.mark.cuda
 @needs_cuda_triton
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("lens", [[(900, 8)], [(0, 4), (37, 4), (300, 4)], [(1200, 6)] * 3])
+def test_cuda_split_k_verify_bf16(lens, head_dim):
+    """The default chain verify (split_k), compiled, against causal attention in fp32."""
+    _compare("cuda", torch.bfloat16, head_dim, lens, ForwardMode.TARGET_VERIFY, atol=BF16_ATOL,
+             num_pad_tokens=5, verify_kernel="split_k")
+
+
+@pytest.mark.cuda
+@needs_cuda_triton
 def test_cuda_extend_fp32_is_exact_enough():
     # fp32 must use IEEE dots on GPU (not tf32) to stay this close to the reference.
     _compare("cuda", torch.float32, 64, EXTEND_CASES["mixed"], ForwardMode.EXTEND, atol=1e-4)

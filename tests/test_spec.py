@@ -134,9 +134,10 @@ def test_spec_sampling_follows_the_target_distribution(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec(
     "triton") is None, reason="needs triton and the interpreter (TRITON_INTERPRET=1)")
-def test_split_k_verify_is_lossless_on_the_triton_backend(tmp_path, monkeypatch):
-    """triton_verify_kernel='split_k': every chain verify runs its nodes as decode queries, and
-    greedy outputs stay the plain engine's."""
+@pytest.mark.parametrize("kernel", ["split_k", "extend"])
+def test_verify_kernels_are_lossless_on_the_triton_backend(tmp_path, monkeypatch, kernel):
+    """triton_verify_kernel='split_k': every chain verify runs its nodes as decode queries;
+    'extend': as one prefill over the nodes. Greedy outputs stay the plain engine's."""
     from specpcg.attention.triton_backend import TritonAttnBackend
     from tests.tiny_models import tiny_engine
 
@@ -150,9 +151,13 @@ def test_split_k_verify_is_lossless_on_the_triton_backend(tmp_path, monkeypatch)
     monkeypatch.setattr(TritonAttnBackend, "_expand_verify",
                         lambda self, n, w: expanded.append((n, w)) or real(self, n, w))
     spec = tiny_engine(str(tmp_path), attention_backend="triton", speculative_algorithm="NGRAM",
-                       triton_verify_kernel="split_k")
+                       triton_verify_kernel=kernel)
     outs = spec.generate(input_ids=ids, sampling_params=params)
     assert [o["output_ids"] for o in outs] == want
     verify = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     width = spec.get_server_info()["speculative"]["num_draft_tokens"]
-    assert verify > 0 and expanded and all(w == width for _, w in expanded)
+    assert verify > 0
+    if kernel == "split_k":
+        assert expanded and all(w == width for _, w in expanded)
+    else:
+        assert not expanded
