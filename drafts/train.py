@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -233,10 +234,7 @@ def ensure_draft(algorithm: str, target: Optional[str] = None, cache_dir: str = 
     directory's manifest.json) holds everything that changes the weights; device and progress
     bars do not."""
     o = TrainOptions.from_kwargs(opts)
-    options = {k: v for k, v in asdict(o).items() if k not in ("device", "show_progress")}
-    key = {"algorithm": algorithm, "target": os.path.abspath(target or _default_target()),
-           "data": os.path.abspath(data), "options": options, "version": TRAINER_VERSION}
-    key = json.loads(json.dumps(key))  # as the manifest reads back (tuples become lists)
+    key = cache_key(algorithm, target, data, o)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     path = os.path.join(cache_dir, f"{algorithm.lower()}-{digest}")
     manifest = os.path.join(path, "manifest.json")
@@ -253,6 +251,35 @@ def ensure_draft(algorithm: str, target: Optional[str] = None, cache_dir: str = 
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path
+
+
+def cache_key(algorithm: str, target: Optional[str], data: str, o: TrainOptions) -> dict:
+    """ensure_draft's key, as its manifest reads back (tuples become lists). Target and data go
+    in by content, not by path: a cache copied beside a moved checkout still hits."""
+    options = {k: v for k, v in asdict(o).items() if k not in ("device", "show_progress")}
+    key = {"algorithm": algorithm, "target": fingerprint(target or _default_target()),
+           "data": fingerprint(data), "options": options, "version": TRAINER_VERSION}
+    return json.loads(json.dumps(key))
+
+
+FINGERPRINT_BYTES = 1 << 24
+
+
+def fingerprint(path: str) -> dict:
+    """A file or checkpoint directory by its files' names, sizes and a hash of each one's first
+    FINGERPRINT_BYTES (enough to tell checkpoints apart without reading 16 GB). Names that are
+    no path ("shape:llama-3-8b") stand for themselves."""
+    root = Path(path)
+    if not root.exists():
+        return {"name": path}
+    files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
+    entries = []
+    for f in files:
+        with open(f, "rb") as fh:
+            head = hashlib.sha256(fh.read(FINGERPRINT_BYTES)).hexdigest()[:16]
+        name = f.relative_to(root).as_posix() if root.is_dir() else f.name
+        entries.append([name, f.stat().st_size, head])
+    return {"files": entries}
 
 
 def _answers_path(cache_dir: str, key: dict, o: TrainOptions) -> str:

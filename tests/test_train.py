@@ -282,3 +282,31 @@ def test_drafts_of_one_target_share_its_answers(tiny, tmp_path, monkeypatch):
         assert out == str(tmp_path / algorithm)
     assert len(calls) == 1
     assert logs[0]["answer_tokens"] == logs[1]["answer_tokens"] > 0
+
+
+def test_draft_cache_keys_follow_content_not_paths(tmp_path):
+    """A checkout moved elsewhere (or a cache copied to another machine) keeps its drafts; an
+    edited data file or a changed option does not."""
+    import shutil
+
+    from drafts.train import DEFAULT_DATA, TrainOptions, cache_key
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    moved = [shutil.copy(DEFAULT_DATA, tmp_path / d / "train.jsonl") for d in ("a", "b")]
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / "config.json").write_text('{"hidden_size": 8}')
+    o = TrainOptions()
+    key = cache_key("EAGLE", str(target), DEFAULT_DATA, o)
+    assert cache_key("EAGLE", str(target), str(moved[0]), o) == key
+    assert cache_key("EAGLE", str(target), str(moved[1]), o) == key
+    with open(moved[1], "a", encoding="utf-8") as f:
+        f.write('{"question": "1 + 1?", "answer": "#### 2"}\n')
+    assert cache_key("EAGLE", str(target), str(moved[1]), o) != key
+    assert cache_key("EAGLE", str(target), DEFAULT_DATA, TrainOptions(head_context=64)) != key
+    assert cache_key("NEXTN", str(target), DEFAULT_DATA, o) != key
+    (target / "config.json").write_text('{"hidden_size": 16}')
+    assert cache_key("EAGLE", str(target), DEFAULT_DATA, o) != key
+    assert cache_key("EAGLE", "shape:llama-3-8b", DEFAULT_DATA, o)["target"] == {
+        "name": "shape:llama-3-8b"}
