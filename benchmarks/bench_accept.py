@@ -4,7 +4,7 @@ Part A (real drafts, greedy): per algorithm (NGRAM; EAGLE, EAGLE3, NEXTN, STANDA
 `drafts.train.ensure_draft`, cached in --cache-dir) and (steps, topk, draft tokens), the
 --num-prompts of each set at once (batch --a-batch): few-shot GSM8K, and 40 chat prompts (chat
 template). Accept length (engine; mean over requests), accepted-drafts histogram (requests'
-summed, and the engine's), tok/s. Trees use the torch attention backend.
+summed, and the engine's), tok/s. Trees use --attention-backend like the chains.
 
 Part B (synthetic acceptance, speculative_simulate_accept_prob = p: NOT lossless, benchmark
 only): an NGRAM chain of --b-steps steps, p in --b-probs, batch --b-batches, on the default
@@ -140,7 +140,7 @@ def part_a(args, s: Settings, target: str, info: dict) -> None:
                 device=args.device, dtype=args.dtype, show_progress=False,
                 model_path=target, max_total_tokens=kv_tokens,
                 max_running_requests=s.a_batch, cuda_graph_max_bs=s.a_batch,
-                attention_backend="torch" if topk > 1 else args.attention_backend,
+                attention_backend=args.attention_backend,
                 speculative_algorithm=algo, speculative_draft_model_path=draft,
                 speculative_num_steps=steps, speculative_eagle_topk=topk,
                 speculative_num_draft_tokens=tokens)
@@ -347,7 +347,7 @@ def parse_args(argv=None):
     p.add_argument("--model-path", default=None, help="HF dir or .gguf (default: SmolLM2-135M)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--attention-backend", default="auto", help="chains; trees always use torch")
+    p.add_argument("--attention-backend", default="auto", help="chains and trees")
     p.add_argument("--parts", nargs="+", choices=("A", "B"), default=["A", "B"])
     p.add_argument("--skip-8b", action="store_true", help=f"part B without {BIG_MODEL}")
     p.add_argument("--cache-dir", default=".cache/drafts", help="trained heads (made if missing)")

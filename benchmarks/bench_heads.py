@@ -4,8 +4,8 @@ Heads are the ones `drafts.train.ensure_draft` trains for the target (cached in 
 trained on first use). Per algorithm and (steps, topk, draft tokens) setting: batch 16 over
 --num-questions (accept length, tok/s) and batch 1 over --bs1-questions, piecewise graphs on;
 the last chain setting of each algorithm again with piecewise graphs off. Speedups are over
-no-spec at the same batch size and PCG setting, measured in the same run. Trees use the torch
-attention backend (the only one that takes tree masks in this release).
+no-spec at the same batch size and PCG setting, measured in the same run. Trees run on the
+default attention backend like the chains (--tree-backend torch: the reference backend).
 
     python benchmarks/bench_heads.py --model-path /path/SmolLM2-135M-Instruct.Q4_1.gguf
     python benchmarks/bench_heads.py --table-only benchmarks/results/heads.jsonl
@@ -39,8 +39,8 @@ def make_engine(args, algo, setting, pcg: bool, head: str | None, bs: int, kv_to
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=head,
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
                   speculative_num_draft_tokens=tokens)
-        if topk > 1:
-            kw["attention_backend"] = "torch"
+        if topk > 1 and args.tree_backend != "auto":
+            kw["attention_backend"] = args.tree_backend
     return Engine(**kw)
 
 
@@ -63,6 +63,7 @@ def measure(args, prompts, golds, algo, setting, pcg, head, bases: dict, info: d
                         if algo else None, "pcg": pcg, "batch_size": bs, **rec, **info,
                         "forward_stats": stats["forward_stats"],
                         "triton_verify_kernel": args.triton_verify_kernel,
+                        "attention_backend": engine.attn_backend.name,
                         "draft_forward_stats": (engine.draft.router.forward_stats()
                                                 if engine.draft is not None else None),
                         "timestamp": common.now_iso()})
@@ -149,6 +150,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "heads.jsonl"))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
     p.add_argument("--tree-only", action="store_true", help="PCG on: only the tree setting")
+    p.add_argument("--tree-backend", default="auto", choices=("auto", "triton", "torch"),
+                   help="attention backend of the tree setting")
     p.add_argument("--settings", nargs="+", type=common.parse_setting, default=None,
                    metavar="STEPS,TOPK,TOKENS", help="only these of the grid's settings")
     p.add_argument("--pcg", default="both", choices=("both", "on", "off"),

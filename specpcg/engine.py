@@ -61,9 +61,9 @@ class Engine:
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
 
     def _setup_spec(self) -> SpecDecoder:
-        if not self.spec.is_chain and self.attn_backend.name != "torch":
+        if not self.spec.is_chain and self.attn_backend.name not in ("torch", "triton"):
             raise ValueError(f"speculative_eagle_topk={self.spec.topk} drafts trees, which need "
-                             f"attention_backend='torch' in this release "
+                             f"attention_backend 'triton' or 'torch' in this release "
                              f"(got {self.attn_backend.name!r})")
         if hasattr(self.draft, "setup"):
             self.draft.setup(self)

@@ -70,11 +70,24 @@ def _random_qkv(batch, head_dim, dtype, device, seed=1):
     return [t.to(dtype).to(device) for t in (q, k, v)]
 
 
+def _random_tree_mask(num_reqs: int, width: int, keys: int, device, seed=3) -> torch.Tensor:
+    """[bs, width, keys] over each request's last `keys` keys: query j always sees itself (key
+    keys - width + j) and a random subset of the rest, as a draft tree's ancestors would be."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand(num_reqs, width, keys, generator=gen) < 0.5
+    own = torch.arange(width) + keys - width
+    mask[:, torch.arange(width), own] = True
+    return mask.to(device)
+
+
 def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv_splits=None,
-             backend_name="triton", verify_kernel="extend"):
-    """Runs a backend and torch on one batch; returns the max abs difference over the real rows."""
+             backend_name="triton", verify_kernel="extend", tree_keys=None):
+    """Runs a backend and torch on one batch; returns the max abs difference over the real rows.
+    tree_keys: a random tree mask over each request's last tree_keys keys (equal widths)."""
     cache = _make_cache(device, dtype, head_dim)
     batch = _make_batch(cache, lens, mode, num_pad_tokens)
+    if tree_keys:
+        batch.tree_mask = _random_tree_mask(len(lens), lens[0][1], tree_keys, device)
     q, k, v = _random_qkv(batch, head_dim, dtype, device)
     scale = 1.0 / math.sqrt(head_dim)
     ref_backend = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, scale)
@@ -89,7 +102,7 @@ def _compare(device, dtype, head_dim, lens, mode, atol, num_pad_tokens=0, num_kv
         backend = create_attention_backend(backend_name, device, cache, NUM_HEADS, NUM_KV_HEADS,
                                            head_dim, scale)
     backend.init_forward_metadata(batch)
-    if verify_kernel == "split_k":  # a chain verify takes the decode kernel
+    if verify_kernel == "split_k" or tree_keys:  # a chain verify or a tree: the decode kernel
         assert backend._verify_width == lens[0][1]
     out = backend.forward(q, k, v, LAYER, batch)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -133,6 +146,18 @@ def test_triton_split_k_verify_matches_torch(lens, splits):
     prefix + j + 1 positions equals causal attention over the prefix and the nodes."""
     _compare("cpu", torch.float32, 16, lens, ForwardMode.TARGET_VERIFY, atol=1e-4,
              num_kv_splits=splits, verify_kernel="split_k")
+
+
+@needs_cpu_triton
+@pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND])
+@pytest.mark.parametrize("lens,keys", [([(6, 4), (12, 4)], 4), ([(0, 5)], 5),
+                                       ([(40, 3), (9, 3), (150, 3)], 9)])
+@pytest.mark.parametrize("splits", [None, 4])
+def test_triton_tree_mask_matches_torch(mode, lens, keys, splits):
+    """Draft trees on the Triton backend: verify nodes (keys = width) and a draft step's branches
+    (keys > width: earlier steps' nodes too) see the prefix and the keys their mask allows."""
+    _compare("cpu", torch.float32, 16, lens, mode, atol=1e-4, num_kv_splits=splits,
+             tree_keys=keys)
 
 
 @needs_cpu_triton
@@ -294,6 +319,15 @@ def test_cuda_split_k_verify_bf16(lens, head_dim):
     """The default chain verify (split_k), compiled, against causal attention in fp32."""
     _compare("cuda", torch.bfloat16, head_dim, lens, ForwardMode.TARGET_VERIFY, atol=BF16_ATOL,
              num_pad_tokens=5, verify_kernel="split_k")
+
+
+@pytest.mark.cuda
+@needs_cuda_triton
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("lens,keys", [([(900, 8)], 8), ([(20, 4), (37, 4), (300, 4)], 12)])
+def test_cuda_tree_mask_bf16(lens, keys, head_dim):
+    _compare("cuda", torch.bfloat16, head_dim, lens, ForwardMode.TARGET_VERIFY, atol=BF16_ATOL,
+             num_pad_tokens=3, tree_keys=keys)
 
 
 @pytest.mark.cuda

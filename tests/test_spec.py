@@ -134,10 +134,11 @@ def test_spec_sampling_follows_the_target_distribution(tmp_path):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec(
     "triton") is None, reason="needs triton and the interpreter (TRITON_INTERPRET=1)")
-@pytest.mark.parametrize("kernel", ["split_k", "extend"])
+@pytest.mark.parametrize("kernel", ["split_k", "extend", "tree"])
 def test_verify_kernels_are_lossless_on_the_triton_backend(tmp_path, monkeypatch, kernel):
     """triton_verify_kernel='split_k': every chain verify runs its nodes as decode queries;
-    'extend': as one prefill over the nodes. Greedy outputs stay the plain engine's."""
+    'extend': as one prefill over the nodes; an NGRAM tree: the nodes as decode queries under
+    its tree mask. Greedy outputs stay the plain engine's."""
     from specpcg.attention.triton_backend import TritonAttnBackend
     from tests.tiny_models import tiny_engine
 
@@ -150,14 +151,16 @@ def test_verify_kernels_are_lossless_on_the_triton_backend(tmp_path, monkeypatch
     real = TritonAttnBackend._expand_verify
     monkeypatch.setattr(TritonAttnBackend, "_expand_verify",
                         lambda self, n, w: expanded.append((n, w)) or real(self, n, w))
+    tree = dict(speculative_eagle_topk=3, speculative_num_steps=3,
+                speculative_num_draft_tokens=6) if kernel == "tree" else {}
     spec = tiny_engine(str(tmp_path), attention_backend="triton", speculative_algorithm="NGRAM",
-                       triton_verify_kernel=kernel)
+                       triton_verify_kernel="extend" if kernel == "extend" else "split_k", **tree)
     outs = spec.generate(input_ids=ids, sampling_params=params)
     assert [o["output_ids"] for o in outs] == want
     verify = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     width = spec.get_server_info()["speculative"]["num_draft_tokens"]
     assert verify > 0
-    if kernel == "split_k":
-        assert expanded and all(w == width for _, w in expanded)
-    else:
+    if kernel == "extend":
         assert not expanded
+    else:
+        assert expanded and all(w == width for _, w in expanded)

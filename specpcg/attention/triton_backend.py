@@ -22,7 +22,8 @@ class TritonAttnBackend(AttentionBackend):
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  num_kv_splits=None, verify_kernel: str = "extend"):
         """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch.
-        verify_kernel: how a chain's TARGET_VERIFY attends (config.TRITON_VERIFY_KERNELS)."""
+        verify_kernel: how a chain's TARGET_VERIFY attends (config.TRITON_VERIFY_KERNELS); draft
+        trees always take the split-K kernel with a tree mask."""
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         if verify_kernel not in TRITON_VERIFY_KERNELS:
             raise ValueError(f"verify_kernel must be one of {list(TRITON_VERIFY_KERNELS)}, got "
@@ -31,6 +32,7 @@ class TritonAttnBackend(AttentionBackend):
         self._verify_width = 0  # > 0: this batch's verify runs as split-K decode queries
         self._verify_req = self._verify_seq = None
         self._verify_splits = 1
+        self._tree_mask = None  # [bs * E, K] int8 while a draft tree's batch runs
         self._verify_offsets: dict = {}  # width -> [width] int32: 1 - width .. 0
         assert num_heads % num_kv_heads == 0, "GQA needs num_heads to be a multiple of num_kv_heads"
         if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
@@ -79,11 +81,27 @@ class TritonAttnBackend(AttentionBackend):
         self._num_kv_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             num_reqs, self.num_kv_heads, self._num_sms)
         self._verify_width = 0
+        self._tree_mask = None
         lens = batch.extend_seq_lens_cpu
-        if (self.verify_kernel == "split_k" and batch.forward_mode == ForwardMode.TARGET_VERIFY
+        if batch.tree_mask is not None:
+            self._expand_tree(num_reqs, batch.tree_mask, stride)
+        elif (self.verify_kernel == "split_k" and batch.forward_mode == ForwardMode.TARGET_VERIFY
                 and batch.tree_mask is None and not stride and lens
                 and all(n == lens[0] for n in lens)):
             self._expand_verify(num_reqs, lens[0])
+
+    def _expand_tree(self, num_reqs: int, tree_mask: torch.Tensor, stride: int) -> None:
+        """A draft tree's E queries per request (verify nodes, or a draft step's branches) as
+        split-K decode queries over the request's whole row, its last K keys masked per query by
+        tree_mask [bs, E, K]. Tree batches run eagerly (the router keeps them off graphs)."""
+        bs, width, _ = tree_mask.shape
+        if stride or bs != num_reqs:
+            raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, got "
+                             f"mask {tuple(tree_mask.shape)} for {num_reqs} requests, stride {stride}")
+        self._expand_verify(num_reqs, width)
+        self._verify_seq[:num_reqs * width].view(num_reqs, width).copy_(
+            self._seq_lens[:num_reqs, None].expand(num_reqs, width))
+        self._tree_mask = tree_mask.reshape(num_reqs * width, -1).to(torch.int8).contiguous()
 
     def _expand_verify(self, num_reqs: int, width: int) -> None:
         """Per-query request rows and key counts of a chain verify as num_reqs * width decode
@@ -110,8 +128,6 @@ class TritonAttnBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """q: [T, num_heads * head_dim]; rows past the real tokens (padding) come back as zeros."""
         assert self._num_reqs == batch.batch_size, "call init_forward_metadata(batch) first"
-        if batch.tree_mask is not None:
-            raise NotImplementedError("draft trees need attention_backend='torch' for now")
         self._save_kv(k, v, layer_id, batch)
         num_tokens = q.shape[0]
         q3 = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -127,7 +143,7 @@ class TritonAttnBackend(AttentionBackend):
             triton_kernels.decode_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
                 self._verify_req, self._verify_seq, self._num_reqs * self._verify_width,
-                self._verify_splits, self.scale)
+                self._verify_splits, self.scale, tree_mask=self._tree_mask)
         elif batch.forward_mode == ForwardMode.DECODE:
             num_real = self._num_reqs  # one query per request, request i in row i
             triton_kernels.decode_attention(

@@ -88,15 +88,18 @@ def _extend_attn_kernel(
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr,
-    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
+    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, tree_mask_ptr, tree_keys,
     stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
     stride_req_row,
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_TREE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One program: every query head of one KV head (loads each key once) over one key split."""
+    """One program: every query head of one KV head (loads each key once) over one key split.
+
+    HAS_TREE: query q sees its row's first seq_len - tree_keys keys, then of the last tree_keys
+    only those with tree_mask[q, j] != 0 (a draft tree node's ancestors and itself)."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -128,10 +131,20 @@ def _decode_split_kernel(
         v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
                     + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        if HAS_TREE:
+            rel = offs_n - (seq_len - tree_keys)  # >= 0: a tree key
+            bits = tl.load(tree_mask_ptr + req.to(tl.int64) * tree_keys + rel,
+                           mask=mask_n & (rel >= 0), other=1)
+            s = tl.where((mask_n & (bits != 0))[None, :], s, float("-inf"))  # [H, N]
+            # A block of masked tree keys has max -inf: shift by 0 there, not by -inf (NaN).
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_shift = m_new
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
                      input_precision=DOT_PRECISION)
@@ -219,11 +232,14 @@ def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
 
 
 def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
-                     num_reqs: int, num_kv_splits: int, scale: float) -> None:
+                     num_reqs: int, num_kv_splits: int, scale: float,
+                     tree_mask: torch.Tensor | None = None) -> None:
     """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
 
     The key range of each request is cut into `num_kv_splits` (a power of two) pieces handled by
     separate programs, so batch 1 with a long context still fills the GPU; a second kernel merges.
+    tree_mask: [>= num_reqs, K] int8, contiguous: query i sees the last K keys of its row only
+    where tree_mask[i] is nonzero (draft trees); None: every key.
     """
     _check_shapes(q, k_buf, out)
     assert num_kv_splits >= 1 and num_kv_splits & (num_kv_splits - 1) == 0
@@ -237,14 +253,18 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
                           device=q.device)  # [bs, H, S, D] per-split normalised outputs
     mid_lse = torch.empty(num_reqs, num_heads, num_kv_splits, dtype=torch.float32,
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
+    if tree_mask is not None:
+        assert tree_mask.dtype == torch.int8 and tree_mask.is_contiguous()
     _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
         q, k_buf, v_buf, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
+        tree_mask if tree_mask is not None else seq_lens,
+        tree_mask.shape[1] if tree_mask is not None else 0,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads, NUM_SPLITS=num_kv_splits,
-        DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=_dot_precision(q.dtype), HAS_TREE=tree_mask is not None,
         BLOCK_H=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=16 if q.device.type == "cpu" else 64, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if q.device.type == "cpu" else 2,
