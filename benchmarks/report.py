@@ -35,9 +35,10 @@ SECTIONS = [
     ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
 ]
-MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "num_questions", "accuracy",
-                 "baseline_accuracy", "identical_frac", "max_near_tie_ulps", "avg_accept_length",
-                 "piecewise_hits")
+# The first four name a cell (plain_table): a tree's spec_settings set it apart from the chain.
+MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "spec_settings", "num_questions",
+                 "accuracy", "baseline_accuracy", "identical_frac", "max_near_tie_ulps",
+                 "avg_accept_length", "piecewise_hits")
 ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
                 "output_tokens", "seconds", "output_tok_s", "speedup")
 STEP_FIELDS = ("system", "setting", "random_heads", "triton_verify_kernel", "step_us",

@@ -56,7 +56,7 @@ GPU_ENGINE = {"device": "cuda", "max_total_tokens": 131072, "max_running_request
               "cuda_graph_max_bs": 64, "show_progress": False}
 GPU_ACCEPT_FLOORS = {"NGRAM": 1.3, "STANDALONE": 1.3, "EAGLE": 1.8, "EAGLE3": 2.0, "NEXTN": 1.8}
 # The torch backend attends one request at a time in Python (~50x slower at batch 64): it runs
-# where it matters, EAGLE3's tree (trees need it), on fewer questions.
+# as the reference for EAGLE3's tree, on fewer questions; the Triton tree cell runs them all.
 GPU_QUESTIONS_BY_BACKEND = {"triton": GPU_NUM_QUESTIONS, "torch": 40}
 GPU_TREE = {"speculative_num_steps": 5, "speculative_eagle_topk": 4,
             "speculative_num_draft_tokens": 8}
@@ -67,14 +67,16 @@ GPU_TREE = {"speculative_num_steps": 5, "speculative_eagle_topk": 4,
 # draft's tokens, decided it).
 GPU_NEAR_TIE_ULPS = 4
 DRAFT_CACHE = os.environ.get("SPECPCG_DRAFT_CACHE", ".cache/drafts")
-# Grouped by baseline (PCG, backend), no-spec first in each group: one baseline engine alive.
-GPU_CELLS = ([(a, True, "triton") for a in (None, *SPEC_ALGORITHMS)]
-             + [(a, False, "triton") for a in (None, *SPEC_ALGORITHMS)]
-             + [(None, True, "torch"), ("EAGLE3", True, "torch")])
+# (algorithm, PCG, backend, tree: GPU_TREE instead of the default chain), grouped by baseline
+# (PCG, backend), no-spec first in each group: one baseline engine alive at a time.
+GPU_CELLS = ([(a, True, "triton", False) for a in (None, *SPEC_ALGORITHMS)]
+             + [("EAGLE3", True, "triton", True)]
+             + [(a, False, "triton", False) for a in (None, *SPEC_ALGORITHMS)]
+             + [(None, True, "torch", False), ("EAGLE3", True, "torch", True)])
 
 
-def _cell_name(algo, pcg, backend) -> str:
-    return f"{algo or 'none'}-pcg_{'on' if pcg else 'off'}-{backend}"
+def _cell_name(algo, pcg, backend, tree=False) -> str:
+    return f"{algo or 'none'}-pcg_{'on' if pcg else 'off'}-{backend}{'-tree' if tree else ''}"
 
 
 def _check_graphs_and_kv(engine, run, pcg_on: bool) -> list:
@@ -201,11 +203,11 @@ class _GpuBaselines:
         self.key = self.engine = self.run = None
 
 
-def _gpu_engine(algo, pcg: bool, backend: str) -> Engine:
+def _gpu_engine(algo, pcg: bool, backend: str, tree: bool = False) -> Engine:
     kw = {**GPU_ENGINE, "attention_backend": backend, "disable_piecewise_cuda_graph": not pcg}
     if algo is not None:
         kw["speculative_algorithm"] = algo
-    if algo is not None and backend == "torch":
+    if tree:
         kw.update(GPU_TREE)
     if algo in ("STANDALONE", *HEAD_ALGORITHMS):
         from drafts.train import ensure_draft
@@ -245,13 +247,13 @@ def _near_tie_failures(base_engine, prompts, run, base) -> tuple:
 
 
 def _gpu_record(cell: tuple, engine, run, base, same: int, worst: float, failures: list) -> dict:
-    algo, pcg, backend = cell
+    algo, pcg, backend, tree = cell
     hits, eager, reasons = extend_counts(run.info)
     n = len(base.output_ids)
     return {
         "bench": "gsm8k_matrix", "algorithm": algo or "none", "pcg": pcg,
         "attention_backend": backend, "num_questions": n, "num_shots": GPU_NUM_SHOTS,
-        "spec_settings": GPU_TREE if algo and backend == "torch" else None,
+        "spec_settings": GPU_TREE if tree else None,
         "near_tie_ulps": GPU_NEAR_TIE_ULPS,
         "max_new_tokens": GPU_MAX_NEW_TOKENS, "accuracy": run.accuracy,
         "baseline_accuracy": base.accuracy, "identical_frac": same / n,
@@ -265,13 +267,14 @@ def _gpu_record(cell: tuple, engine, run, base, same: int, worst: float, failure
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("algo,pcg,backend", GPU_CELLS, ids=[_cell_name(*c) for c in GPU_CELLS])
-def test_gpu_gsm8k_cell(algo, pcg, backend, gpu_baselines):
+@pytest.mark.parametrize("algo,pcg,backend,tree", GPU_CELLS,
+                         ids=[_cell_name(*c) for c in GPU_CELLS])
+def test_gpu_gsm8k_cell(algo, pcg, backend, tree, gpu_baselines):
     """bf16: identical rate reported, every divergence a near-tie; the same accuracy; accept
     length above its floor; piecewise hits exactly when PCG is on; no KV leak."""
-    name = _cell_name(algo, pcg, backend)
+    name = _cell_name(algo, pcg, backend, tree)
     base_engine, base = gpu_baselines.get(pcg, backend)
-    engine = base_engine if algo is None else _gpu_engine(algo, pcg, backend)
+    engine = base_engine if algo is None else _gpu_engine(algo, pcg, backend, tree)
     try:
         run = base if algo is None else run_gsm8k(engine, gpu_baselines.prompts,
                                                   gpu_baselines.golds, GPU_MAX_NEW_TOKENS)
@@ -285,7 +288,8 @@ def test_gpu_gsm8k_cell(algo, pcg, backend, gpu_baselines):
         if algo is not None and not avg >= floor:
             failures.append(f"avg accept length {avg:.3f} < floor {floor}")
         failures += _check_graphs_and_kv(engine, run, pcg)
-        record = _gpu_record((algo, pcg, backend), engine, run, base, same, worst, failures)
+        record = _gpu_record((algo, pcg, backend, tree), engine, run, base, same, worst,
+                             failures)
         path = append_record(record)
         print(f"{name}: accuracy {run.accuracy:.3f} (no-spec {base.accuracy:.3f}), identical "
               f"{same}/{record['num_questions']}, worst gap {worst:.2f} ulps, avg accept length "
