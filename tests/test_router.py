@@ -64,6 +64,22 @@ def test_router_guards(batch, expected):
     assert _router(_piecewise(), _decode()).choose(batch) == expected
 
 
+def test_tree_batches_never_replay_a_graph():
+    """A tree verify of the captured width would fit the verify graph, but the graph holds chain
+    attention: the router sends it eager and names why. The chain beside it still replays."""
+    router = _router(_piecewise(), _decode())
+    tree = _batch(ForwardMode.TARGET_VERIFY, [4, 4])
+    tree.tree_mask = torch.ones(2, 4, 4, dtype=torch.bool).tril()
+    assert router.choose(tree) == (EAGER, Refusal.TREE_MASK)
+    assert router.forward(tree) == "eager-out"
+    assert router.choose(_batch(ForwardMode.TARGET_VERIFY, [4, 4])) == ("decode_graph", None)
+    step = _batch(ForwardMode.DRAFT_EXTEND, [3, 3])
+    step.tree_mask = torch.ones(2, 3, 6, dtype=torch.bool)
+    assert router.choose(step) == (EAGER, Refusal.TREE_MASK)
+    stats = {(s["mode"], s["reason"]): s["count"] for s in router.forward_stats()}
+    assert stats == {("TARGET_VERIFY", "tree_mask_not_captured"): 1}
+
+
 def test_target_verify_never_replays_piecewise():
     router = _router(_piecewise(), None, {"decode_graph": "disable_cuda_graph is set"})
     # Small enough for a piecewise bucket, but the mode is not one piecewise graphs capture.

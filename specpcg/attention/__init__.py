@@ -52,7 +52,7 @@ def _importable(module: str) -> bool:
 
 def create_attention_backend(name: str, device, kv_cache, num_heads: int, num_kv_heads: int,
                              head_dim: int, scale: float,
-                             verify_kernel: str = "extend") -> AttentionBackend:
+                             verify_kernel: str = "split_k") -> AttentionBackend:
     """verify_kernel: the triton backend's chain-verify kernel (config.TRITON_VERIFY_KERNELS)."""
     resolved = resolve_attention_backend_name(name, device)
     if resolved == "torch":

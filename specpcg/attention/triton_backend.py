@@ -20,7 +20,7 @@ class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 num_kv_splits=None, verify_kernel: str = "extend"):
+                 num_kv_splits=None, verify_kernel: str = "split_k"):
         """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch.
         verify_kernel: how a chain's TARGET_VERIFY attends (config.TRITON_VERIFY_KERNELS); draft
         trees always take the split-K kernel with a tree mask."""
@@ -86,7 +86,7 @@ class TritonAttnBackend(AttentionBackend):
         if batch.tree_mask is not None:
             self._expand_tree(num_reqs, batch.tree_mask, stride)
         elif (self.verify_kernel == "split_k" and batch.forward_mode == ForwardMode.TARGET_VERIFY
-                and batch.tree_mask is None and not stride and lens
+                and not stride and lens
                 and all(n == lens[0] for n in lens)):
             self._expand_verify(num_reqs, lens[0])
 
