@@ -73,8 +73,11 @@ class Engine:
         """What the target's graphs must capture for the active draft (invariant 4)."""
         if self.spec is None:
             return {}
+        # A tree's verify carries its mask, which no graph holds (the router sends it eager):
+        # verify graphs are captured for chains only.
+        verify = self.spec.num_draft_tokens if self.spec.is_chain else 0
         return {"hidden_mode": self.draft.needs_hidden, "aux_layers": self.draft.aux_layers,
-                "num_verify_tokens": self.spec.num_draft_tokens}
+                "num_verify_tokens": verify}
 
     def _make_kv_cache(self, draft_bytes_per_slot: int = 0) -> KVCache:
         mc, cfg = self.model_config, self.config

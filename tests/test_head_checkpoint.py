@@ -385,3 +385,16 @@ def test_graph_needs_server_info_and_forward_stats(world, algo, monkeypatch):
     assert {s["runner"] for s in draft_stats} == {"eager", "draft_round_eager"}
     assert all(s["reason"] for s in draft_stats)
     assert {s["reason"] for s in draft_stats if s["mode"] == "DECODE"} == {NO_CUDA}
+
+
+def test_a_tree_engine_captures_no_verify_graph(world, monkeypatch):
+    """A tree's verify carries its mask, which graphs do not hold: the target's graphs are asked
+    for the draft's hidden states but for no verify width."""
+    calls = {}
+    real = engine_module.build_graphs
+    monkeypatch.setattr(engine_module, "build_graphs", lambda cfg, runner, context_len, **kw:
+                        calls.setdefault("target", kw) and real(cfg, runner, context_len, **kw))
+    _engine(world.noisy, "EAGLE", world.heads["EAGLE"], speculative_eagle_topk=3,
+            speculative_num_steps=3, speculative_num_draft_tokens=6, attention_backend="torch")
+    assert calls["target"] == {"hidden_mode": CaptureHiddenMode.FULL, "aux_layers": (),
+                               "num_verify_tokens": 0}
