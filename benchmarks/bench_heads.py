@@ -22,6 +22,7 @@ import common
 common.add_repo_to_path()
 import bench_spec  # noqa: E402
 from specpcg import Engine  # noqa: E402
+from specpcg.config import TRITON_VERIFY_KERNELS  # noqa: E402
 from specpcg.gsm8k import STOP, build_prompts  # noqa: E402
 from specpcg.models.loader import default_model_path  # noqa: E402
 
@@ -156,7 +157,8 @@ def main(argv=None) -> None:
                    metavar="STEPS,TOPK,TOKENS", help="only these of the grid's settings")
     p.add_argument("--pcg", default="both", choices=("both", "on", "off"),
                    help="piecewise graphs on, off, or both (each with its own no-spec run)")
-    p.add_argument("--triton-verify-kernel", default="split_k", choices=("extend", "split_k"))
+    p.add_argument("--triton-verify-kernel", default="split_k",
+                   choices=TRITON_VERIFY_KERNELS)
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)
     if not args.table_only:

@@ -26,6 +26,7 @@ import common
 
 common.add_repo_to_path()
 from specpcg import Engine  # noqa: E402
+from specpcg.config import TRITON_VERIFY_KERNELS  # noqa: E402
 from specpcg.gsm8k import STOP, build_prompts  # noqa: E402
 from specpcg.models.loader import default_model_path  # noqa: E402
 
@@ -162,7 +163,8 @@ def main(argv=None) -> None:
     p.add_argument("--algorithms", default="none,EAGLE,EAGLE3")
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens")
     p.add_argument("--random-heads", action="store_true", help="untrained heads (no training)")
-    p.add_argument("--triton-verify-kernel", default="split_k", choices=("extend", "split_k"))
+    p.add_argument("--triton-verify-kernel", default="split_k",
+                   choices=TRITON_VERIFY_KERNELS)
     p.add_argument("--cache-dir", default=".cache/drafts")
     p.add_argument("--num-questions", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=256)

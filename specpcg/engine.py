@@ -61,10 +61,10 @@ class Engine:
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
 
     def _setup_spec(self) -> SpecDecoder:
-        if not self.spec.is_chain and self.attn_backend.name not in ("torch", "triton"):
-            raise ValueError(f"speculative_eagle_topk={self.spec.topk} drafts trees, which need "
-                             f"attention_backend 'triton' or 'torch' in this release "
-                             f"(got {self.attn_backend.name!r})")
+        if not self.spec.is_chain and not self.attn_backend.supports_tree_mask:
+            raise ValueError(f"speculative_eagle_topk={self.spec.topk} drafts trees, which "
+                             f"attention_backend {self.attn_backend.name!r} cannot attend: use "
+                             f"'triton' or 'torch'")
         if hasattr(self.draft, "setup"):
             self.draft.setup(self)
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)

@@ -94,3 +94,17 @@ def test_corrupt_gguf(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x00" * 40)
     with pytest.raises(ValueError, match="model_path.*broken.gguf"):
         Engine(model_path=str(bad))
+
+
+def test_tree_on_a_backend_without_tree_masks(tmp_path, monkeypatch):
+    """A draft tree on a backend that cannot attend under a tree mask is refused at startup,
+    naming the topk and the backend."""
+    from specpcg.attention.torch_backend import TorchAttnBackend
+    from tests.tiny_models import tiny_engine
+
+    save_tiny_checkpoint("llama", tmp_path)
+    monkeypatch.setattr(TorchAttnBackend, "supports_tree_mask", False)
+    with pytest.raises(ValueError, match=r"speculative_eagle_topk=3 .*'torch' cannot attend"):
+        tiny_engine(str(tmp_path), attention_backend="torch", speculative_algorithm="NGRAM",
+                    speculative_eagle_topk=3, speculative_num_steps=3,
+                    speculative_num_draft_tokens=6)

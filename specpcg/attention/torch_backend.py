@@ -12,6 +12,7 @@ from specpcg.core import ForwardBatch
 class TorchAttnBackend(AttentionBackend):
     name = "torch"
     supports_row_stride = True
+    supports_tree_mask = True
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         self._save_kv(k, v, layer_id, batch)

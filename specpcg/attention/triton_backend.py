@@ -18,6 +18,7 @@ class TritonAttnBackend(AttentionBackend):
     name = "triton"
     supports_row_stride = True
     supports_cuda_graph = True
+    supports_tree_mask = True  # as split-K decode queries, eagerly
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  num_kv_splits=None, verify_kernel: str = "split_k"):
@@ -98,14 +99,13 @@ class TritonAttnBackend(AttentionBackend):
         if stride or bs != num_reqs:
             raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, got "
                              f"mask {tuple(tree_mask.shape)} for {num_reqs} requests, stride {stride}")
-        self._expand_verify(num_reqs, width)
-        self._verify_seq[:num_reqs * width].view(num_reqs, width).copy_(
-            self._seq_lens[:num_reqs, None].expand(num_reqs, width))
+        self._expand_verify(num_reqs, width, causal=False)
         self._tree_mask = tree_mask.reshape(num_reqs * width, -1).to(torch.int8).contiguous()
 
-    def _expand_verify(self, num_reqs: int, width: int) -> None:
-        """Per-query request rows and key counts of a chain verify as num_reqs * width decode
-        queries (the nodes' own KV is saved before the kernel runs)."""
+    def _expand_verify(self, num_reqs: int, width: int, causal: bool = True) -> None:
+        """Per-query request rows and key counts of num_reqs * width decode queries (the nodes'
+        own KV is saved before the kernel runs). causal: node j sees its row up to itself (a
+        chain); else every query sees the whole row, and a tree mask narrows it."""
         n = num_reqs * width
         if self._verify_req is None or self._verify_req.shape[0] < n:
             # NOTE: graphs read these addresses; a verify graph's capture (largest bucket
@@ -113,14 +113,17 @@ class TritonAttnBackend(AttentionBackend):
             size = max(n, self._req_pool_indices.shape[0] * width)
             self._verify_req = torch.zeros(size, dtype=torch.int32, device=self.device)
             self._verify_seq = torch.zeros(size, dtype=torch.int32, device=self.device)
-        offsets = self._verify_offsets.get(width)
-        if offsets is None:
-            offsets = self._verify_offsets[width] = torch.arange(
-                1 - width, 1, dtype=torch.int32, device=self.device)
         self._verify_req[:n].view(num_reqs, width).copy_(
             self._req_pool_indices[:num_reqs, None].expand(num_reqs, width))
-        torch.add(self._seq_lens[:num_reqs, None], offsets[None, :],
-                  out=self._verify_seq[:n].view(num_reqs, width))
+        seq = self._verify_seq[:n].view(num_reqs, width)
+        if causal:
+            offsets = self._verify_offsets.get(width)
+            if offsets is None:
+                offsets = self._verify_offsets[width] = torch.arange(
+                    1 - width, 1, dtype=torch.int32, device=self.device)
+            torch.add(self._seq_lens[:num_reqs, None], offsets[None, :], out=seq)
+        else:
+            seq.copy_(self._seq_lens[:num_reqs, None].expand(num_reqs, width))
         self._verify_width = width
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             n, self.num_kv_heads, self._num_sms)
