@@ -2,7 +2,8 @@
 piecewise CUDA graph {on, off} x attention backend, each cell running the same greedy few-shot
 GSM8K prompts and checked against no-spec with the same graph setting and backend:
 
-- the same accuracy;
+- the same accuracy (GPU bf16: within GPU_ACCURACY_SLACK questions, as near-tie divergences may
+  change an answer);
 - the same tokens (CPU fp32: every token; GPU bf16: the identical rate is reported and every
   divergence must be a near-tie, the two logits within GPU_NEAR_TIE_ULPS bf16 steps);
 - an average accept length at or above a floor that fits the draft (module constants below);
@@ -60,12 +61,18 @@ GPU_ACCEPT_FLOORS = {"NGRAM": 1.3, "STANDALONE": 1.3, "EAGLE": 1.8, "EAGLE3": 2.
 GPU_QUESTIONS_BY_BACKEND = {"triton": GPU_NUM_QUESTIONS, "torch": 40}
 GPU_TREE = {"speculative_num_steps": 5, "speculative_eagle_topk": 4,
             "speculative_num_draft_tokens": 8}
-# bf16 verify (N tokens a request, extend attention) and decode (split-K attention) round
-# differently; a divergence passes as a near-tie within this many bf16 steps of the logits.
+# bf16 verify (N tokens a request) and decode (one token) reduce in different orders; a
+# divergence passes as a near-tie within this many bf16 steps of the logits.
 # Measured at cab77cb on an H100: the largest gap among 200 questions was 3.0 steps, at the
 # same token of the same question for all five algorithms (so the verify's numerics, not a
 # draft's tokens, decided it).
 GPU_NEAR_TIE_ULPS = 4
+# Identical tokens give identical answers, so an answer changes only where its output diverged,
+# and every divergence has passed the near-tie check. Such a flip still moves accuracy: at
+# 8f3ffb0 EAGLE3's Triton tree diverged in 88 of 200 outputs (all within 4 ulps) and got one
+# answer right that no-spec got wrong (0.005 against 0.000). The count of correct answers may
+# differ from no-spec's by this many.
+GPU_ACCURACY_SLACK = 2
 DRAFT_CACHE = os.environ.get("SPECPCG_DRAFT_CACHE", ".cache/drafts")
 # (algorithm, PCG, backend, tree: GPU_TREE instead of the default chain), grouped by baseline
 # (PCG, backend), no-spec first in each group: one baseline engine alive at a time.
@@ -256,7 +263,8 @@ def _gpu_record(cell: tuple, engine, run, base, same: int, worst: float, failure
         "spec_settings": GPU_TREE if tree else None,
         "near_tie_ulps": GPU_NEAR_TIE_ULPS,
         "max_new_tokens": GPU_MAX_NEW_TOKENS, "accuracy": run.accuracy,
-        "baseline_accuracy": base.accuracy, "identical_frac": same / n,
+        "baseline_accuracy": base.accuracy, "accuracy_slack": GPU_ACCURACY_SLACK,
+        "answers_changed": sum(p != q for p, q in zip(run.preds, base.preds)), "identical_frac": same / n,
         "max_near_tie_ulps": None if worst == float("inf") else worst,
         "avg_accept_length": accept_length(run.info), "accept_floor": GPU_ACCEPT_FLOORS.get(algo),
         "num_draft_tokens": (run.info["speculative"] or {}).get("num_draft_tokens"),
@@ -280,10 +288,12 @@ def test_gpu_gsm8k_cell(algo, pcg, backend, tree, gpu_baselines):
                                                   gpu_baselines.golds, GPU_MAX_NEW_TOKENS)
         same, worst, failures = (len(base.output_ids), 0.0, []) if algo is None else \
             _near_tie_failures(base_engine, gpu_baselines.prompts, run, base)
-        if run.accuracy != base.accuracy:
+        n = len(base.output_ids)
+        if round(abs(run.accuracy - base.accuracy) * n) > GPU_ACCURACY_SLACK:
             flipped = [i for i, (p, q) in enumerate(zip(run.preds, base.preds)) if p != q]
-            failures.append(f"accuracy {run.accuracy:.4f} != no-spec {base.accuracy:.4f} "
-                            f"(answers differ at questions {flipped[:20]})")
+            failures.append(f"accuracy {run.accuracy:.4f} against no-spec's {base.accuracy:.4f}: "
+                            f"more than {GPU_ACCURACY_SLACK} of {n} questions apart (answers "
+                            f"differ at questions {flipped[:20]})")
         avg, floor = accept_length(run.info), GPU_ACCEPT_FLOORS.get(algo)
         if algo is not None and not avg >= floor:
             failures.append(f"avg accept length {avg:.3f} < floor {floor}")
