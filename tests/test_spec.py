@@ -101,6 +101,10 @@ def test_unavailable_or_mismatched_drafts_are_refused(algo, tmp_path):
     with pytest.raises(ValueError, match=r"draft vocab_size 300 does not match the target's 49152"):
         Engine(device="cpu", speculative_algorithm="STANDALONE",
                speculative_draft_model_path=str(tmp_path))
+    with pytest.raises(ValueError, match=r"speculative_eagle_topk=4: STANDALONE drafts chains only"):
+        Engine(device="cpu", speculative_algorithm="STANDALONE", speculative_eagle_topk=4,
+               speculative_num_steps=3, speculative_num_draft_tokens=8,
+               speculative_draft_model_path=str(tmp_path))
 
 
 def test_spec_sampling_follows_the_target_distribution(tmp_path):

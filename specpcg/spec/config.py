@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_NUM_STEPS, DEFAULT_TOPK, DEFAULT_NUM_DRAFT_TOKENS = 3, 1, 4
+# A separate draft model proposes one token per step: it has no tree proposer.
+CHAIN_ONLY_ALGORITHMS = ("STANDALONE",)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class SpecConfig:
         return spec
 
     def validate(self) -> None:
+        if self.topk > 1 and self.algorithm in CHAIN_ONLY_ALGORITHMS:
+            raise ValueError(f"speculative_eagle_topk={self.topk}: {self.algorithm} drafts chains "
+                             f"only (speculative_eagle_topk=1)")
         if self.num_draft_tokens < 2:
             raise ValueError(f"speculative_num_draft_tokens must be >= 2, got {self.num_draft_tokens}")
         most = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
