@@ -13,7 +13,7 @@
 #   step    bench_step (where a batch-1 step's time goes: host phases, each graph's GPU time)
 #   accept  bench_accept (accept-length grids, synthetic acceptance, the 8B shape)
 #   matrix  the GPU GSM8K matrix (tests/test_gsm8k_matrix.py -m cuda)
-#   render  benchmarks/report.py -> benchmarks/results/REPORT.md
+#   render  benchmarks/report.py -> benchmarks/results/REPORT.md and README.md's headline table
 # Parts are separate so each fits a bounded job; MODEL defaults to the bundled GGUF
 # ($SPECPCG_DEFAULT_MODEL overrides it).
 set -euo pipefail
@@ -48,7 +48,7 @@ step() {
 }
 accept() { python3 benchmarks/bench_accept.py --model-path "$MODEL" --cache-dir "$CACHE"; }
 matrix() { python3 -m pytest -q -m cuda tests/test_gsm8k_matrix.py; }
-render() { python3 benchmarks/report.py; }
+render() { python3 benchmarks/report.py --readme README.md; }
 
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(drafts engine spec heads step accept matrix render)

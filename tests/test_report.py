@@ -1,0 +1,61 @@
+"""The README's headline table (benchmarks/headline.py): figures from the latest JSON lines,
+written only between the README's markers."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import headline  # noqa: E402
+
+
+def _write(path: Path, lines: list[dict]) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _engine(system, value, git):
+    return {"bench": "engine", "system": system, "metric": "decode_tok_s", "batch_size": 1,
+            "value": value, "git": git, "device": "gpu"}
+
+
+def _cell(algorithm, identical, failures, git):
+    return {"bench": "gsm8k_matrix", "algorithm": algorithm, "pcg": True,
+            "attention_backend": "triton", "spec_settings": None, "identical_frac": identical,
+            "failures": failures, "git": git, "device": "gpu"}
+
+
+def test_headline_uses_the_latest_lines_and_keeps_the_prose(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    # An older run, then a newer one: only the newer figures may show.
+    _write(results / "engine.jsonl", [_engine("specpcg_graphs", 100.0, "old"),
+                                      _engine("hf_static", 100.0, "old"),
+                                      _engine("specpcg_graphs", 600.0, "new"),
+                                      _engine("hf_static", 300.0, "new")])
+    # A cell that failed, then passed on a rerun; a second cell that failed.
+    _write(results / "gsm8k_matrix.jsonl", [_cell("EAGLE", 0.5, ["accuracy"], "old"),
+                                            _cell("EAGLE", 0.5, [], "new"),
+                                            _cell("NGRAM", 0.25, ["a near-tie too wide"], "new")])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{headline.BEGIN}\nstale table\n{headline.END}\noutro\n")
+
+    headline.write_readme(readme, results)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("\noutro\n")
+    assert "stale table" not in text
+    assert "| 600 vs 300 tok/s (2.00x) | new |" in text
+    assert "1 of 2 cells passed; identical to no-spec 25%-50%" in text
+    assert "| spec.jsonl | not measured |" in text  # a missing file is never filled in
+
+    headline.write_readme(readme, results)  # idempotent: one table, not two
+    assert readme.read_text() == text
+
+
+def test_headline_refuses_a_readme_without_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    with pytest.raises(ValueError, match="markers"):
+        headline.write_readme(readme, tmp_path)
+    assert readme.read_text() == "no markers here\n"
