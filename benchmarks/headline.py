@@ -26,7 +26,8 @@ def engine_rows(records: list[dict]) -> list[tuple]:
     t = latest(records, "engine", lambda r: (r["system"], r["metric"], r["batch_size"]))
     rows = []
     for bs in sorted({k[2] for k in t if k[1] == "decode_tok_s"}):
-        ours, hf = t.get(("specpcg_graphs", "decode_tok_s", bs)), t.get(("hf_static", "decode_tok_s", bs))
+        ours = t.get(("specpcg_graphs", "decode_tok_s", bs))
+        hf = t.get(("hf_static", "decode_tok_s", bs))
         if ours and hf:
             rows.append(row(f"no-spec decode, batch {bs}, against HF static-cache `generate`",
                             f"{common.fmt(ours['value'])} vs {common.fmt(hf['value'])} tok/s "
@@ -88,9 +89,10 @@ def graphs_rows(records: list[dict]) -> list[tuple]:
     rows = []
     for (model, metric, _, _), r in t.items():
         if metric == "bw_fraction" and r.get("bw_limit_tok_s"):
-            rows.append(row(f"batch-1 decode against the HBM bound, {model}",
-                            f"{common.fmt(r['measured_tok_s'])} of {common.fmt(r['bw_limit_tok_s'])}"
-                            f" tok/s ({r['value']:.2f})", r, "graphs.jsonl"))
+            value = (f"{common.fmt(r['measured_tok_s'])} of {common.fmt(r['bw_limit_tok_s'])} "
+                     f"tok/s ({r['value']:.2f})")
+            rows.append(row(f"batch-1 decode against the HBM bound, {model}", value, r,
+                            "graphs.jsonl"))
     return rows
 
 
@@ -117,7 +119,8 @@ def table(results_dir: Path) -> str:
     rows = []
     for file, make in SOURCES:
         path = Path(results_dir) / file
-        rows += make(common.read_jsonl(path)) if path.exists() else [(file, "not measured", "-", "-")]
+        missing = [(file, "not measured", "-", "-")]
+        rows += make(common.read_jsonl(path)) if path.exists() else missing
     lines = ["| figure | value | commit | results |", "| --- | --- | --- | --- |"]
     return "\n".join(lines + [f"| {' | '.join(r)} |" for r in rows])
 
