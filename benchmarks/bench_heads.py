@@ -116,6 +116,8 @@ def render_table(records: list[dict]) -> str:
                 else "({}, {}, {})".format(*r["setting"])),
                ("PCG", lambda r: "on" if r["pcg"] else "off")] + [
         (h, lambda r, f=f: r.get(f)) for h, f in fields.items()]
+    # Rows of different runs can meet here; each speedup is against its own run's no-spec.
+    columns.append(("commit", lambda r: r.get("git") or "-"))
     return common.column_table(latest_rows(records), columns)
 
 
