@@ -39,7 +39,7 @@ def spec_rows(records: list[dict]) -> list[tuple]:
     t = latest(records, "spec", lambda r: (r["system"], r.get("pcg"), r["batch_size"]))
     hf = t.get(("hf_plain", None, 1))
     spec = [r for (system, pcg, bs), r in t.items()
-            if bs == 1 and pcg and system not in ("nospec",) and not system.startswith("hf_")]
+            if bs == 1 and pcg and system != "nospec" and not system.startswith("hf_")]
     if not spec:
         return []
     best = max(spec, key=lambda r: r["output_tok_s"])
