@@ -1,16 +1,19 @@
 """`python -m drafts.train`: a draft for a target, trained by self-distillation on one GPU.
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
-        [--data train.jsonl] [--num-prompts N] [--max-new-tokens 256] [--num-shots 5]
-        [--minutes 4.75] [--ttt-steps 3] [--draft-vocab-size 8192] [--aux-layer-ids 1,14,29]
-        [--head-context 128] [--device auto] [--seed 0]
+        [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
+        [--max-new-tokens 256] [--minutes 9] [--ttt-steps 7] [--draft-vocab-size 8192]
+        [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]
 
-Pipeline: GSM8K train questions in the benchmark's few-shot format -> the target's own greedy
-answers (Engine) -> the target's features and greedy labels over each whole sequence (dense
-attention, no KV cache) -> a head trained with training-time test (EAGLE, EAGLE3, NEXTN:
-drafts.train_heads) or the target's first layers fine-tuned (STANDALONE: drafts.train_standalone)
--> a checkpoint `Engine(speculative_algorithm=ALG, speculative_draft_model_path=DIR)` loads, with
-train_log.json beside it. `ensure_draft` caches trained drafts by their options.
+Pipeline: prompts from the data sources (drafts.data: chat turns through the target's chat
+template, plain text as is) -> the target's own greedy answers, turn after turn
+(drafts.distill) -> the target's features and greedy labels over each whole sequence (dense
+attention, no KV cache) -> a head trained with training-time test as deep as the chains the
+engine drafts (EAGLE, EAGLE3, NEXTN: drafts.train_heads) or the target's first layers fine-tuned
+(STANDALONE: drafts.train_standalone) -> a checkpoint `Engine(speculative_algorithm=ALG,
+speculative_draft_model_path=DIR)` loads, with train_log.json beside it, which carries the
+offline accept length of the saved draft on held-out sequences (drafts.offline).
+`ensure_draft` caches trained drafts by their options.
 """
 
 from __future__ import annotations
@@ -21,45 +24,49 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from drafts.data import DEFAULT_DATA, training_samples
+from drafts.distill import self_distill
 from drafts.heads import default_aux_layer_ids
-from drafts.train_data import extract_features, generate, gsm8k_prompts, shared_answers
+from drafts.offline import draft_hits, load_draft_model, offline_accept
+from drafts.train_data import extract_features, shared_answers
 from drafts.train_loop import LoopOptions, loss_curve
-from specpcg.gsm8k import DATA_DIR
+from specpcg.spec.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-DEFAULT_DATA = str(DATA_DIR / "train.jsonl")
-TRAINER_VERSION = 1  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 2  # part of ensure_draft's cache key: bump when trained drafts change
+# Chains whose offline accept length the log carries: the engine's default and the deepest the
+# benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
+OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)
 # What each algorithm reads of the target: its final hidden states, the aux layers' residual
 # streams (EAGLE3), or nothing but its greedy labels (STANDALONE).
 FEATURES = {"EAGLE": "final", "EAGLE3": "aux", "NEXTN": "final", "STANDALONE": None}
 GEN_BATCH_CUDA = 256  # concurrent requests (and decode-graph batch) while generating answers
 FINISH_MARGIN_S = 10.0  # held-out evaluation and saving, after the training loop
-GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: a 5-shot prompt (~900) plus its answer
+GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: max_prompt_tokens plus an answer
 
 
 @dataclass(frozen=True)
 class TrainOptions:
     num_prompts: int = 4000
     max_new_tokens: int = 256
-    num_shots: int = 5  # the benchmark's few-shot count (benchmarks/bench_spec.py)
-    # The whole run's wall clock (under 5 minutes): generation and features first, then the
+    max_turns: int = 2  # chat samples: user turns the target answers in turn
+    max_prompt_tokens: int = 1024  # longer prompts are skipped (first turn) or end the chat
+    # The whole run's wall clock (under 10 minutes): generation and features first, then the
     # training loop gets what is left, less FINISH_MARGIN_S for held-out evaluation and saving.
-    minutes: float = 4.75
-    ttt_steps: int = 3
+    minutes: float = 9.0
+    # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
+    # read hidden states of a kind never seen in training).
+    ttt_steps: int = max(OFFLINE_CHAIN_STEPS)
     draft_vocab_size: int = 8192  # EAGLE3
     # EAGLE3: the target layers it fuses; () = SGLang's default (low, middle, high).
     aux_layer_ids: tuple = ()
-    # Heads: tokens of the shared few-shot prefix's end they train on (0 = whole sequences).
-    # 128 on the default model: held-out top-1 and accept length rose for every head, since
-    # each step costs ~1/3 of a whole sequence's and the 5 minutes hold ~3x the epochs
-    # (benchmarks/results/experiments/head_context_eval.jsonl).
-    head_context: int = 128
     num_layers: int = 4  # STANDALONE: the target's first K layers
     device: str = "auto"
     seed: int = 0
@@ -76,14 +83,12 @@ class TrainOptions:
 
         reject_unknown(kwargs, TrainOptions, "training option")
         opts = TrainOptions(**kwargs)
-        for name in ("num_prompts", "max_new_tokens", "ttt_steps", "draft_vocab_size",
-                     "num_layers", "token_budget", "max_epochs"):
+        for name in ("num_prompts", "max_new_tokens", "max_turns", "max_prompt_tokens",
+                     "ttt_steps", "draft_vocab_size", "num_layers", "token_budget",
+                     "max_epochs"):
             value = getattr(opts, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(opts.head_context, bool) or not isinstance(opts.head_context, int) or \
-                opts.head_context < 0:
-            raise ValueError(f"head_context must be an integer >= 0, got {opts.head_context!r}")
         aux = opts.aux_layer_ids
         if not isinstance(aux, (tuple, list)) or (aux and (len(set(aux)) != 3 or any(
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in aux))):
@@ -135,28 +140,30 @@ def _feature_layers(algorithm: str, aux_layer_ids: tuple) -> tuple:
 def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
                 out: Optional[str] = None, *, engine=None, answers_cache: Optional[str] = None,
                 **opts) -> str:
-    """Trains a draft into `out` and returns it. data: a GSM8K-style .jsonl path, or prompts as
-    token-id lists (targets without a tokenizer). engine: an Engine on the target to generate
-    with (kept open); by default one is made and shut down after generating. answers_cache: a
-    file the target's answers are shared through (drafts of one target trained side by side
-    generate once); it must be keyed by target, prompts and generation options."""
+    """Trains a draft into `out` and returns it. data: a source spec (drafts.data: a name, a
+    .jsonl path or a weighted mixture), or prompts as token-id lists (targets without a
+    tokenizer). engine: an Engine on the target to generate with (kept open); by default one is
+    made and shut down after generating. answers_cache: a file the target's answers are shared
+    through (drafts of one target trained side by side generate once); it must be keyed by
+    target, prompts and generation options."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
     if not out:
         raise ValueError("out (the output directory) is required")
     o = TrainOptions.from_kwargs(opts)
+    samples = data if isinstance(data, list) else training_samples(data, o.num_prompts, o.seed)
     torch.manual_seed(o.seed)
     times, t0 = {}, time.perf_counter()
     own = engine is None
     engine = engine if engine is not None else _make_engine(target, o)
     target_path = target or engine.config.model_path or _default_target()
-    prompts = data if isinstance(data, list) else gsm8k_prompts(
-        data, engine.tokenizer, o.num_prompts, o.num_shots)
+
     def make():
-        return generate(engine, prompts, o.max_new_tokens, o.show_progress)
+        return self_distill(engine, samples, o.max_new_tokens, o.max_turns, o.max_prompt_tokens,
+                            o.show_progress)
 
     seqs = shared_answers(answers_cache, make) if answers_cache else make()
-    model, target_cfg, device = engine.model, engine.model_config, engine.device
+    model, target_cfg, device, dtype = engine.model, engine.model_config, engine.device, engine.dtype
     aux = _aux_layer_ids(o, target_cfg.num_layers)
     if own:
         engine.shutdown()  # frees its KV cache and graphs; `model` stays for the features
@@ -171,9 +178,23 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     record = _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device,
                     out, aux)
     times["train_s"] = record.pop("train_s")
+    record.update(_offline(algorithm, out, model, target_cfg, feats, split, device, dtype))
     times["total_s"] = time.perf_counter() - t0
+    record["data"] = data if isinstance(data, str) else "token ids"
     _write_log(out, algorithm, target_path, o, seqs, split, record, times, device)
     return out
+
+
+def _offline(algorithm, out, model, target_cfg, feats, split, device, dtype) -> dict:
+    """The saved draft's chains simulated on the held-out sequences (drafts.offline), loaded
+    in the engine's dtype as the engine loads it."""
+    draft = load_draft_model(algorithm, out, model, target_cfg, device, dtype)
+    ids = split["heldout"]
+    hits = draft_hits(algorithm, draft, feats, ids, max(OFFLINE_CHAIN_STEPS), device)
+    chains = offline_accept(hits, [feats.prompt_lens[i] for i in ids], OFFLINE_CHAIN_STEPS)
+    default = f"{DEFAULT_NUM_STEPS},1,{DEFAULT_NUM_STEPS + 1}"
+    return {"offline_accept_length": chains[default]["accept_length"],
+            "offline_accept": chains}
 
 
 def _loop_minutes(o: TrainOptions, elapsed_s: float) -> float:
@@ -195,7 +216,7 @@ def _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, dev
     from drafts.train_heads import train_head
 
     return train_head(algorithm, model, target_cfg, feats, split, loop, o.ttt_steps,
-                      o.draft_vocab_size, device, out, aux_layer_ids, o.head_context)
+                      o.draft_vocab_size, device, out, aux_layer_ids)
 
 
 def _default_target() -> str:
@@ -212,7 +233,7 @@ def _write_log(out, algorithm, target_path, o, seqs, split, record, times, devic
         "options": asdict(o), "num_sequences": len(seqs.token_ids),
         "num_train_sequences": len(split["train"]), "num_heldout_sequences": len(split["heldout"]),
         "prompt_tokens": sum(seqs.prompt_lens), "answer_tokens": seqs.num_answer_tokens,
-        "shared_prefix_tokens": seqs.shared_len,
+        "sequences_by_source": dict(Counter(seqs.sources)),
         "initial_loss": losses[0] if losses else None,
         "final_loss": sum(tail) / len(tail) if tail else None,
         **record, "times": times, "loss_curve": loss_curve(losses),
@@ -220,6 +241,8 @@ def _write_log(out, algorithm, target_path, o, seqs, split, record, times, devic
     with open(os.path.join(out, "train_log.json"), "w", encoding="utf-8") as f:
         json.dump(log, f, indent=1)
     acc = ", ".join(f"step {k + 1} {a:.3f}" for k, a in enumerate(log["heldout_top1"]))
+    acc += "; offline accept length: " + ", ".join(
+        f"({k}) {r['accept_length']:.2f}" for k, r in log["offline_accept"].items())
     print(f"[drafts.train] {algorithm}: {log['num_sequences']} sequences "
           f"({log['prompt_tokens']} prompt + {log['answer_tokens']} answer tokens); "
           f"{log['steps']} steps, {log['epochs']:.2f} epochs; loss {log['initial_loss']} -> "
@@ -258,11 +281,18 @@ def cache_key(algorithm: str, target: Optional[str], data: str, o: TrainOptions)
     in by content, not by path: a cache copied beside a moved checkout still hits."""
     options = {k: v for k, v in asdict(o).items() if k not in ("device", "show_progress")}
     key = {"algorithm": algorithm, "target": fingerprint(target or _default_target()),
-           "data": fingerprint(data), "options": options, "version": TRAINER_VERSION}
+           "data": data_fingerprint(data), "options": options, "version": TRAINER_VERSION}
     return json.loads(json.dumps(key))
 
 
 FINGERPRINT_BYTES = 1 << 24
+
+
+def data_fingerprint(data: str) -> list:
+    """Each source of a data spec with its weight; paths by content (fingerprint)."""
+    from drafts.data.mixture import parse_mixture
+
+    return [[fingerprint(name), weight] for name, weight in parse_mixture(data)]
 
 
 def fingerprint(path: str) -> dict:
@@ -285,7 +315,8 @@ def fingerprint(path: str) -> dict:
 def _answers_path(cache_dir: str, key: dict, o: TrainOptions) -> str:
     """Where drafts of one target share its answers: keyed by what changes them."""
     answers = {"target": key["target"], "data": key["data"], "version": TRAINER_VERSION,
-               **{k: getattr(o, k) for k in ("num_prompts", "max_new_tokens", "num_shots")}}
+               **{k: getattr(o, k) for k in ("num_prompts", "max_new_tokens", "max_turns",
+                                             "max_prompt_tokens", "seed")}}
     digest = hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()[:12]
     return os.path.join(cache_dir, f"answers-{digest}.pt")
 
@@ -294,8 +325,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--algorithm", required=True, choices=ALGORITHMS)
     p.add_argument("--target", default=None, help="HF dir or .gguf (default: the bundled model)")
-    p.add_argument("--data", default=DEFAULT_DATA, help="GSM8K-style train .jsonl")
-    p.add_argument("--out", required=True, help="output directory (created)")
+    p.add_argument("--data", default=DEFAULT_DATA,
+                   help="gsm8k, gsm8k-fewshot, sharegpt, a .jsonl path (ShareGPT "
+                        "'conversations' or OpenAI 'messages' rows), or a weighted mixture "
+                        f"(default {DEFAULT_DATA})")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: a cache under --cache-dir, keyed by the "
+                        "options; a second run with the same options trains nothing)")
+    p.add_argument("--cache-dir", default=".cache/drafts")
     for f in fields(TrainOptions):
         if f.name == "show_progress":
             continue
@@ -306,8 +343,15 @@ def main(argv=None) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = vars(p.parse_args(argv))
     opts = {f.name: args[f.name] for f in fields(TrainOptions) if f.name in args}
-    train_draft(args["algorithm"], args["target"], args["data"], args["out"],
-                show_progress=not args["no_progress"], **opts)
+    opts["show_progress"] = not args["no_progress"]
+    if args["out"]:
+        path = train_draft(args["algorithm"], args["target"], args["data"], args["out"], **opts)
+    else:
+        path = ensure_draft(args["algorithm"], args["target"], args["cache_dir"], args["data"],
+                            **opts)
+    print(f"[drafts.train] draft ready: {path}\n  python -m specpcg generate "
+          f"--speculative-algorithm {args['algorithm']} --speculative-draft-model-path {path} "
+          f"--prompt '...'", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Self-distillation data for draft training: prompts in the benchmark's format, the target's own
-greedy answers, and the target's features and greedy labels over each whole sequence.
+"""Self-distillation data for draft training: the target's own greedy answers (drafts.distill)
+and its features and greedy labels over each whole sequence.
 
 Labels are the target's argmax at every position (its greedy next token), so a draft is trained
 on exactly what verification accepts; on answer positions they are the generated tokens
@@ -18,46 +18,16 @@ import torch
 from tqdm import tqdm
 
 from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
-from specpcg.gsm8k import STOP, few_shot_prefix
 
 LOGITS_CHUNK_ROWS = 8192  # rows per LM-head call when taking the target's argmax
 FEATURE_MEMORY_SHARE = 0.5  # most of the free GPU memory the stored features may take
 
 
-def gsm8k_prompts(path: str, tokenizer, num_prompts: int, num_shots: int) -> list:
-    """Token ids of train questions in `specpcg.gsm8k.build_prompts`' format: the same few-shot
-    prefix (the split's first `num_shots` exemplars) and `Question: ...\\nAnswer:`. The exemplars
-    themselves are skipped as questions."""
-    if tokenizer is None:
-        raise ValueError("GSM8K prompts need the target's tokenizer; pass pre-tokenized prompts "
-                         "(a list of token-id lists) as data for a target without one")
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if len(rows) <= num_shots:
-        raise ValueError(f"data {path!r} has {len(rows)} questions: too few for "
-                         f"num_shots={num_shots}")
-    prefix = few_shot_prefix(num_shots, rows) if num_shots else ""
-    questions = rows[num_shots:num_shots + num_prompts]
-    return [tokenizer.encode(f"{prefix}Question: {q['question']}\nAnswer:") for q in questions]
-
-
-def common_prefix_len(prompts: list) -> int:
-    """Tokens every prompt starts with (the few-shot prefix): a draft never drafts inside it,
-    and training on it once per prompt would only repeat it."""
-    first, n = prompts[0], min(len(p) for p in prompts)
-    for p in prompts[1:]:
-        i = 0
-        while i < n and p[i] == first[i]:
-            i += 1
-        n = i
-    return n
-
-
 @dataclass
 class Sequences:
-    token_ids: list  # per sequence: prompt + the target's greedy answer
+    token_ids: list  # per sequence: its last prompt + the target's greedy answer to it
     prompt_lens: list
-    shared_len: int  # common_prefix_len of the prompts
+    sources: list = dataclasses.field(default_factory=list)  # per sequence: its source's name
 
     @property
     def num_answer_tokens(self) -> int:
@@ -82,24 +52,6 @@ def shared_answers(path: str, make) -> Sequences:
         return seqs
 
 
-def generate(engine, prompts: list, max_new_tokens: int, show_progress: bool = True) -> Sequences:
-    """The target's greedy answers. Every prompt is queued at once and the engine batches them
-    continuously, so no batch waits for its slowest answer."""
-    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
-    if engine.tokenizer is not None:
-        params["stop"] = STOP  # as the benchmark stops
-    index = {engine.submit(input_ids=p, sampling_params=params): i for i, p in enumerate(prompts)}
-    answers = [None] * len(prompts)
-    bar = tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not show_progress)
-    while engine.has_unfinished():
-        for out in engine.step():
-            answers[index[out["meta_info"]["id"]]] = out["output_ids"]
-            bar.update(1)
-    bar.close()
-    return Sequences([p + a for p, a in zip(prompts, answers)], [len(p) for p in prompts],
-                     common_prefix_len(prompts))
-
-
 @dataclass
 class Features:
     """Flat per-token arrays of every sequence; sequence i is rows offsets[i]:offsets[i + 1]."""
@@ -109,7 +61,6 @@ class Features:
     hidden: Optional[torch.Tensor]  # [N, F] bf16: final normed hidden, or the aux layers' [3H]
     offsets: list
     prompt_lens: list
-    shared_len: int
 
     @property
     def num_seqs(self) -> int:
@@ -171,18 +122,13 @@ def extract_features(model, seqs: Sequences, aux_layers: tuple, keep_hidden: boo
         if keep_hidden:
             feats = torch.cat(aux, dim=-1) if aux_layers else final
             hidden[rows] = feats.to(store, torch.bfloat16)
-    return Features(token_ids.to(store), labels, hidden, offsets, list(seqs.prompt_lens),
-                    seqs.shared_len)
+    return Features(token_ids.to(store), labels, hidden, offsets, list(seqs.prompt_lens))
 
 
 def choose_draft_vocab(features: Features, size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` target ids a draft vocabulary keeps, sorted: the most frequent labels on
-    trained positions (what the draft must produce), then the most frequent tokens anywhere,
-    then any others."""
+    """The `size` target ids a draft vocabulary keeps, sorted: the most frequent labels (what
+    the draft must produce), then the most frequent tokens anywhere, then any others."""
     size = min(size, vocab_size)
-    keep = torch.zeros(features.labels.shape[0], dtype=torch.bool)
-    for i in range(features.num_seqs):
-        keep[features.offsets[i] + max(features.shared_len - 1, 0):features.offsets[i + 1]] = True
-    counts = torch.bincount(features.labels.cpu()[keep], minlength=vocab_size).double()
+    counts = torch.bincount(features.labels.cpu(), minlength=vocab_size).double()
     counts += torch.bincount(features.token_ids.cpu(), minlength=vocab_size).double() * 1e-6
     return counts.topk(size).indices.sort().values

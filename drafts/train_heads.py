@@ -37,34 +37,25 @@ class HeadRows:
     batch: ForwardBatch  # input_ids: token p + 1; positions: p
     hidden: torch.Tensor  # [R, F] the target's features at p
     labels: torch.Tensor  # [R] draft-vocabulary id of the label at p + 1; -1 outside it
-    loss_mask: torch.Tensor  # [R] the predicted token lies past the shared few-shot prefix
     acc_mask: torch.Tensor  # [R] the predicted token lies in the answer (what gets drafted)
     target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
 
 
-def window_start(feats: Features, context: int) -> int:
-    """The first position a head trains on: `context` tokens before the end of the shared
-    few-shot prefix (0 = the whole sequence). The prefix is most of every sequence and no loss
-    falls in it; a window over its end keeps the attention the head learns near what follows
-    while each step costs a fraction (RoPE scores depend on relative positions only)."""
-    return max(feats.shared_len - context, 0) if context else 0
-
-
 def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
-              with_next: bool, start: int = 0) -> HeadRows:
-    """start: window_start; the window's rows sit at batch positions 0.. ."""
+              with_next: bool) -> HeadRows:
+    """Every position of each whole sequence (no prefix is assumed shared or skipped)."""
     store = feats.labels.device
-    lens = [feats.seq_len(i) - 1 - start for i in seq_ids]
-    at = torch.cat([torch.arange(feats.offsets[i] + start, feats.offsets[i] + start + n)
+    lens = [feats.seq_len(i) - 1 for i in seq_ids]
+    at = torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
                     for i, n in zip(seq_ids, lens)]).to(store)  # feature row of each head row
-    pos = torch.cat([torch.arange(start, start + n) for n in lens]).to(device)  # in the sequence
+    pos = torch.cat([torch.arange(n) for n in lens]).to(device)  # in the sequence
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
         torch.tensor(lens)).to(device)
     return HeadRows(
         batch=dense_batch(feats.token_ids[at + 1].to(device), lens),
         hidden=feats.hidden[at].to(device, non_blocking=True),
         labels=t2d[feats.labels[at + 1].to(device)],
-        loss_mask=pos + 2 >= feats.shared_len, acc_mask=pos + 2 >= prompt_lens,
+        acc_mask=pos + 2 >= prompt_lens,
         target_next=feats.hidden[at + 1].to(device) if with_next else None)
 
 
@@ -96,7 +87,7 @@ def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
     for k, valid, out, nxt in unrolled_steps(head, backend, rows, num_steps):
-        m = valid & rows.loss_mask
+        m = valid
         labels = rows.labels[m]
         ce = F.cross_entropy(_logits(head, out[m]), labels, ignore_index=-1, reduction="sum")
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
@@ -138,7 +129,7 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
-               out_dir: str, aux_layer_ids: tuple = (), context: int = 0) -> dict:
+               out_dir: str, aux_layer_ids: tuple = ()) -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
@@ -149,9 +140,8 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     weight = HIDDEN_LOSS_WEIGHT.get(algorithm, 0.0)
     lc = spec.layer_cfg
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5)
-    start = window_start(feats, context)
-    lens = [feats.seq_len(i) - 1 - start for i in range(feats.num_seqs)]
-    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0, start)  # noqa: E731
+    lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
+    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
     train_batches = length_batches(lens, split["train"], opts.token_budget)
     eval_batches = length_batches(lens, split["heldout"], opts.token_budget)
     accuracy = lambda b: head_accuracy(head, backend, rows(b), ttt_steps)  # noqa: E731
@@ -160,6 +150,6 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                  lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts)
     record.update(initial_heldout_top1=initial,
                   heldout_top1=evaluate(head, eval_batches, accuracy),
-                  draft_vocab_size=int(ids.shape[0]), window_start=start)
+                  draft_vocab_size=int(ids.shape[0]))
     save_head(head.to(torch.bfloat16), spec, target_cfg, out_dir)
     return record

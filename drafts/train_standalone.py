@@ -40,7 +40,6 @@ class LMRows:
 
     batch: ForwardBatch
     labels: torch.Tensor  # [R]
-    loss_mask: torch.Tensor  # [R] the predicted token lies past the shared few-shot prefix
     acc_mask: torch.Tensor  # [R] the predicted token lies in the answer
 
 
@@ -52,8 +51,7 @@ def lm_rows(feats: Features, seq_ids: list, device) -> LMRows:
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
         torch.tensor(lens)).to(device)
     return LMRows(dense_batch(feats.token_ids[at].to(device), lens),
-                  feats.labels[at].to(device), pos + 1 >= feats.shared_len,
-                  pos + 1 >= prompt_lens)
+                  feats.labels[at].to(device), pos + 1 >= prompt_lens)
 
 
 def _logits(model, backend, rows: LMRows, mask: torch.Tensor) -> torch.Tensor:
@@ -62,8 +60,8 @@ def _logits(model, backend, rows: LMRows, mask: torch.Tensor) -> torch.Tensor:
 
 
 def standalone_loss(model, backend, rows: LMRows) -> torch.Tensor:
-    return F.cross_entropy(_logits(model, backend, rows, rows.loss_mask),
-                           rows.labels[rows.loss_mask])
+    hidden, _ = dense_forward(model, backend, rows.batch)
+    return F.cross_entropy(model.compute_logits(hidden), rows.labels)
 
 
 def standalone_accuracy(model, backend, rows: LMRows):

@@ -12,18 +12,26 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-algorithm", default=None,
+                   help="EAGLE, EAGLE3, NEXTN, STANDALONE or NGRAM")
+    p.add_argument("--speculative-draft-model-path", default=None,
+                   help="a draft checkpoint (python -m drafts.train makes one)")
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
 
 
 def _make_engine(args):
     from specpcg.engine import Engine
 
-    return Engine(model_path=args.model_path, device=args.device, dtype=args.dtype,
-                  attention_backend=args.attention_backend,
-                  speculative_algorithm=args.speculative_algorithm,
-                  max_total_tokens=args.max_total_tokens, disable_cuda_graph=args.disable_cuda_graph)
+    names = ("model_path", "device", "dtype", "attention_backend", "speculative_algorithm",
+             "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+             "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
+             "disable_piecewise_cuda_graph")
+    return Engine(**{name: getattr(args, name) for name in names})
 
 
 def _generate(args) -> None:

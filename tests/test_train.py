@@ -158,20 +158,18 @@ def _untrained_draft(algorithm, target, target_cfg, out) -> str:
     return save_head(head, spec, target_cfg, out)
 
 
-@pytest.mark.parametrize("algorithm,context", [("EAGLE", 0), ("EAGLE3", 0), ("NEXTN", 0),
-                                               ("STANDALONE", 0), ("EAGLE3", 4)])
-def test_trained_draft_learns_loads_and_beats_its_start(algorithm, context, tiny, tmp_path):
-    """context: head_context (4 tokens of the shared prefix's end; 0: whole sequences)."""
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"])
+def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_path):
     target, engine, prompts, plain = tiny
     out = train_draft(algorithm, target, prompts, str(tmp_path / "draft"), engine=engine,
-                      max_new_tokens=GREEDY["max_new_tokens"], max_steps=40, lr=3e-3,
-                      minutes=10, draft_vocab_size=96, num_layers=1, head_context=context,
+                      max_new_tokens=GREEDY["max_new_tokens"], max_steps=80, lr=3e-3,
+                      minutes=10, draft_vocab_size=96, num_layers=1, ttt_steps=3,
                       show_progress=False)
     log = json.loads((tmp_path / "draft" / "train_log.json").read_text())
-    if context:
-        assert log["window_start"] == log["shared_prefix_tokens"] - context > 0
-    assert log["steps"] == 40 and len(log["heldout_top1"]) == (
+    assert log["steps"] == 80 and len(log["heldout_top1"]) == (
         1 if algorithm == "STANDALONE" else 3)
+    assert set(log["offline_accept"]) == {"3,1,4", "7,1,8"}
+    assert log["offline_accept_length"] == log["offline_accept"]["3,1,4"]["accept_length"] >= 1
     assert log["final_loss"] < 0.7 * log["initial_loss"], log["loss_curve"]
     if algorithm == "EAGLE3":
         config = json.loads((tmp_path / "draft" / "config.json").read_text())
@@ -190,7 +188,8 @@ def test_eagle3_fuses_the_layers_it_was_trained_on(tiny, tmp_path):
     target, engine, prompts, plain = tiny
     out = train_draft("EAGLE3", target, prompts, str(tmp_path / "draft"), engine=engine,
                       max_new_tokens=GREEDY["max_new_tokens"], max_steps=3, minutes=10,
-                      draft_vocab_size=96, aux_layer_ids=(0, 1, 3), show_progress=False)
+                      draft_vocab_size=96, aux_layer_ids=(0, 1, 3), ttt_steps=2,
+                      show_progress=False)
     config = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]
     spec_engine = _engine(target, speculative_algorithm="EAGLE3",
@@ -218,42 +217,13 @@ def test_aux_layer_ids_past_the_target_are_refused(tiny, tmp_path):
                     show_progress=False)
 
 
-def test_a_window_over_the_shared_prefix_keeps_each_rows_token_label_and_masks():
-    """head_context: the windowed rows are the whole-sequence rows at positions >= the window's
-    start, with the same inputs, labels, target features and loss / accuracy masks."""
-    from drafts.train_data import Features
-    from drafts.train_heads import head_rows, window_start
-
-    gen = torch.Generator().manual_seed(0)
-    lens, shared = [30, 24, 41], 17
-    n = sum(lens)
-    offsets = [0, 30, 54, 95]
-    feats = Features(token_ids=torch.randint(0, 50, (n,), generator=gen),
-                     labels=torch.randint(0, 50, (n,), generator=gen),
-                     hidden=torch.randn(n, 8, generator=gen), offsets=offsets,
-                     prompt_lens=[20, 19, 25], shared_len=shared)
-    t2d = torch.arange(50)
-    start = window_start(feats, 5)
-    assert start == 12 and window_start(feats, 0) == 0 and window_start(feats, 99) == 0
-    full = head_rows(feats, [0, 1, 2], t2d, CPU, True)
-    win = head_rows(feats, [0, 1, 2], t2d, CPU, True, start)
-    pos = torch.cat([torch.arange(k - 1) for k in lens])
-    keep = pos >= start
-    assert win.batch.positions.tolist() == torch.cat(
-        [torch.arange(k - 1 - start) for k in lens]).tolist()
-    for field in ("hidden", "labels", "loss_mask", "acc_mask", "target_next"):
-        assert torch.equal(getattr(win, field), getattr(full, field)[keep]), field
-    assert torch.equal(win.batch.input_ids, full.batch.input_ids[keep])
-    assert win.loss_mask.any() and not win.loss_mask.all()
-
-
 def test_minutes_bound_the_whole_run():
     """The loop gets what generation and features left of `minutes`, less the finishing
     margin; a budget they already spent is refused with the figures."""
     from drafts.train import FINISH_MARGIN_S, TrainOptions, _loop_minutes
 
-    o = TrainOptions(minutes=4.75)
-    assert _loop_minutes(o, 100.0) * 60 == pytest.approx(285.0 - 100.0 - FINISH_MARGIN_S)
+    o = TrainOptions(minutes=9.0)
+    assert _loop_minutes(o, 100.0) * 60 == pytest.approx(540.0 - 100.0 - FINISH_MARGIN_S)
     with pytest.raises(RuntimeError, match=r"took 70 s of the 1.0 minute budget"):
         _loop_minutes(TrainOptions(minutes=1.0), 70.0)
 
@@ -265,16 +235,16 @@ def test_drafts_of_one_target_share_its_answers(tiny, tmp_path, monkeypatch):
 
     target, engine, prompts, _ = tiny
     calls = []
-    real = train_module.generate
+    real = train_module.self_distill
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "generate", counting)
+    monkeypatch.setattr(train_module, "self_distill", counting)
     cache = str(tmp_path / "answers.pt")
     kw = dict(engine=engine, answers_cache=cache, max_new_tokens=GREEDY["max_new_tokens"],
-              max_steps=2, minutes=10, draft_vocab_size=96, show_progress=False)
+              max_steps=2, minutes=10, draft_vocab_size=96, ttt_steps=2, show_progress=False)
     logs = []
     for algorithm in ("EAGLE", "NEXTN"):
         out = train_draft(algorithm, target, prompts, str(tmp_path / algorithm), **kw)
@@ -289,7 +259,10 @@ def test_draft_cache_keys_follow_content_not_paths(tmp_path):
     edited data file or a changed option does not."""
     import shutil
 
-    from drafts.train import DEFAULT_DATA, TrainOptions, cache_key
+    from drafts.train import TrainOptions, cache_key
+    from specpcg.gsm8k import DATA_DIR
+
+    DEFAULT_DATA = str(DATA_DIR / "train.jsonl")
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -304,7 +277,8 @@ def test_draft_cache_keys_follow_content_not_paths(tmp_path):
     with open(moved[1], "a", encoding="utf-8") as f:
         f.write('{"question": "1 + 1?", "answer": "#### 2"}\n')
     assert cache_key("EAGLE", str(target), str(moved[1]), o) != key
-    assert cache_key("EAGLE", str(target), DEFAULT_DATA, TrainOptions(head_context=64)) != key
+    assert cache_key("EAGLE", str(target), DEFAULT_DATA, TrainOptions(ttt_steps=3)) != key
+    assert cache_key("EAGLE", str(target), DEFAULT_DATA + ":0.5,gsm8k:0.5", o) != key
     assert cache_key("NEXTN", str(target), DEFAULT_DATA, o) != key
     (target / "config.json").write_text('{"hidden_size": 16}')
     assert cache_key("EAGLE", str(target), DEFAULT_DATA, o) != key

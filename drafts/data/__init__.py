@@ -1,0 +1,54 @@
+"""Training sources by name: `gsm8k`, `gsm8k-fewshot`, `sharegpt`, a `.jsonl` path, or a weighted
+mixture of them (`sharegpt:0.8,gsm8k:0.2`)."""
+
+from __future__ import annotations
+
+import os
+
+from drafts.data.base import Sample, Source
+from drafts.data.mixture import draw, parse_mixture, split_counts
+
+DEFAULT_DATA = "sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1"
+
+
+def _named_sources() -> dict:
+    from drafts.data.gsm8k import Gsm8kChat, Gsm8kFewShot
+    from drafts.data.sharegpt import ShareGpt
+
+    return {"gsm8k": Gsm8kChat, "gsm8k-fewshot": Gsm8kFewShot, "sharegpt": ShareGpt}
+
+
+def create_source(name: str) -> Source:
+    named = _named_sources()
+    if name in named:
+        return named[name]()
+    if name.endswith(".json") and os.path.isfile(name):  # a ShareGPT-style JSON array
+        from drafts.data.sharegpt import ShareGpt
+
+        return ShareGpt(name)
+    if name.endswith(".jsonl"):
+        from drafts.data.jsonl import JsonlChats
+
+        return JsonlChats(name)
+    raise ValueError(f"data source {name!r} is unknown: use one of {sorted(named)}, a .jsonl "
+                     f"or ShareGPT .json path, or a mixture such as 'sharegpt:0.8,gsm8k:0.2'")
+
+
+def training_samples(spec: str, num: int, seed: int = 0) -> list:
+    """`num` training samples drawn from the sources of `spec` by their weights."""
+    parts = parse_mixture(spec)
+    sources = [create_source(name) for name, _ in parts]  # unknown names fail before any read
+    counts = split_counts(num, [w for _, w in parts])
+    return draw([s.train() for s in sources], counts, seed)
+
+
+def heldout_samples(spec: str, num: int, seed: int = 0) -> list:
+    """`num` held-out samples of `spec`'s sources by their weights (what no draft trained on)."""
+    parts = parse_mixture(spec)
+    sources = [create_source(name) for name, _ in parts]
+    counts = split_counts(num, [w for _, w in parts])
+    return draw([s.heldout() for s in sources], counts, seed)
+
+
+__all__ = ["DEFAULT_DATA", "Sample", "Source", "create_source", "heldout_samples",
+           "training_samples"]

@@ -1,0 +1,89 @@
+"""Self-distillation: the target answers every prompt itself, greedily, turn after turn.
+
+A chat sample's user turns go through the target's chat template one at a time: the target
+answers turn 1, its answer joins the conversation, then it answers turn 2, and so on up to
+`max_turns`. The sequence a draft trains on is the last prompt plus the last answer, so every
+assistant span in it is the target's own text. Plain-text samples (the few-shot format) are one
+prompt, stopped where the benchmark stops. Token-id prompts (a target with no tokenizer) are
+answered once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tqdm import tqdm
+
+from drafts.train_data import Sequences
+from specpcg.gsm8k import STOP
+
+
+@dataclass
+class _Conv:
+    sample: object  # drafts.data.Sample, or a list of token ids
+    messages: list = field(default_factory=list)
+    prompt: Optional[list] = None  # the last prompt's ids
+    answer: Optional[list] = None  # the target's answer to it
+
+
+def _next_prompt(conv: _Conv, turn: int, tokenizer, max_prompt_tokens: int):
+    """The ids of `conv`'s prompt for `turn` (0-based), or None when it has no such turn or
+    the prompt would pass max_prompt_tokens."""
+    s = conv.sample
+    if isinstance(s, list):
+        return s if turn == 0 else None
+    if not s.is_chat:
+        ids = tokenizer.encode(s.text) if turn == 0 else None
+    elif turn < len(s.user_turns):
+        conv.messages.append({"role": "user", "content": s.user_turns[turn]})
+        ids = tokenizer.apply_chat_template(conv.messages)
+    else:
+        ids = None
+    return ids if ids is not None and len(ids) <= max_prompt_tokens else None
+
+
+def _params(conv: _Conv, max_new_tokens: int, tokenizer) -> dict:
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    sample = conv.sample
+    if tokenizer is not None and not isinstance(sample, list) and not sample.is_chat:
+        params["stop"] = STOP  # as the few-shot benchmark stops
+    return params
+
+
+def self_distill(engine, samples: list, max_new_tokens: int, max_turns: int = 1,
+                 max_prompt_tokens: int = 1024, show_progress: bool = True) -> Sequences:
+    """The target's greedy answers to `samples` (drafts.data.Sample, or token-id lists). All
+    prompts of a turn are queued at once and the engine batches them continuously. Samples
+    whose first prompt is longer than max_prompt_tokens are skipped."""
+    tok = engine.tokenizer
+    if tok is None and any(not isinstance(s, list) for s in samples):
+        raise ValueError("text and chat samples need the target's tokenizer; pass token-id "
+                         "lists as data for a target without one")
+    convs = [_Conv(s) for s in samples]
+    bar = tqdm(desc="self-distill", unit="answer", disable=not show_progress)
+    for turn in range(max_turns):
+        index = {}
+        for conv in convs:
+            if turn > 0 and conv.answer is None:
+                continue  # skipped at its first turn
+            ids = _next_prompt(conv, turn, tok, max_prompt_tokens)
+            if ids is not None:
+                index[engine.submit(input_ids=ids,
+                                    sampling_params=_params(conv, max_new_tokens, tok))] = conv
+                conv.prompt = ids
+        if not index:
+            break
+        while engine.has_unfinished():
+            for out in engine.step():
+                conv = index[out["meta_info"]["id"]]
+                conv.answer = out["output_ids"]
+                if conv.messages:
+                    conv.messages.append({"role": "assistant", "content": out["text"]})
+                bar.update(1)
+    bar.close()
+    done = [c for c in convs if c.answer is not None]
+    if not done:
+        raise ValueError(f"no sample fits max_prompt_tokens={max_prompt_tokens}")
+    return Sequences([c.prompt + c.answer for c in done], [len(c.prompt) for c in done],
+                     [getattr(c.sample, "source", "ids") for c in done])
