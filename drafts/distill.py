@@ -43,6 +43,18 @@ def _next_prompt(conv: _Conv, turn: int, tokenizer, max_prompt_tokens: int):
     return ids if ids is not None and len(ids) <= max_prompt_tokens else None
 
 
+def first_prompts(samples: list, tokenizer, num: int, max_prompt_tokens: int = 1024) -> list:
+    """Token ids of the first `num` samples' first prompts that fit max_prompt_tokens."""
+    out = []
+    for s in samples:
+        ids = _next_prompt(_Conv(s), 0, tokenizer, max_prompt_tokens)
+        if ids is not None:
+            out.append(ids)
+        if len(out) == num:
+            break
+    return out
+
+
 def _params(conv: _Conv, max_new_tokens: int, tokenizer) -> dict:
     params = {"max_new_tokens": max_new_tokens, "temperature": 0}
     sample = conv.sample

@@ -2,7 +2,7 @@
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
-        [--max-new-tokens 256] [--minutes 9] [--ttt-steps 7] [--draft-vocab-size 8192]
+        [--max-new-tokens 256] [--minutes 8] [--ttt-steps 7] [--draft-vocab-size 8192]
         [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]
 
 Pipeline: prompts from the data sources (drafts.data: chat turns through the target's chat
@@ -60,7 +60,7 @@ class TrainOptions:
     max_prompt_tokens: int = 1024  # longer prompts are skipped (first turn) or end the chat
     # The whole run's wall clock (under 10 minutes): generation and features first, then the
     # training loop gets what is left, less FINISH_MARGIN_S for held-out evaluation and saving.
-    minutes: float = 9.0
+    minutes: float = 8.0
     # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
     # read hidden states of a kind never seen in training).
     ttt_steps: int = max(OFFLINE_CHAIN_STEPS)

@@ -222,8 +222,8 @@ def test_minutes_bound_the_whole_run():
     margin; a budget they already spent is refused with the figures."""
     from drafts.train import FINISH_MARGIN_S, TrainOptions, _loop_minutes
 
-    o = TrainOptions(minutes=9.0)
-    assert _loop_minutes(o, 100.0) * 60 == pytest.approx(540.0 - 100.0 - FINISH_MARGIN_S)
+    o = TrainOptions(minutes=8.0)
+    assert _loop_minutes(o, 100.0) * 60 == pytest.approx(480.0 - 100.0 - FINISH_MARGIN_S)
     with pytest.raises(RuntimeError, match=r"took 70 s of the 1.0 minute budget"):
         _loop_minutes(TrainOptions(minutes=1.0), 70.0)
 

@@ -1,0 +1,152 @@
+"""Trained drafts on three held-out prompt sets: accept length, its histogram, and batch-1 and
+batch-16 speedup over no-spec, for every draft and NGRAM at each (steps, topk, tokens).
+
+Prompt sets (none of them trained on; drafts.data holds them out): `gsm8k-fewshot` (the
+benchmark's 5-shot format, test split), `gsm8k` (zero-shot through the chat template, test
+split), `chat` (ShareGPT first turns held out of training). One engine per (draft, setting)
+serves every set: batch 1 runs --bs1-prompts prompts one after another, batch 16 runs
+--num-prompts at once (max_running_requests 16). Greedy, --max-new-tokens, EOS ends a request.
+Speedup = tok/s over the no-spec engine's in the same run; `identical` counts outputs equal to
+no-spec's.
+
+    python benchmarks/bench_drafts.py --drafts EAGLE3=DIR EAGLE=DIR ... [--out FILE]
+    python benchmarks/bench_drafts.py --table-only benchmarks/results/drafts.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+
+common.add_repo_to_path()
+
+SETS = {"gsm8k-fewshot": "gsm8k-fewshot", "gsm8k": "gsm8k", "chat": "sharegpt"}
+CHAIN_ONLY = ("STANDALONE",)
+
+
+def prompt_sets(tokenizer, num: int) -> dict:
+    from drafts.data import heldout_samples
+    from drafts.distill import first_prompts
+
+    return {name: first_prompts(heldout_samples(src, 4 * num), tokenizer, num)
+            for name, src in SETS.items()}
+
+
+def run(engine, prompts: list, params: dict) -> tuple:
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    return outs, time.perf_counter() - t0
+
+
+def measure(engine, prompts: list, bs1_prompts: int, params: dict) -> dict:
+    run(engine, prompts[:1], {**params, "max_new_tokens": 8})  # warm-up
+    one_s, one_tokens = 0.0, 0
+    for p in prompts[:bs1_prompts]:
+        outs, dt = run(engine, [p], params)
+        one_s, one_tokens = one_s + dt, one_tokens + outs[0]["meta_info"]["completion_tokens"]
+    outs, dt = run(engine, prompts, params)
+    metas = [o["meta_info"] for o in outs]
+    verifies = sum(m.get("spec_verify_ct", 0) for m in metas)
+    tokens = sum(m["completion_tokens"] for m in metas)
+    hist = None
+    if verifies:
+        hist = [sum(c) for c in zip(*(m["spec_accept_histogram"] for m in metas))]
+    return {"bs1_tok_s": one_tokens / one_s, "bs16_tok_s": tokens / dt,
+            "accept_length": tokens / verifies if verifies else None, "accept_histogram": hist,
+            "output_ids": [o["output_ids"] for o in outs]}
+
+
+def systems(drafts: dict, settings: list) -> list:
+    out = [("no-spec", None, None, None)]
+    for algo in ["NGRAM"] + list(drafts):
+        for s in settings:
+            if s[1] > 1 and algo in CHAIN_ONLY:
+                continue
+            out.append((f"{algo} {s[0]},{s[1]},{s[2]}", algo, drafts.get(algo), s))
+    return out
+
+
+def run_all(args) -> None:
+    from specpcg import Engine
+
+    drafts = dict(item.split("=", 1) for item in args.drafts)
+    settings = [common.parse_setting(s) for s in args.settings]
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
+    sets, reference, base = None, {}, {}
+    for system, algo, path, s in systems(drafts, settings):
+        kw = {} if algo is None else dict(
+            speculative_algorithm=algo, speculative_draft_model_path=path,
+            speculative_num_steps=s[0], speculative_eagle_topk=s[1],
+            speculative_num_draft_tokens=s[2])
+        engine = Engine(model_path=args.model_path, max_running_requests=args.num_prompts,
+                        show_progress=False, **kw)
+        sets = sets or prompt_sets(engine.tokenizer, args.num_prompts)
+        lines = []
+        for name, prompts in sets.items():
+            m = measure(engine, prompts, args.bs1_prompts, params)
+            ids = m.pop("output_ids")
+            if algo is None:
+                reference[name], base[name] = ids, m
+            lines.append({
+                "bench": "drafts", "system": system, "algorithm": algo or "none",
+                "setting": list(s) if s else None, "prompt_set": name,
+                "num_prompts": len(prompts), "bs1_prompts": args.bs1_prompts,
+                "max_new_tokens": args.max_new_tokens, **m,
+                "speedup_bs1": m["bs1_tok_s"] / base[name]["bs1_tok_s"],
+                "speedup_bs16": m["bs16_tok_s"] / base[name]["bs16_tok_s"],
+                "identical": sum(a == b for a, b in zip(ids, reference[name])),
+                "draft": path, **common.machine_info(engine.device)})
+            print(f"[bench_drafts] {system:18} {name:14} AL {common.fmt(m['accept_length'])} "
+                  f"bs1 {lines[-1]['speedup_bs1']:.2f}x bs16 {lines[-1]['speedup_bs16']:.2f}x "
+                  f"identical {lines[-1]['identical']}/{len(prompts)}", flush=True)
+        engine.shutdown()
+        common.append_jsonl(args.out, lines)
+
+
+def render_table(records: list) -> str:
+    table, last = common.latest_by(records, "drafts", lambda r: (r["prompt_set"],))
+    systems_seen = list(dict.fromkeys(r["system"] for r in records if r.get("bench") == "drafts"))
+    cols = [("system", lambda k: k)]
+    for name in SETS:
+        row = table.get((name,), {})
+        cols += [(f"{name} AL", lambda k, row=row: (row.get(k) or {}).get("accept_length")),
+                 (f"bs1", lambda k, row=row: (row.get(k) or {}).get("speedup_bs1")),
+                 (f"bs16", lambda k, row=row: (row.get(k) or {}).get("speedup_bs16"))]
+    return (f"{last['device']}, commit {last.get('git')}: accept length and speedup over "
+            f"no-spec\n\n" + common.column_table(systems_seen, cols))
+
+
+def render_plot(records: list, png) -> None:
+    table, last = common.latest_by(records, "drafts", lambda r: (r["prompt_set"],))
+    names = list(dict.fromkeys(r["system"] for r in records
+                               if r.get("bench") == "drafts" and r["algorithm"] != "none"))
+    panels = []
+    for metric, label in (("accept_length", "accept length"), ("speedup_bs1", "bs 1 speedup"),
+                          ("speedup_bs16", "bs 16 speedup")):
+        panels.append({"title": label, "ylabel": label, "labels": list(SETS), "values": {
+            n: [(table.get((s,), {}).get(n) or {}).get(metric) for s in SETS] for n in names}})
+    common.grouped_bar_plot(panels, names, png, f"held-out prompt sets, {last['device']}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--drafts", nargs="*", default=[], metavar="ALGO=DIR")
+    p.add_argument("--settings", nargs="+", default=["3,1,4", "7,1,8", "5,4,8"])
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--bs1-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "drafts.jsonl"))
+    p.add_argument("--table-only", metavar="FILE", default=None)
+    a = p.parse_args(argv)
+    if a.table_only:
+        common.render_results(a.table_only, render_table, render_plot)
+        return
+    run_all(a)
+    common.render_results(a.out, render_table, render_plot)
+
+
+if __name__ == "__main__":
+    main()
