@@ -1,20 +1,30 @@
-"""Draft workers by name. The engine reaches drafts only through `create_draft`."""
+"""Draft workers, registered by name with the engine's registry (specpcg.spec.registry)."""
 
 from __future__ import annotations
 
+from specpcg.spec.registry import DraftContext, register_draft
 
-def create_draft(spec, engine, tokenizer):
-    """spec: SpecConfig; engine: the Engine being built (its config, target config, device)."""
-    if spec.algorithm == "NGRAM":
-        from drafts.ngram import NgramDraft
 
-        return NgramDraft(pad_token=getattr(tokenizer, "eos_token_ids", (0,))[0] if tokenizer else 0)
-    if spec.algorithm == "STANDALONE":
-        from drafts.wiring import load_standalone
+def _ngram(ctx: DraftContext):
+    from drafts.ngram import NgramDraft
 
-        return load_standalone(spec, engine)
-    if spec.algorithm in ("EAGLE", "EAGLE3", "NEXTN"):
-        from drafts.eagle import load_head_draft
+    eos = getattr(ctx.tokenizer, "eos_token_ids", ()) if ctx.tokenizer else ()
+    return NgramDraft(pad_token=eos[0] if eos else 0)
 
-        return load_head_draft(spec, engine)
-    raise ValueError(f"speculative_algorithm {spec.algorithm!r} has no draft worker")
+
+def _standalone(ctx: DraftContext):
+    from drafts.standalone import load_standalone
+
+    return load_standalone(ctx)
+
+
+def _head(ctx: DraftContext):
+    from drafts.eagle import load_head_draft
+
+    return load_head_draft(ctx)
+
+
+register_draft("NGRAM", _ngram)
+register_draft("STANDALONE", _standalone)
+for _name in ("EAGLE", "EAGLE3", "NEXTN"):
+    register_draft(_name, _head)

@@ -26,7 +26,7 @@ from drafts.base import DraftWorker, Proposal
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
-from drafts.wiring import build_round_runner
+from drafts.wiring import build_round_runner, wire_draft_model
 from kernels.tree import build_tree
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -45,14 +45,15 @@ class _Row(NamedTuple):  # what make_batch reads of a request
     num_cached: int
 
 
-def load_head_draft(spec, engine) -> "HeadDraft":
+def load_head_draft(ctx) -> "HeadDraft":
     from drafts.head_checkpoint import load_head
 
+    spec = ctx.spec
     if not spec.draft_model_path:
         raise ValueError(f"speculative_draft_model_path is required for {spec.algorithm} (a draft "
                          f"head checkpoint; `python -m drafts.train` makes one)")
-    head, head_spec = load_head(spec.draft_model_path, spec.algorithm, engine.model_config,
-                                engine.model, engine.device, engine.dtype)
+    head, head_spec = load_head(spec.draft_model_path, spec.algorithm, ctx.model_config,
+                                ctx.model, ctx.device, ctx.dtype)
     return HeadDraft(head, head_spec)
 
 
@@ -75,17 +76,15 @@ class HeadDraft(RoundDrafting, DraftWorker):
         mc = self.model_cfg
         return KVPool.bytes_per_slot(1, mc.num_kv_heads, mc.head_dim, self.model.head_weight.dtype)
 
-    def setup(self, engine) -> None:
-        from drafts.wiring import wire_draft_model
-
-        spec = engine.spec
+    def setup(self, ctx) -> None:
+        spec = ctx.spec
         round_len = spec.topk * spec.num_steps  # a draft round's own tokens per request
         self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(
-            self, engine, CaptureHiddenMode.LAST,
-            extra_slots=engine.config.max_running_requests * round_len)
+            self, ctx, CaptureHiddenMode.LAST,
+            extra_slots=ctx.config.max_running_requests * round_len)
         if spec.is_chain and self.runner.attn_backend.supports_row_stride:
-            width = engine.model_config.hidden_size * max(1, len(self.aux_layers))
-            self.round = build_round_runner(self.runner, self.graphs, engine.config,
+            width = ctx.model_config.hidden_size * max(1, len(self.aux_layers))
+            self.round = build_round_runner(self.runner, self.graphs, ctx.config,
                                             spec.num_steps, width)
 
     def info(self) -> dict:

@@ -7,12 +7,13 @@ graphs (never piecewise graphs). After verify, its KV is cut back to what the ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from drafts.base import DraftWorker, Proposal
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
+from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import ForwardMode
 from specpcg.sampler import target_probs
 
@@ -54,14 +55,12 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         mc = self.model_cfg
         return KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
 
-    def setup(self, engine) -> None:
-        from drafts.wiring import build_round_runner, wire_draft_model
-
-        self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(self, engine)
-        if engine.spec.is_chain and self.runner.attn_backend.supports_row_stride:
+    def setup(self, ctx) -> None:
+        self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(self, ctx)
+        if ctx.spec.is_chain and self.runner.attn_backend.supports_row_stride:
             # The catch-up feeds at most the last draft and the bonus token.
-            self.round = build_round_runner(self.runner, self.graphs, engine.config,
-                                            engine.spec.num_steps, width=2)
+            self.round = build_round_runner(self.runner, self.graphs, ctx.config,
+                                            ctx.spec.num_steps, width=2)
 
     def info(self) -> dict:
         return {"name": self.name, **(self.graphs.info() if self.graphs else {}),
@@ -156,3 +155,30 @@ def draft_sample(logits: torch.Tensor, reqs: list):
         token[i] = torch.multinomial(q[i], 1, generator=reqs[i].generator)[0]
     return token, q
 
+
+def load_standalone(ctx) -> "StandaloneDraft":
+    """Loads the draft checkpoint and checks it matches the target (vocab and tokenizer)."""
+    from specpcg.models.loading import load_target
+
+    path = ctx.spec.draft_model_path
+    if not path:
+        raise ValueError("speculative_draft_model_path is required for STANDALONE (a smaller "
+                         "model with the target's tokenizer)")
+    cfg = replace(ctx.config, model_path=path, load_format="auto", tokenizer_path=None,
+                  skip_tokenizer_init=True)
+    model, model_cfg, _ = load_target(cfg, ctx.device, ctx.dtype)
+    check_draft_matches(ctx.model_config, ctx.tokenizer, model_cfg,
+                        _draft_tokenizer(path, ctx.tokenizer), path)
+    return StandaloneDraft(model, model_cfg, ctx.dtype)
+
+
+def _draft_tokenizer(path: str, target_tokenizer):
+    """The draft's own tokenizer when it ships one (checked against the target's), else None."""
+    if target_tokenizer is None:
+        return None
+    from specpcg.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except ValueError:
+        return None  # weights only: the vocabulary size check is what can be made

@@ -7,7 +7,6 @@ import time
 
 import torch
 
-from drafts import create_draft
 from specpcg.attention import create_attention_backend
 from specpcg.config import EngineConfig
 from specpcg.inputs import build_requests, normalize_inputs
@@ -19,6 +18,7 @@ from specpcg.router import ForwardRouter
 from specpcg.sampler import make_generator
 from specpcg.spec.config import SpecConfig
 from specpcg.spec.loop import SpecDecoder, spec_meta
+from specpcg.spec.registry import DraftContext, create_draft
 from specpcg.scheduler import Scheduler
 from specpcg.stopping import StopChecker, trim_stop_string
 
@@ -39,7 +39,9 @@ class Engine:
         mc = self.model_config
         self.context_len = min(cfg.context_length or mc.max_position_embeddings,
                                mc.max_position_embeddings)
-        self.draft = create_draft(self.spec, self, self.tokenizer) if self.spec else None
+        self.draft_ctx = DraftContext(self.spec, cfg, self.model, mc, self.tokenizer, self.device,
+                                      self.dtype, self.context_len) if self.spec else None
+        self.draft = create_draft(self.draft_ctx) if self.spec else None
         self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
@@ -66,7 +68,8 @@ class Engine:
                              f"attention_backend {self.attn_backend.name!r} cannot attend: use "
                              f"'triton' or 'torch'")
         if hasattr(self.draft, "setup"):
-            self.draft.setup(self)
+            self.draft_ctx.kv_cache = self.kv_cache
+            self.draft.setup(self.draft_ctx)
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
 
     def _graph_needs(self) -> dict:
