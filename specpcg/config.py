@@ -97,7 +97,13 @@ class EngineConfig:
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dev = torch.device(self.device)
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {self.device!r} is not a device torch knows (use 'auto', "
+                             f"'cpu', 'cuda' or 'cuda:N')") from exc
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device {self.device!r}: only 'cpu' and 'cuda' are supported")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} was asked for but CUDA is not available")
         return dev

@@ -77,8 +77,8 @@ class SamplingParams:
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {m!r}")
         t = self.temperature
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0:
-            raise ValueError(f"temperature must be >= 0, got {t!r}")
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         p = self.top_p
         if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 < p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
@@ -61,6 +62,7 @@ class Engine:
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
                                    self.spec_decoder)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
+        self._engine_lock = threading.RLock()
 
     def _setup_spec(self) -> SpecDecoder:
         if not self.spec.is_chain and not self.attn_backend.supports_tree_mask:
@@ -110,15 +112,82 @@ class Engine:
     # takes it: `generate` pops its own, `step` drains the rest. So a submitted request that
     # finishes while a `generate` call is looping is kept and returned by the next `step()`.
     def generate(self, prompt=None, sampling_params=None, input_ids=None, messages=None,
-                 return_logprob=False, logprob_start_len=None, apply_chat_template=False):
+                 return_logprob=False, logprob_start_len=None, apply_chat_template=False,
+                 stream=False):
+        """stream=True (one request): an iterator of chunks as tokens arrive (stream_chunks)."""
         reqs, single = self._build(prompt, sampling_params, input_ids, messages, return_logprob,
-                                   logprob_start_len, apply_chat_template)
+                                   logprob_start_len, apply_chat_template, one=stream)
         self._queue(reqs)
-        while any(r.rid not in self._finished for r in reqs):
-            assert self.scheduler.has_work(), "a pending request left the scheduler unfinished"
-            self._step_scheduler()
-        outputs = [self._format_output(self._finished.pop(r.rid)) for r in reqs]
+        if stream:
+            return self._stream(reqs[0])
+        with self._lock:
+            while any(r.rid not in self._finished for r in reqs):
+                assert self.scheduler.has_work(), "a pending request left the scheduler unfinished"
+                self._step_scheduler()
+            outputs = [self._format_output(self._finished.pop(r.rid)) for r in reqs]
         return outputs[0] if single else outputs
+
+    def _stream(self, req):
+        from specpcg.streaming import TextStream
+
+        text = TextStream(self.tokenizer, req)
+        try:
+            while True:
+                with self._lock:
+                    if req.rid not in self._finished:
+                        self._step_scheduler()
+                    done = self._finished.pop(req.rid, None)
+                chunk = self.stream_chunk(text, done)
+                if chunk is not None:
+                    yield chunk
+                if done is not None:
+                    return
+        finally:  # a consumer that stops early aborts its request: its KV is freed at once
+            if not req.finished:
+                self.abort(req.rid)
+                with self._lock:
+                    self._finished.pop(req.rid, None)
+
+    def stream_chunk(self, text, done):
+        """The next chunk of a stream (None when there is nothing new): the new text and ids,
+        and, once done (the finished Request), the whole output as `generate` returns it."""
+        part = text.next_chunk()
+        if done is None and not part["delta"] and not part["delta_ids"]:
+            return None
+        out = self._format_output(done) if done is not None else {
+            "text": None, "output_ids": None, "meta_info": {"id": text.req.rid,
+                                                            "finish_reason": None}}
+        return {**out, "delta": part["delta"], "delta_ids": part["delta_ids"]}
+
+    def abort(self, rid: int) -> bool:
+        """Ends request `rid` and frees its KV slots at once; its output (finish_reason
+        "abort") comes back to whoever waits for it. False when it is not in flight."""
+        with self._lock:
+            req = self.scheduler.abort(rid)
+            if req is not None:
+                self._finished[req.rid] = req
+        return req is not None
+
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
+                             messages=None, return_logprob=False, logprob_start_len=None,
+                             apply_chat_template=False, stream=False):
+        """For asyncio callers: one request, run by a background thread that steps the
+        engine (started on first use), so the event loop never waits on a forward. Returns
+        the output, or with stream=True an async iterator of chunks."""
+        from specpcg.engine_thread import EngineThread
+
+        thread = self.__dict__.get("_thread") or self.__dict__.setdefault(
+            "_thread", EngineThread(self))
+        chunks = thread.submit(dict(prompt=prompt, sampling_params=sampling_params,
+                                    input_ids=input_ids, messages=messages,
+                                    return_logprob=return_logprob,
+                                    logprob_start_len=logprob_start_len,
+                                    apply_chat_template=apply_chat_template))
+        if stream:
+            return chunks
+        async for chunk in chunks:
+            last = chunk
+        return {k: v for k, v in last.items() if k not in ("delta", "delta_ids")}
 
     def submit(self, prompt=None, sampling_params=None, input_ids=None, messages=None,
                return_logprob=False, logprob_start_len=None, apply_chat_template=False) -> int:
@@ -133,11 +202,12 @@ class Engine:
         """Runs one scheduler step (when there is work) and returns the outputs, formatted as
         `generate` formats them, of every finished request not yet returned: submitted ones,
         including those that finished during a `generate` call."""
-        if self.scheduler.has_work():
-            self._step_scheduler()
-        finished = list(self._finished.values())
-        self._finished.clear()
-        return [self._format_output(r) for r in finished]
+        with self._lock:
+            if self.scheduler.has_work():
+                self._step_scheduler()
+            finished = list(self._finished.values())
+            self._finished.clear()
+            return [self._format_output(r) for r in finished]
 
     def has_unfinished(self) -> bool:
         """True while a request is in flight or a finished one awaits `step()`: loop
@@ -162,9 +232,17 @@ class Engine:
         return reqs, single
 
     def _queue(self, reqs: list) -> None:
-        for req in reqs:
-            req.generator = make_generator(req.params, self.device, self.config.random_seed, req.rid)
-            self.scheduler.add(req)
+        with self._lock:
+            for req in reqs:
+                req.generator = make_generator(req.params, self.device, self.config.random_seed,
+                                               req.rid)
+                self.scheduler.add(req)
+
+    @property
+    def _lock(self):
+        """One step, submit or abort at a time, whichever thread calls (async_generate's
+        background thread steps while callers submit and abort)."""
+        return self.__dict__.setdefault("_engine_lock", threading.RLock())
 
     def _step_scheduler(self) -> None:
         for req in self.scheduler.step():
@@ -188,6 +266,9 @@ class Engine:
         """Drops the model, KV cache and graphs so their GPU memory can be reused."""
         import gc
 
+        thread = self.__dict__.pop("_thread", None)
+        if thread is not None:
+            thread.stop()
         self.scheduler = self.router = self.graphs = self.runner = None
         self.attn_backend = self.kv_cache = self.model = None
         self.spec_decoder = self.draft = None  # they hold the router, KV caches and the head

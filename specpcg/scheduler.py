@@ -9,6 +9,7 @@ freed and they are re-prefilled later from prompt + output so far (greedy tokens
 from __future__ import annotations
 
 import time
+import logging
 from collections import deque
 
 import torch
@@ -16,6 +17,8 @@ import torch
 from specpcg.core import ForwardBatch, ForwardMode, Request
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
 from specpcg.transfer import to_device
+
+logger = logging.getLogger("specpcg")
 
 
 class Scheduler:
@@ -43,10 +46,38 @@ class Scheduler:
         """Runs one forward; returns the requests that finished in it."""
         picked = self._schedule_prefill()
         if picked:
-            return self._run_prefill(picked)
+            return self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
-            return self._run_decode()
+            return self._guarded(list(self.running), self._run_decode)
         return []
+
+    def _guarded(self, carried: list, run) -> list:
+        """run(), or, when the forward raises, exactly the requests it carried finished with
+        the error and their KV freed; every other request goes on as if nothing happened."""
+        try:
+            return run()
+        except Exception as exc:  # NOTE: a fault boundary: the engine must keep serving
+            logger.exception("a forward failed; ending the %d request(s) it carried", len(carried))
+            message = f"{type(exc).__name__}: {exc}"
+            for req in carried:
+                self._end(req, {"type": "error", "message": message})
+            return carried
+
+    def abort(self, rid: int):
+        """Ends request `rid` wherever it is (waiting or running) and frees its KV; returns
+        it, or None when no such request is in flight."""
+        for req in list(self.waiting) + self.running:
+            if req.rid == rid and not req.finished:
+                self._end(req, {"type": "abort", "message": "aborted"})
+                return req
+        return None
+
+    def _end(self, req: Request, reason: dict) -> None:
+        req.finish_reason, req.finished_at = reason, time.perf_counter()
+        if req.req_pool_idx is not None:
+            self._release(req)
+        self.waiting = deque(r for r in self.waiting if r is not req)
+        self.running = [r for r in self.running if r is not req]
 
     # -- prefill -------------------------------------------------------------------------------
     def _schedule_prefill(self) -> list:

@@ -47,7 +47,10 @@ class StopChecker:
         elif len(req.output_ids) >= params.max_new_tokens:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
         elif req.seq_len >= self.context_len:
-            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+            # Clamped: the prompt plus max_new_tokens did not fit; the reason says so.
+            req.finish_reason = {"type": "length", "length": len(req.output_ids),
+                                 "message": f"context_length {self.context_len} reached before "
+                                            f"max_new_tokens {params.max_new_tokens}"}
 
     def _stop_string(self, req: Request, new_tokens: int = 1) -> bool:
         # Only the tail can hold a new match: decode enough tokens to cover the longest stop

@@ -1,0 +1,99 @@
+"""A background thread that steps an Engine for asyncio callers (Engine.async_generate, the
+HTTP server): the event loop only submits, aborts and reads chunks; forwards run here.
+
+Each subscribed request gets an asyncio queue on its caller's loop; after every step the thread
+puts the request's new chunk there (Engine.stream_chunk), and its last chunk once it finished.
+A caller that stops reading (a client that went away) aborts its request, which frees its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+logger = logging.getLogger("specpcg")
+_DONE = object()
+
+
+class EngineThread:
+    def __init__(self, engine):
+        from specpcg.streaming import TextStream
+
+        self.engine = engine
+        self._text_stream = TextStream
+        self._subs: dict = {}  # rid -> (loop, queue, TextStream)
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="specpcg-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: dict):
+        """Validates and queues one request (ValueError at once for bad input); returns an
+        async iterator of its chunks."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        eng = self.engine
+        with eng._lock:
+            reqs, _ = eng._build(request["prompt"], request["sampling_params"],
+                                 request["input_ids"], request["messages"],
+                                 request["return_logprob"], request["logprob_start_len"],
+                                 request["apply_chat_template"], one=True)
+            self._subs[reqs[0].rid] = (loop, queue, self._text_stream(eng.tokenizer, reqs[0]))
+            eng._queue(reqs)
+        with self._wake:
+            self._wake.notify()
+        return self._chunks(reqs[0].rid, queue)
+
+    async def _chunks(self, rid: int, queue: asyncio.Queue):
+        finished = False
+        try:
+            while True:
+                chunk = await queue.get()
+                if chunk is _DONE:
+                    finished = True
+                    return
+                yield chunk
+        finally:
+            if not finished:  # the reader went away before the end
+                self.engine.abort(rid)
+
+    def _run(self) -> None:
+        eng = self.engine
+        while True:
+            with self._wake:
+                while not self._stopped and not eng.scheduler.has_work() and not self._ready():
+                    self._wake.wait(timeout=0.5)
+                if self._stopped:
+                    return
+            with eng._lock:
+                if eng.scheduler.has_work():
+                    eng._step_scheduler()
+                updates = self._collect()
+            for loop, queue, items in updates:
+                for item in items:
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _ready(self) -> bool:
+        """A subscribed request finished (say, aborted) and waits to be delivered."""
+        return any(rid in self.engine._finished for rid in self._subs)
+
+    def _collect(self) -> list:
+        """Under the engine lock: each subscriber's new chunk, and its end."""
+        eng, out = self.engine, []
+        for rid in list(self._subs):
+            loop, queue, text = self._subs[rid]
+            done = eng._finished.pop(rid, None)
+            chunk = eng.stream_chunk(text, done)
+            items = ([chunk] if chunk is not None else []) + ([_DONE] if done else [])
+            if done is not None:
+                del self._subs[rid]
+            if items:
+                out.append((loop, queue, items))
+        return out
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
