@@ -1,4 +1,5 @@
-"""Command line: `python -m specpcg generate ...` and `python -m specpcg gsm8k ...`."""
+"""Command line: `python -m specpcg generate ...`, `python -m specpcg gsm8k ...` and
+`python -m specpcg serve ...` (OpenAI-compatible HTTP server)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--mem-fraction-static", type=float, default=0.8)
+    p.add_argument("--chunked-prefill-size", type=int, default=2048)
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
 
@@ -30,7 +34,8 @@ def _make_engine(args):
     names = ("model_path", "device", "dtype", "attention_backend", "speculative_algorithm",
              "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
              "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
-             "disable_piecewise_cuda_graph")
+             "disable_piecewise_cuda_graph", "max_running_requests", "mem_fraction_static",
+             "chunked_prefill_size")
     return Engine(**{name: getattr(args, name) for name in names})
 
 
@@ -58,6 +63,12 @@ def _gsm8k(args) -> None:
             f.write(json.dumps(summary) + "\n")
 
 
+def _serve(args) -> None:
+    from specpcg.serve.server import serve
+
+    serve(_make_engine(args), args.host, args.port, args.served_model_name, args.log_level)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specpcg")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -76,6 +87,13 @@ def main(argv=None) -> None:
     ev.add_argument("--batch-size", type=int, default=8)
     ev.add_argument("--output", default=None, help="append the summary as a JSON line")
     ev.set_defaults(func=_gsm8k)
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _engine_args(srv)
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=30000)
+    srv.add_argument("--served-model-name", default=None)
+    srv.add_argument("--log-level", default="info")
+    srv.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     args.func(args)
 

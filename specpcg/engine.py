@@ -178,7 +178,7 @@ class Engine:
 
         thread = self.__dict__.get("_thread") or self.__dict__.setdefault(
             "_thread", EngineThread(self))
-        chunks = thread.submit(dict(prompt=prompt, sampling_params=sampling_params,
+        chunks = await thread.submit(dict(prompt=prompt, sampling_params=sampling_params,
                                     input_ids=input_ids, messages=messages,
                                     return_logprob=return_logprob,
                                     logprob_start_len=logprob_start_len,

@@ -25,14 +25,19 @@ class EngineThread:
         self._subs: dict = {}  # rid -> (loop, queue, TextStream)
         self._wake = threading.Condition()
         self._stopped = False
+        self._aborts: list = []
         self._thread = threading.Thread(target=self._run, name="specpcg-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, request: dict):
+    async def submit(self, request: dict):
         """Validates and queues one request (ValueError at once for bad input); returns an
-        async iterator of its chunks."""
+        async iterator of its chunks. The engine lock is taken off the event loop."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        rid = await asyncio.to_thread(self._submit, request, loop, queue)
+        return self._chunks(rid, queue)
+
+    def _submit(self, request: dict, loop, queue) -> int:
         eng = self.engine
         with eng._lock:
             reqs, _ = eng._build(request["prompt"], request["sampling_params"],
@@ -43,7 +48,13 @@ class EngineThread:
             eng._queue(reqs)
         with self._wake:
             self._wake.notify()
-        return self._chunks(reqs[0].rid, queue)
+        return reqs[0].rid
+
+    def abort(self, rid: int) -> None:
+        """Never blocks: the engine thread aborts `rid` before its next step."""
+        with self._wake:
+            self._aborts.append(rid)
+            self._wake.notify()
 
     async def _chunks(self, rid: int, queue: asyncio.Queue):
         finished = False
@@ -56,16 +67,20 @@ class EngineThread:
                 yield chunk
         finally:
             if not finished:  # the reader went away before the end
-                self.engine.abort(rid)
+                self.abort(rid)
 
     def _run(self) -> None:
         eng = self.engine
         while True:
             with self._wake:
-                while not self._stopped and not eng.scheduler.has_work() and not self._ready():
+                while not (self._stopped or self._aborts or eng.scheduler.has_work()
+                           or self._ready()):
                     self._wake.wait(timeout=0.5)
                 if self._stopped:
                     return
+                aborts, self._aborts = self._aborts, []
+            for rid in aborts:
+                eng.abort(rid)
             with eng._lock:
                 if eng.scheduler.has_work():
                     eng._step_scheduler()

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: `python -m specpcg serve` (FastAPI + uvicorn)."""
