@@ -93,21 +93,24 @@ def _decode_split_kernel(
     stride_req_row,
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_TREE: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_TREE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One program: every query head of one KV head (loads each key once) over one key split.
+    """Programs (req, kv head, p) cover every query head of one KV head (each key loaded once)
+    over the key splits p, p + NUM_PROGRAMS, ...: splits of SPLIT_LEN keys at fixed positions.
+
+    NOTE: split boundaries depend on nothing but key positions (not the batch, not the number
+    of programs, not the mode), and each split's partial result is stored on its own: so a
+    query's result is bitwise the same whatever it is batched with, and a verify node equals
+    the decode query at its position (the reduce merges splits in position order).
 
     HAS_TREE: query q sees its row's first seq_len - tree_keys keys, then of the last tree_keys
     only those with tree_mask[q, j] != 0 (a draft tree node's ancestors and itself)."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
-    # Splits are whole multiples of BLOCK_N so only the last block of a request is ragged.
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_start = split * split_len
-    split_end = tl.minimum(split_start + split_len, seq_len)
+    num_splits = tl.cdiv(seq_len, SPLIT_LEN)
     row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
 
     offs_g = tl.arange(0, BLOCK_H)  # BLOCK_H is GROUP_SIZE padded up to what tl.dot needs
@@ -118,70 +121,79 @@ def _decode_split_kernel(
     q_offs = req.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [H, D]
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for start_n in range(split_start, split_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < split_end
-        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_buf_ptr + slots[:, None] * stride_k_slot + kv_head * stride_k_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
-        if HAS_TREE:
-            rel = offs_n - (seq_len - tree_keys)  # >= 0: a tree key
-            bits = tl.load(tree_mask_ptr + req.to(tl.int64) * tree_keys + rel,
-                           mask=mask_n & (rel >= 0), other=1)
-            s = tl.where((mask_n & (bits != 0))[None, :], s, float("-inf"))  # [H, N]
-            # A block of masked tree keys has max -inf: shift by 0 there, not by -inf (NaN).
+    for split in range(tl.program_id(2), num_splits, NUM_PROGRAMS):
+        split_start = split * SPLIT_LEN
+        split_end = tl.minimum(split_start + SPLIT_LEN, seq_len)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < split_end
+            slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
+            kv_mask = mask_n[:, None] & mask_d[None, :]
+            k = tl.load(k_buf_ptr + slots[:, None] * stride_k_slot + kv_head * stride_k_head
+                        + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+            v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
+                        + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
+            if HAS_TREE:
+                rel = offs_n - (seq_len - tree_keys)  # >= 0: a tree key
+                bits = tl.load(tree_mask_ptr + req.to(tl.int64) * tree_keys + rel,
+                               mask=mask_n & (rel >= 0), other=1)
+                s = tl.where((mask_n & (bits != 0))[None, :], s, float("-inf"))  # [H, N]
+            else:
+                s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
+            # A block of masked keys has max -inf: shift by 0 there, not by -inf (NaN).
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_shift = m_new
-        alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(s - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
-                     input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    # An empty split (short request) reports lse = -inf, which gives it zero weight in the reduce.
-    has_keys = l_i > 0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
-    mid_row = (req.to(tl.int64) * NUM_HEADS + heads) * NUM_SPLITS + split  # [bs, H, S] layout
-    tl.store(mid_lse_ptr + mid_row, lse, mask=mask_h)
-    tl.store(mid_out_ptr + mid_row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
-             mask=mask_h[:, None] & mask_d[None, :])
+            alpha = tl.exp2(m_i - m_shift)
+            p = tl.exp2(s - m_shift[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
+                         input_precision=DOT_PRECISION)
+            m_i = m_new
+        # A split whose keys are all masked (a tree node's later keys) reports lse = -inf: the
+        # reduce skips it.
+        has_keys = l_i > 0
+        l_safe = tl.where(has_keys, l_i, 1.0)
+        lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+        mid_row = (req.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS + split  # [bs, H, S]
+        tl.store(mid_lse_ptr + mid_row, lse, mask=mask_h)
+        tl.store(mid_out_ptr + mid_row[:, None] * HEAD_DIM + offs_d[None, :],
+                 acc / l_safe[:, None], mask=mask_h[:, None] & mask_d[None, :])
 
 
 @triton.jit
 def _decode_reduce_kernel(
-    mid_out_ptr, mid_lse_ptr, out_ptr, stride_out_tok, stride_out_head,
-    HEAD_DIM: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    mid_out_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr, stride_out_tok, stride_out_head,
+    HEAD_DIM: tl.constexpr, NUM_HEADS: tl.constexpr, SPLIT_LEN: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One program: merges the per-split partial outputs of one (request, head) by their lse."""
+    """One program: merges one (request, head)'s split results in split order (an online
+    log-sum-exp merge), skipping empty splits, so the result depends only on the splits."""
     req = tl.program_id(0)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    mid_rows = (req.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + offs_s
-    lse = tl.load(mid_lse_ptr + mid_rows)  # [S]
-    lse_max = tl.max(lse, 0)
-    # seq_len 0 (a padded request) leaves every split empty: output zeros, not NaN.
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.exp2(lse - lse_max)  # [S]
-    parts = tl.load(mid_out_ptr + mid_rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=mask_d[None, :], other=0.0)  # [S, D]
-    total = tl.sum(weights, 0)
-    out = tl.sum(weights[:, None] * parts, 0) / tl.where(total > 0, total, 1.0)
+    num_splits = tl.cdiv(tl.load(seq_lens_ptr + req), SPLIT_LEN)
+    base = (req.to(tl.int64) * NUM_HEADS + head) * MAX_SPLITS
+    m = float("-inf")
+    total = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for split in range(0, num_splits):
+        lse = tl.load(mid_lse_ptr + base + split)
+        if lse > float("-inf"):
+            part = tl.load(mid_out_ptr + (base + split) * HEAD_DIM + offs_d, mask=mask_d,
+                           other=0.0)
+            m_new = tl.maximum(m, lse)
+            scale = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)
+            acc = acc * scale + w * part
+            total = total * scale + w
+            m = m_new
+    # seq_len 0 (a padded request) leaves no split: output zeros, not NaN.
+    out = acc / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + req.to(tl.int64) * stride_out_tok + head * stride_out_head + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=mask_d)
 
@@ -231,27 +243,37 @@ def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     )
 
 
+def split_len_for(device: torch.device) -> int:
+    """Keys per decode split (a multiple of the block size)."""
+    return 32 if device.type == "cpu" else 128
+
+
 def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
                      num_reqs: int, num_kv_splits: int, scale: float,
                      tree_mask: torch.Tensor | None = None) -> None:
     """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
 
-    The key range of each request is cut into `num_kv_splits` (a power of two) pieces handled by
-    separate programs, so batch 1 with a long context still fills the GPU; a second kernel merges.
+    Each request's keys are cut into fixed splits of split_len_for(device) keys; num_kv_splits
+    programs per (request, KV head) share them out (so batch 1 with a long context still fills
+    the GPU), each split's result is kept, and a second kernel merges them in order. The
+    number of programs changes only the speed, never the result.
     tree_mask: [>= num_reqs, K] int8, contiguous: query i sees the last K keys of its row only
     where tree_mask[i] is nonzero (draft trees); None: every key.
     """
     _check_shapes(q, k_buf, out)
-    assert num_kv_splits >= 1 and num_kv_splits & (num_kv_splits - 1) == 0
+    assert num_kv_splits >= 1
     if num_reqs == 0:
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buf.shape[1]
     group_size = num_heads // num_kv_heads
     block_d = _padded_head_dim(head_dim)
-    mid_out = torch.empty(num_reqs, num_heads, num_kv_splits, head_dim, dtype=torch.float32,
+    cpu = q.device.type == "cpu"
+    split_len = split_len_for(q.device)
+    max_splits = triton.cdiv(req_to_token.shape[1], split_len)  # a row's most keys
+    mid_out = torch.empty(num_reqs, num_heads, max_splits, head_dim, dtype=torch.float32,
                           device=q.device)  # [bs, H, S, D] per-split normalised outputs
-    mid_lse = torch.empty(num_reqs, num_heads, num_kv_splits, dtype=torch.float32,
+    mid_lse = torch.empty(num_reqs, num_heads, max_splits, dtype=torch.float32,
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
     if tree_mask is not None:
         assert tree_mask.dtype == torch.int8 and tree_mask.is_contiguous()
@@ -263,16 +285,17 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
         scale * LOG2_E,
-        HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads, NUM_SPLITS=num_kv_splits,
+        HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads,
+        NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
         DOT_PRECISION=_dot_precision(q.dtype), HAS_TREE=tree_mask is not None,
         BLOCK_H=max(16, triton.next_power_of_2(group_size)),
-        BLOCK_N=16 if q.device.type == "cpu" else 64, BLOCK_D=block_d,
-        num_warps=4, num_stages=1 if q.device.type == "cpu" else 2,
+        BLOCK_N=16 if cpu else 64, BLOCK_D=block_d,
+        num_warps=4, num_stages=1 if cpu else 2,
     )
     _decode_reduce_kernel[(num_reqs, num_heads)](
-        mid_out, mid_lse, out, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, NUM_HEADS=num_heads, NUM_SPLITS=num_kv_splits, BLOCK_D=block_d,
-        num_warps=1 if block_d <= 64 else 2,
+        mid_out, mid_lse, seq_lens, out, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_HEADS=num_heads, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
+        BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
     )
 
 

@@ -1,0 +1,92 @@
+"""Batch invariance of the split-K decode kernel (through the Triton interpreter on CPU): a
+query's result is bitwise the same whatever it is batched with and however many programs share
+its keys, and a verify node (a chain's, or a tree's under its mask) equals the decode query at
+its position. Split boundaries depend on key positions alone (triton_kernels.decode_attention)."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+H, HKV, D = 4, 2, 16
+ROW = 512  # keys a row can hold
+
+
+def _world(lens: list, seed: int = 0):
+    """Paged KV for one row per request (slots interleaved), and q of one query per request."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = sum(lens) + 1
+    k_buf = torch.randn(slots, HKV, D, generator=gen)
+    v_buf = torch.randn(slots, HKV, D, generator=gen)
+    req_to_token = torch.zeros(len(lens), ROW, dtype=torch.int32)
+    perm = torch.randperm(sum(lens), generator=gen) + 1
+    at = 0
+    for i, n in enumerate(lens):
+        req_to_token[i, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return k_buf, v_buf, req_to_token
+
+
+def _decode(q, k_buf, v_buf, req_to_token, rows, seq_lens, programs, tree_mask=None):
+    from specpcg.attention.triton_kernels import decode_attention
+
+    out = torch.zeros_like(q)
+    decode_attention(q, k_buf, v_buf, out, req_to_token,
+                     torch.tensor(rows, dtype=torch.int32),
+                     torch.tensor(seq_lens, dtype=torch.int32), len(rows), programs,
+                     D ** -0.5, tree_mask=tree_mask)
+    return out
+
+
+@pytest.mark.parametrize("programs_alone,programs_batched", [(16, 1), (4, 2), (1, 8)])
+def test_a_query_is_the_same_alone_and_in_any_batch(programs_alone, programs_batched):
+    lens = [300, 7, 129, 64, 250]
+    k_buf, v_buf, r2t = _world(lens)
+    q = torch.randn(len(lens), H, D, generator=torch.Generator().manual_seed(5))
+    batched = _decode(q, k_buf, v_buf, r2t, list(range(len(lens))), lens, programs_batched)
+    for i, n in enumerate(lens):
+        alone = _decode(q[i:i + 1], k_buf, v_buf, r2t, [i], [n], programs_alone)
+        assert torch.equal(alone[0], batched[i]), i
+
+
+def test_a_chain_verify_node_equals_the_decode_at_its_position():
+    lens = [200]
+    k_buf, v_buf, r2t = _world(lens)
+    width = 4  # the root and three drafts: their keys are the row's last four
+    q = torch.randn(width, H, D, generator=torch.Generator().manual_seed(6))
+    seq = [lens[0] - width + 1 + j for j in range(width)]
+    verify = _decode(q, k_buf, v_buf, r2t, [0] * width, seq, 8)
+    for j in range(width):
+        decode = _decode(q[j:j + 1], k_buf, v_buf, r2t, [0], [seq[j]], 1)
+        assert torch.equal(decode[0], verify[j]), j
+
+
+def test_a_tree_node_under_its_mask_equals_the_decode_over_its_path():
+    """A tree node sees the prefix and its ancestors; laid out as a chain (every ancestor
+    before it), that is the decode query at its position."""
+    n, keys = 97, 5
+    k_buf, v_buf, r2t = _world([n])
+    q = torch.randn(keys, H, D, generator=torch.Generator().manual_seed(7))
+    mask = torch.tril(torch.ones(keys, keys, dtype=torch.int8))  # node j: nodes 0..j
+    tree = _decode(q, k_buf, v_buf, r2t, [0] * keys, [n] * keys, 4, tree_mask=mask)
+    for j in range(keys):
+        decode = _decode(q[j:j + 1], k_buf, v_buf, r2t, [0], [n - keys + 1 + j], 2)
+        assert torch.equal(decode[0], tree[j]), j
+
+
+def test_the_split_result_matches_plain_softmax_attention():
+    lens = [333]
+    k_buf, v_buf, r2t = _world(lens)
+    q = torch.randn(1, H, D, generator=torch.Generator().manual_seed(8))
+    got = _decode(q, k_buf, v_buf, r2t, [0], lens, 4)[0]
+    idx = r2t[0, :lens[0]].long()
+    k = k_buf[idx].repeat_interleave(H // HKV, dim=1)  # [N, H, D]
+    v = v_buf[idx].repeat_interleave(H // HKV, dim=1)
+    w = torch.softmax(torch.einsum("hd,nhd->hn", q[0], k) * D ** -0.5, dim=-1)
+    torch.testing.assert_close(got, torch.einsum("hn,nhd->hd", w, v), atol=1e-5, rtol=1e-5)
