@@ -26,6 +26,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="batch-invariant kernels: tokens do not depend on the batch")
 
 
 def _make_engine(args):
@@ -35,7 +37,7 @@ def _make_engine(args):
              "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
              "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
              "disable_piecewise_cuda_graph", "max_running_requests", "mem_fraction_static",
-             "chunked_prefill_size")
+             "chunked_prefill_size", "enable_deterministic_inference")
     return Engine(**{name: getattr(args, name) for name in names})
 
 

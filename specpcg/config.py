@@ -49,6 +49,9 @@ class EngineConfig:
     speculative_simulate_accept_prob: Optional[float] = None
     disable_cuda_graph: bool = False
     disable_piecewise_cuda_graph: bool = False
+    # Batch-invariant kernels on CUDA (SGLang's name): every linear layer and the LM head run
+    # one fixed-tiling Triton matmul, so a request's tokens do not depend on its batch.
+    enable_deterministic_inference: bool = False
     enforce_piecewise_cuda_graph: bool = False
     cuda_graph_max_bs: int = 64
     pp_size: int = 1  # pipeline parallel ranks (multi-GPU comes later; 1 only for now)

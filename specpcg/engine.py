@@ -37,6 +37,10 @@ class Engine:
         t0 = time.perf_counter()
         self.model, self.model_config, self.tokenizer = load_target(cfg, self.device, self.dtype)
         self.load_time_s = time.perf_counter() - t0
+        if cfg.enable_deterministic_inference:
+            from specpcg.models.deterministic import make_batch_invariant
+
+            make_batch_invariant(self.model)
         mc = self.model_config
         self.context_len = min(cfg.context_length or mc.max_position_embeddings,
                                mc.max_position_embeddings)
@@ -253,6 +257,7 @@ class Engine:
             "model_path": self.config.model_path, "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.attn_backend.name, "context_length": self.context_len,
+            "enable_deterministic_inference": self.config.enable_deterministic_inference,
             "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
             "num_preemptions": self.scheduler.num_preemptions,
             **self.graphs.info(), "forward_stats": self.router.forward_stats(),

@@ -90,3 +90,42 @@ def test_the_split_result_matches_plain_softmax_attention():
     v = v_buf[idx].repeat_interleave(H // HKV, dim=1)
     w = torch.softmax(torch.einsum("hd,nhd->hn", q[0], k) * D ** -0.5, dim=-1)
     torch.testing.assert_close(got, torch.einsum("hn,nhd->hd", w, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k,n,bias", [(96, 80, False), (64, 130, True)])
+def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):
+    from kernels.matmul import invariant_linear
+
+    gen = torch.Generator().manual_seed(9)
+    w = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(70, k, generator=gen)
+    full = invariant_linear(x, w, b, use_triton=True)
+    torch.testing.assert_close(full, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    for rows in ([0], [3, 4, 5], list(range(65, 70))):
+        part = invariant_linear(x[rows], w, b, use_triton=True)
+        assert torch.equal(part, full[rows]), rows
+
+
+def test_deterministic_mode_swaps_every_linear_and_keeps_the_tokens(tmp_path):
+    """On CPU the swapped layers run the torch twin (the interpreter is too slow for a whole
+    model): tokens stay the same; with the Triton kernel forced on for the LM head they still
+    match."""
+    from kernels.matmul import invariant_linear
+    from specpcg import Engine
+    from specpcg.models.deterministic import InvariantLinear
+    from test_train import _tiny_target
+
+    kw = dict(model_path=_tiny_target(tmp_path / "t"), skip_tokenizer_init=True, device="cpu",
+              dtype="float32", max_total_tokens=2048, show_progress=False)
+    plain = Engine(**kw)
+    det = Engine(enable_deterministic_inference=True, **kw)
+    assert det.get_server_info()["enable_deterministic_inference"] is True
+    linears = [m for m in det.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is InvariantLinear for m in linears)
+    params = {"max_new_tokens": 12, "temperature": 0}
+    ids = [[5, 9, 2, 7], [11, 3]]
+    want = [o["output_ids"] for o in plain.generate(input_ids=ids, sampling_params=params)]
+    assert [o["output_ids"] for o in det.generate(input_ids=ids, sampling_params=params)] == want
+    det.model.head_linear = lambda x, w: invariant_linear(x, w, use_triton=True)
+    assert [o["output_ids"] for o in det.generate(input_ids=ids, sampling_params=params)] == want

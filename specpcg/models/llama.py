@@ -106,8 +106,11 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.model.norm.forward_add(hidden, residual)
         return hidden, aux
 
+    # The LM head's matmul (enable_deterministic_inference swaps in a batch-invariant one).
+    head_linear = staticmethod(torch.nn.functional.linear)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.head_weight).float()
+        return self.head_linear(hidden, self.head_weight).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax token per row of `hidden` (a draft's greedy step, inside its graph)."""

@@ -1,0 +1,94 @@
+"""The cost of enable_deterministic_inference: decode throughput in that mode against the default
+mode, in one run, at batch 1, 16 and 64, no-spec and speculative, on the default model and the
+8B shape (random weights).
+
+Speculative: EAGLE3 (the cached default draft, 7,1,8) on the default model; on the 8B shape,
+which has no draft, NGRAM with synthetic acceptance (speculative_simulate_accept_prob, a
+benchmark-only mode). Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
+tok/s = batch * new tokens / wall time of the generate call (median of --repeats).
+
+    python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+
+common.add_repo_to_path()
+
+BIG = "shape:llama-3-8b"
+
+
+def spec_kwargs(model: str, spec: bool, args) -> dict:
+    if not spec:
+        return {}
+    if model == BIG:
+        return dict(speculative_algorithm="NGRAM", speculative_simulate_accept_prob=args.accept,
+                    speculative_num_steps=7, speculative_num_draft_tokens=8)
+    from drafts.train import ensure_draft
+
+    return dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=ensure_draft(
+        "EAGLE3"), speculative_num_steps=7, speculative_eagle_topk=1,
+        speculative_num_draft_tokens=8)
+
+
+def measure(engine, batch: int, args) -> float:
+    import torch
+
+    gen = torch.Generator().manual_seed(batch)
+    ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
+           for _ in range(batch)]
+    common.generate_ids(engine, ids[:1], 8)  # warm-up
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        common.generate_ids(engine, ids, args.new_tokens)
+        times.append(time.perf_counter() - t0)
+    return batch * args.new_tokens / common.median(times)
+
+
+def run(args) -> list:
+    from specpcg import Engine
+
+    models = [args.model_path] + ([] if args.skip_8b else [BIG])
+    lines = []
+    for model in models:
+        for spec in (False, True):
+            rates = {}
+            for det in (False, True):
+                engine = Engine(model_path=model, enable_deterministic_inference=det,
+                                max_running_requests=max(args.batches), show_progress=False,
+                                **spec_kwargs(model, spec, args))
+                rates[det] = {b: measure(engine, b, args) for b in args.batches}
+                device = engine.device
+                engine.shutdown()
+            for b in args.batches:
+                lines.append({"bench": "deterministic_cost", "model": model or "default",
+                              "spec": spec, "batch": b, "default_tok_s": rates[False][b],
+                              "deterministic_tok_s": rates[True][b],
+                              "cost": 1 - rates[True][b] / rates[False][b],
+                              **common.machine_info(device)})
+                print(f"[bench_deterministic] {model or 'default'} spec={spec} bs={b}: "
+                      f"cost {lines[-1]['cost']:.1%}", flush=True)
+    return lines
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--accept", type=float, default=0.7, help="8B shape: simulated acceptance")
+    p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "deterministic_cost.jsonl"))
+    a = p.parse_args(argv)
+    common.append_jsonl(a.out, run(a))
+
+
+if __name__ == "__main__":
+    main()
