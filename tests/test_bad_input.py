@@ -53,7 +53,8 @@ def test_token_outside_vocab(engine):
 
 def test_list_call_refused_whole_naming_index(engine):
     free_before = engine.get_server_info()["kv_cache"]["free_slots"]
-    with pytest.raises(ValueError, match=r"input 2: temperature must be >= 0, got -1"):
+    with pytest.raises(ValueError,
+                       match=r"input 2: temperature must be a finite number >= 0, got -1"):
         engine.generate(input_ids=[[1, 2], [3, 4], [5, 6]],
                         sampling_params=[OK, OK, {**OK, "temperature": -1}])
     assert not engine.scheduler.has_work()  # nothing was queued
