@@ -18,7 +18,7 @@ common.add_repo_to_path()
 
 from drafts.ngram import NgramDraft  # noqa: E402
 from specpcg.core import Request, SamplingParams  # noqa: E402
-from specpcg.spec.config import SpecConfig  # noqa: E402
+from specpcg.speculative.config import SpecConfig  # noqa: E402
 
 
 def _requests(batch: int, context: int, seed: int) -> list:

@@ -36,10 +36,10 @@ PHASES = (
     ("propose", "drafts/eagle.py", "propose"),
     ("propose", "drafts/standalone.py", "propose"),
     ("propose", "drafts/ngram.py", "propose"),
-    ("verify", "specpcg/spec/loop.py", "_verify"),
+    ("verify", "specpcg/speculative/loop.py", "_verify"),
     ("target_forward", "specpcg/router.py", "forward"),
-    ("accept", "specpcg/spec/accept.py", "accept"),
-    ("commit", "specpcg/spec/loop.py", "_commit"),
+    ("accept", "specpcg/speculative/accept.py", "accept"),
+    ("commit", "specpcg/speculative/loop.py", "_commit"),
     ("sample", "specpcg/scheduler.py", "_sample_and_finish"),
     ("append_and_finish", "specpcg/scheduler.py", "_append_and_finish"),
 )

@@ -1,8 +1,8 @@
-"""Draft workers, registered by name with the engine's registry (specpcg.spec.registry)."""
+"""Draft workers, registered by name with the engine's registry (specpcg.speculative.registry)."""
 
 from __future__ import annotations
 
-from specpcg.spec.registry import DraftContext, register_draft
+from specpcg.speculative.registry import DraftContext, register_draft
 
 
 def _ngram(ctx: DraftContext):

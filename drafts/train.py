@@ -37,7 +37,7 @@ from drafts.heads import default_aux_layer_ids
 from drafts.offline import draft_hits, load_draft_model, offline_accept
 from drafts.train_data import extract_features, shared_answers
 from drafts.train_loop import LoopOptions, loss_curve
-from specpcg.spec.config import DEFAULT_NUM_STEPS
+from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 TRAINER_VERSION = 2  # part of ensure_draft's cache key: bump when trained drafts change

@@ -17,9 +17,9 @@ from specpcg.model_runner import ModelRunner
 from specpcg.models.loading import load_target
 from specpcg.router import ForwardRouter
 from specpcg.sampler import make_generator
-from specpcg.spec.config import SpecConfig
-from specpcg.spec.loop import SpecDecoder, spec_meta
-from specpcg.spec.registry import DraftContext, create_draft
+from specpcg.speculative.config import SpecConfig
+from specpcg.speculative.loop import SpecDecoder, spec_meta
+from specpcg.speculative.registry import DraftContext, create_draft
 from specpcg.scheduler import Scheduler
 from specpcg.stopping import StopChecker, trim_stop_string
 

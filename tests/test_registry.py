@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specpcg.spec import registry
+from specpcg.speculative import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_standalone_and_wiring_do_not_import_each_other():
 
 
 def test_every_algorithm_is_registered_and_unknown_names_are_refused(monkeypatch):
-    from specpcg.spec.registry import DraftContext, create_draft
+    from specpcg.speculative.registry import DraftContext, create_draft
 
     class Spec:
         algorithm = "MEDUSA"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specpcg import Engine
-from specpcg.spec.accept import simulate_accept
+from specpcg.speculative.accept import simulate_accept
 
 STEPS = 4  # chain: 5 draft tokens (root + 4 drafts)
 GREEDY = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}

@@ -13,7 +13,7 @@ import torch
 from kernels.tree import chain_tree, tree_from_parents
 from specpcg.core import CaptureHiddenMode, ForwardMode
 from specpcg.sampler import record_output_logprobs
-from specpcg.spec.accept import SimulatedAccept, accept
+from specpcg.speculative.accept import SimulatedAccept, accept
 from specpcg.transfer import to_device
 
 
