@@ -54,8 +54,12 @@ class EngineConfig:
     enable_deterministic_inference: bool = False
     enforce_piecewise_cuda_graph: bool = False
     cuda_graph_max_bs: int = 64
-    pp_size: int = 1  # pipeline parallel ranks (multi-GPU comes later; 1 only for now)
-    tp_size: int = 1
+    pp_size: int = 1  # pipeline parallel ranks (1 only for now)
+    tp_size: int = 1  # tensor parallel ranks: one process each (specpcg/distributed)
+    dist_init_addr: Optional[str] = None  # host:port of rank 0 (default: a free local port)
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_timeout_s: float = 60.0  # a collective waiting longer means a rank is gone
     piecewise_cuda_graph_max_tokens: int = 4096
     show_progress: bool = True
     log_level: str = "warning"
@@ -79,9 +83,15 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, tuple(DTYPES))
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static!r}")
-        if self.pp_size != 1 or self.tp_size != 1:
-            raise ValueError(f"tp_size={self.tp_size}, pp_size={self.pp_size}: only one GPU "
-                             f"(tp_size=1, pp_size=1) is supported in this release")
+        if self.pp_size != 1:
+            raise ValueError(f"pp_size={self.pp_size}: pipeline parallelism is not supported "
+                             f"yet (pp_size=1)")
+        if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or \
+                self.tp_size < 1:
+            raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
+        if self.nnodes != 1 or self.node_rank != 0:
+            raise ValueError(f"nnodes={self.nnodes}, node_rank={self.node_rank}: one machine "
+                             f"only for now (nnodes=1)")
         p = self.speculative_simulate_accept_prob
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
                               or not 0 < p <= 1):

@@ -35,7 +35,12 @@ class Engine:
         self.device = cfg.resolve_device()
         self.dtype = cfg.resolve_dtype(self.device)
         t0 = time.perf_counter()
-        self.model, self.model_config, self.tokenizer = load_target(cfg, self.device, self.dtype)
+        self.tp = None
+        if cfg.tp_size > 1:
+            self.model, self.model_config, self.tokenizer = self._load_tp_shard(cfg)
+        else:
+            self.model, self.model_config, self.tokenizer = load_target(cfg, self.device,
+                                                                        self.dtype)
         self.load_time_s = time.perf_counter() - t0
         if cfg.enable_deterministic_inference:
             from specpcg.models.deterministic import make_batch_invariant
@@ -44,14 +49,19 @@ class Engine:
         mc = self.model_config
         self.context_len = min(cfg.context_length or mc.max_position_embeddings,
                                mc.max_position_embeddings)
-        self.draft_ctx = DraftContext(self.spec, cfg, self.model, mc, self.tokenizer, self.device,
+        # Under TP a draft borrows the whole embedding and LM head, not rank 0's shard.
+        target = self.__dict__.get("_draft_target") or self.model
+        self.draft_ctx = DraftContext(self.spec, cfg, target, mc, self.tokenizer, self.device,
                                       self.dtype, self.context_len) if self.spec else None
         self.draft = create_draft(self.draft_ctx) if self.spec else None
         self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
             mc.head_dim, mc.head_dim ** -0.5, verify_kernel=cfg.triton_verify_kernel)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device)
+        if self.tp is not None:
+            self.tp.setup(self.kv_cache, self.context_len)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device,
+                                  before_forward=self.tp.before_forward if self.tp else None)
         self.spec_decoder = self._setup_spec() if self.spec else None
         self.graphs = build_graphs(cfg, self.runner, self.context_len, **self._graph_needs())
         self.router = ForwardRouter(self.runner, self.graphs.piecewise, self.graphs.decode,
@@ -67,6 +77,19 @@ class Engine:
                                    self.spec_decoder)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         self._engine_lock = threading.RLock()
+
+    def _load_tp_shard(self, cfg):
+        """Starts ranks 1.. (specpcg/distributed) and loads rank 0's shard."""
+        from specpcg.distributed.group import free_init_addr
+        from specpcg.distributed.shard import FullVocabView, check_tp, make_tp_model
+        from specpcg.distributed.worker import TPDriver
+
+        full, full_cfg, tokenizer = load_target(cfg, self.device, self.dtype)
+        check_tp(full_cfg, cfg.tp_size)  # refused before any other process starts
+        self.tp = TPDriver(cfg, cfg.dist_init_addr or free_init_addr())
+        model, local = make_tp_model(full, full_cfg, 0, cfg.tp_size)
+        self._draft_target = FullVocabView(full)
+        return model, local, tokenizer
 
     def _setup_spec(self) -> SpecDecoder:
         if not self.spec.is_chain and not self.attn_backend.supports_tree_mask:
@@ -258,6 +281,7 @@ class Engine:
             "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.attn_backend.name, "context_length": self.context_len,
             "enable_deterministic_inference": self.config.enable_deterministic_inference,
+            "tp_size": self.config.tp_size,
             "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
             "num_preemptions": self.scheduler.num_preemptions,
             **self.graphs.info(), "forward_stats": self.router.forward_stats(),
@@ -274,6 +298,9 @@ class Engine:
         thread = self.__dict__.pop("_thread", None)
         if thread is not None:
             thread.stop()
+        tp, self.tp = self.__dict__.get("tp"), None
+        if tp is not None:
+            tp.stop()
         self.scheduler = self.router = self.graphs = self.runner = None
         self.attn_backend = self.kv_cache = self.model = None
         self.spec_decoder = self.draft = None  # they hold the router, KV caches and the head

@@ -9,14 +9,20 @@ from specpcg.forward_context import ForwardContext, forward_context
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache, attn_backend, device: torch.device):
+    def __init__(self, model, kv_cache, attn_backend, device: torch.device,
+                 before_forward=None):
+        """before_forward(batch): called before every forward (tensor parallelism sends the
+        batch to the other ranks there)."""
         self.model = model
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend
         self.device = device
+        self.before_forward = before_forward
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ModelOutput:
+        if self.before_forward is not None:
+            self.before_forward(batch)
         hidden, aux = self.forward_body(batch)
         return self.postprocess(hidden, aux, batch)
 

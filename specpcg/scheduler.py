@@ -57,6 +57,8 @@ class Scheduler:
         try:
             return run()
         except Exception as exc:  # NOTE: a fault boundary: the engine must keep serving
+            if getattr(exc, "fatal", False):  # the engine itself cannot go on
+                raise
             logger.exception("a forward failed; ending the %d request(s) it carried", len(carried))
             message = f"{type(exc).__name__}: {exc}"
             for req in carried:

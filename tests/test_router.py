@@ -111,7 +111,8 @@ def test_disabled_runner_reason_and_counters(caplog):
 
 def _cfg(**kw):
     base = dict(disable_piecewise_cuda_graph=False, disable_cuda_graph=False,
-                enforce_piecewise_cuda_graph=False, pp_size=1, piecewise_cuda_graph_max_tokens=4096)
+                enforce_piecewise_cuda_graph=False, pp_size=1, tp_size=1,
+                piecewise_cuda_graph_max_tokens=4096)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -126,6 +127,8 @@ def _cfg(**kw):
     ({"pp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", True,
      "enforced by enforce_piecewise_cuda_graph"),
     ({"enforce_piecewise_cuda_graph": True}, "cpu", False, "no CUDA device (device is cpu)"),
+    ({"tp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", False,
+     "tensor parallelism: the other ranks capture no graphs yet"),
 ])
 def test_piecewise_rules(kw, device, enabled, reason):
     decision = decide_piecewise(_cfg(**kw), device)
@@ -138,6 +141,8 @@ def test_decode_graph_rules():
     assert not off.enabled and "'torch' cannot be captured" in off.reason
     assert decide_decode_graph(_cfg(disable_cuda_graph=True), "cuda", "triton", True).reason == \
         "disable_cuda_graph is set"
+    assert decide_decode_graph(_cfg(tp_size=2), "cuda", "triton", True).reason == \
+        "tensor parallelism: the other ranks capture no graphs yet"
 
 
 def test_engine_on_cpu_reports_graphs_off_and_counts_eager(tmp_path):

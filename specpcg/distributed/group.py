@@ -1,0 +1,37 @@
+"""The process group of a tensor-parallel engine and its two collectives."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def free_init_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def init_group(init_addr: str, rank: int, world_size: int, device: torch.device,
+               timeout_s: float) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{init_addr}", rank=rank,
+                            world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def all_reduce_(x: torch.Tensor) -> torch.Tensor:
+    """Sums `x` over the ranks, in place (row-parallel layers, vocab-parallel embedding)."""
+    dist.all_reduce(x)
+    return x
+
+
+def all_gather_last(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's `x` side by side along the last dim (vocab-parallel logits), in rank
+    order."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=-1)

@@ -1,0 +1,133 @@
+"""Tensor-parallel ranks: rank 0 (the engine's process) sends every forward's batch; ranks
+1.. run the same forward on their shards in lockstep, so the collectives inside it meet.
+
+Rank 0 alone schedules, samples and decides acceptance (so no rank can disagree); the others
+only mirror its forwards. Each forward's message holds the batch and the req_to_token rows it
+reads (KV data never moves between slots, so the rows are all a rank needs to mirror the cache).
+A rank that dies makes the next step fail on rank 0 with its rank and exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from specpcg.distributed.group import init_group
+
+logger = logging.getLogger("specpcg")
+
+
+class RankExitedError(RuntimeError):
+    """A rank is gone: the whole engine stops (the scheduler does not absorb it)."""
+
+    fatal = True
+
+
+def _receive():
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def load_shard(cfg, rank: int, device, dtype):
+    """This rank's shard of the target: (model, local config, full config, tokenizer)."""
+    from specpcg.distributed.shard import check_tp, make_tp_model
+    from specpcg.models.loading import load_target
+
+    full, full_cfg, tokenizer = load_target(cfg, device, dtype)
+    check_tp(full_cfg, cfg.tp_size)
+    model, local = make_tp_model(full, full_cfg, rank, cfg.tp_size)
+    return model, local, full_cfg, tokenizer
+
+
+def worker_main(cfg, rank: int, init_addr: str) -> None:
+    from specpcg.attention import create_attention_backend
+    from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+    from specpcg.model_runner import ModelRunner
+
+    device = cfg.resolve_device()
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    init_group(init_addr, rank, cfg.tp_size, device, cfg.dist_timeout_s)
+    torch.set_num_threads(1)
+    model, local, _, _ = load_shard(replace(cfg, skip_tokenizer_init=True), rank, device,
+                                    cfg.resolve_dtype(device))
+    setup = _receive()
+    pool = KVPool(setup["total_slots"], local.num_layers, local.num_kv_heads, local.head_dim,
+                  cfg.resolve_dtype(device), device)
+    kv = KVCache(pool, ReqToTokenPool(setup["rows"], setup["context_len"], device))
+    attn = create_attention_backend(cfg.attention_backend, device, kv, local.num_heads,
+                                    local.num_kv_heads, local.head_dim, local.head_dim ** -0.5)
+    runner = ModelRunner(model, kv, attn, device)
+    while True:
+        msg = _receive()
+        if msg is None:
+            break
+        batch, rows, table = msg
+        kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
+        runner.forward(batch)
+    dist.destroy_process_group()
+
+
+class TPDriver:
+    """Rank 0's side: starts the other ranks, sends each forward, stops them."""
+
+    def __init__(self, cfg, init_addr: str):
+        if dist.is_initialized():
+            raise RuntimeError("another tensor-parallel engine runs in this process: shut it "
+                               "down first (one process group per process)")
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr),
+                                  name=f"specpcg-tp{rank}", daemon=True)
+                      for rank in range(1, cfg.tp_size)]
+        for p in self.procs:
+            p.start()
+        init_group(init_addr, 0, cfg.tp_size, cfg.resolve_device(), cfg.dist_timeout_s)
+        self.kv_cache = None
+
+    def setup(self, kv_cache, context_len: int) -> None:
+        self.kv_cache = kv_cache
+        table = kv_cache.req_pool.req_to_token
+        self._send({"total_slots": kv_cache.total_slots, "rows": table.shape[0],
+                    "context_len": table.shape[1]})
+
+    def before_forward(self, batch) -> None:
+        """Sends `batch` and its requests' req_to_token rows to every other rank."""
+        bs = batch.batch_size
+        rows = batch.req_pool_indices[:bs].cpu()
+        width = max(batch.seq_lens_cpu[:bs], default=0)
+        table = self.kv_cache.req_pool.req_to_token[rows.to(
+            self.kv_cache.req_pool.req_to_token.device), :width].cpu()
+        self._send((batch, rows, table))
+
+    def _send(self, msg) -> None:
+        self.check_alive()
+        try:
+            dist.broadcast_object_list([msg], src=0)
+        except RuntimeError as exc:
+            self.check_alive()
+            raise RankExitedError(f"tensor-parallel step failed: {exc}") from exc
+
+    def check_alive(self) -> None:
+        for rank, p in enumerate(self.procs, start=1):
+            if not p.is_alive():
+                raise RankExitedError(f"tensor-parallel rank {rank} exited (exit code "
+                                   f"{p.exitcode}); the engine cannot go on: shut it down")
+
+    def stop(self) -> None:
+        if all(p.is_alive() for p in self.procs):
+            try:
+                dist.broadcast_object_list([None], src=0)
+            except RuntimeError:
+                pass  # a rank died in between: terminate below
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        if dist.is_initialized():
+            dist.destroy_process_group()

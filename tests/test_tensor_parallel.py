@@ -1,0 +1,119 @@
+"""Tensor parallelism on CPU (gloo, one process per rank): greedy tokens identical to one
+process in fp32, with no speculation and with every algorithm (chains, and an EAGLE3 tree), on
+a tiny model at tp_size=2 and on the default model at tp_size=3 (9 query heads, 3 KV heads);
+sizes that do not divide the heads are refused; a killed rank gives a clear error."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from drafts.head_checkpoint import random_head, save_head
+from drafts.train_standalone import save_standalone, truncated_model
+from specpcg import Engine
+from test_train import _tiny_target
+
+GREEDY = {"max_new_tokens": 16, "temperature": 0}
+IDS = [[5, 9, 2, 7], [11, 3, 8, 8, 1, 2, 3], [40, 41, 42]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("tp")
+    target = _tiny_target(root / "target")
+    kw = dict(model_path=target, skip_tokenizer_init=True, device="cpu", dtype="float32",
+              max_total_tokens=2048, show_progress=False)
+    plain = Engine(**kw)
+    want = [o["output_ids"] for o in plain.generate(input_ids=IDS, sampling_params=GREEDY)]
+    drafts = {}
+    for algo in ("EAGLE", "EAGLE3", "NEXTN"):
+        head, spec = random_head(algo, plain.model_config, torch.device("cpu"), torch.float32,
+                                 draft_vocab_size=96)
+        drafts[algo] = save_head(head, spec, plain.model_config, str(root / algo))
+    model, cfg = truncated_model(target, 1, torch.device("cpu"))
+    drafts["STANDALONE"] = save_standalone(model, cfg, target, str(root / "standalone"))
+    plain.shutdown()
+    return kw, want, drafts
+
+
+def _tp_outputs(kw, **spec):
+    engine = Engine(tp_size=2, **kw, **spec)
+    try:
+        return [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"])
+def test_tp2_greedy_tokens_match_one_process(tiny, algo):
+    kw, want, drafts = tiny
+    spec = {} if algo is None else {"speculative_algorithm": algo,
+                                    "speculative_draft_model_path": drafts.get(algo)}
+    assert _tp_outputs(kw, **spec) == want
+
+
+def test_tp2_eagle3_tree_matches_one_process(tiny):
+    kw, want, drafts = tiny
+    assert _tp_outputs(kw, speculative_algorithm="EAGLE3", attention_backend="torch",
+                       speculative_draft_model_path=drafts["EAGLE3"], speculative_num_steps=3,
+                       speculative_eagle_topk=2, speculative_num_draft_tokens=5) == want
+
+
+def test_kv_heads_fewer_than_ranks_are_replicated(tmp_path):
+    """4 query heads, 2 KV heads, 4 ranks: each KV head lives on two ranks."""
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, initializer_range=0.2)
+    torch.manual_seed(1)
+    tf.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    kw = dict(model_path=str(tmp_path / "m"), skip_tokenizer_init=True, device="cpu",
+              dtype="float32", max_total_tokens=1024, show_progress=False)
+    want = [o["output_ids"] for o in Engine(**kw).generate(input_ids=IDS, sampling_params=GREEDY)]
+    engine = Engine(tp_size=4, **kw)
+    try:
+        got = [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+    finally:
+        engine.shutdown()
+    assert got == want
+
+
+@pytest.mark.slow
+def test_default_model_tp3_matches_and_tp2_is_refused():
+    kw = dict(device="cpu", max_total_tokens=2048, show_progress=False)
+    prompts = ["The capital of France is", "Water boils at"]
+    params = {"max_new_tokens": 8, "temperature": 0}
+    want = [o["output_ids"] for o in Engine(**kw).generate(prompt=prompts,
+                                                           sampling_params=params)]
+    with pytest.raises(ValueError, match="tp_size=2 does not divide the model's 9 attention"):
+        Engine(tp_size=2, **kw)
+    for spec in ({}, {"speculative_algorithm": "NGRAM"}):
+        engine = Engine(tp_size=3, **kw, **spec)
+        try:
+            got = [o["output_ids"] for o in engine.generate(prompt=prompts,
+                                                            sampling_params=params)]
+        finally:
+            engine.shutdown()
+        assert got == want, spec
+
+
+def test_a_killed_rank_gives_a_clear_error(tiny):
+    kw, _, _ = tiny
+    engine = Engine(tp_size=2, dist_timeout_s=10, **kw)
+    try:
+        engine.generate(input_ids=IDS[0], sampling_params={"max_new_tokens": 2})
+        worker = engine.tp.procs[0]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(timeout=10)
+        t0 = time.time()
+        with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 exited \(exit code -9\)"):
+            engine.generate(input_ids=IDS[0], sampling_params={"max_new_tokens": 2})
+        assert time.time() - t0 < 15
+        procs = engine.tp.procs
+    finally:
+        engine.shutdown()
+    assert not any(p.is_alive() for p in procs)  # no orphan processes
