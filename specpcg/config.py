@@ -54,7 +54,7 @@ class EngineConfig:
     enable_deterministic_inference: bool = False
     enforce_piecewise_cuda_graph: bool = False
     cuda_graph_max_bs: int = 64
-    pp_size: int = 1  # pipeline parallel ranks (1 only for now)
+    pp_size: int = 1  # pipeline parallel stages: one process each (specpcg/distributed)
     tp_size: int = 1  # tensor parallel ranks: one process each (specpcg/distributed)
     dist_init_addr: Optional[str] = None  # host:port of rank 0 (default: a free local port)
     nnodes: int = 1
@@ -83,9 +83,9 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, tuple(DTYPES))
         if not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static!r}")
-        if self.pp_size != 1:
-            raise ValueError(f"pp_size={self.pp_size}: pipeline parallelism is not supported "
-                             f"yet (pp_size=1)")
+        if isinstance(self.pp_size, bool) or not isinstance(self.pp_size, int) or \
+                self.pp_size < 1:
+            raise ValueError(f"pp_size must be a positive integer, got {self.pp_size!r}")
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or \
                 self.tp_size < 1:
             raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")

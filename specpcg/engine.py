@@ -36,8 +36,8 @@ class Engine:
         self.dtype = cfg.resolve_dtype(self.device)
         t0 = time.perf_counter()
         self.tp = None
-        if cfg.tp_size > 1:
-            self.model, self.model_config, self.tokenizer = self._load_tp_shard(cfg)
+        if cfg.tp_size > 1 or cfg.pp_size > 1:
+            self.model, self.model_config, self.tokenizer = self._load_parallel_shard(cfg)
         else:
             self.model, self.model_config, self.tokenizer = load_target(cfg, self.device,
                                                                         self.dtype)
@@ -51,8 +51,9 @@ class Engine:
                                mc.max_position_embeddings)
         # Under TP a draft borrows the whole embedding and LM head, not rank 0's shard.
         target = self.__dict__.get("_draft_target") or self.model
-        self.draft_ctx = DraftContext(self.spec, cfg, target, mc, self.tokenizer, self.device,
-                                      self.dtype, self.context_len) if self.spec else None
+        self.draft_ctx = DraftContext(self.spec, cfg, target, target.config, self.tokenizer,
+                                      self.device, self.dtype,
+                                      self.context_len) if self.spec else None
         self.draft = create_draft(self.draft_ctx) if self.spec else None
         self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(
@@ -78,17 +79,18 @@ class Engine:
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         self._engine_lock = threading.RLock()
 
-    def _load_tp_shard(self, cfg):
-        """Starts ranks 1.. (specpcg/distributed) and loads rank 0's shard."""
+    def _load_parallel_shard(self, cfg):
+        """Starts ranks 1.. (specpcg/distributed) and keeps rank 0's part of the target."""
         from specpcg.distributed.group import free_init_addr
-        from specpcg.distributed.shard import FullVocabView, check_tp, make_tp_model
-        from specpcg.distributed.worker import TPDriver
+        from specpcg.distributed.shard import FullVocabView
+        from specpcg.distributed.worker import TPDriver, check_parallel, shard_of
 
         full, full_cfg, tokenizer = load_target(cfg, self.device, self.dtype)
-        check_tp(full_cfg, cfg.tp_size)  # refused before any other process starts
+        check_parallel(cfg, full_cfg)  # refused before any other process starts
         self.tp = TPDriver(cfg, cfg.dist_init_addr or free_init_addr())
-        model, local = make_tp_model(full, full_cfg, 0, cfg.tp_size)
+        model, local = shard_of(full, full_cfg, cfg, 0)
         self._draft_target = FullVocabView(full)
+        self._draft_target.config = full_cfg  # drafts see the whole target's shape
         return model, local, tokenizer
 
     def _setup_spec(self) -> SpecDecoder:

@@ -121,14 +121,15 @@ def _cfg(**kw):
     ({}, "cpu", False, "no CUDA device (device is cpu)"),
     ({"disable_piecewise_cuda_graph": True}, "cuda", False, "disable_piecewise_cuda_graph is set"),
     ({"disable_cuda_graph": True}, "cuda", False, "disable_cuda_graph is set"),
-    ({"pp_size": 2}, "cuda", False, "pipeline parallelism is not supported by piecewise graphs yet"),
+    ({"pp_size": 2}, "cuda", False,
+     "tensor or pipeline parallelism: the other ranks capture no graphs yet"),
     ({"piecewise_cuda_graph_max_tokens": 2}, "cuda", False,
      "piecewise_cuda_graph_max_tokens=2 is below the smallest bucket (4 tokens)"),
-    ({"pp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", True,
+    ({"piecewise_cuda_graph_max_tokens": 2, "enforce_piecewise_cuda_graph": True}, "cuda", True,
      "enforced by enforce_piecewise_cuda_graph"),
     ({"enforce_piecewise_cuda_graph": True}, "cpu", False, "no CUDA device (device is cpu)"),
     ({"tp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", False,
-     "tensor parallelism: the other ranks capture no graphs yet"),
+     "tensor or pipeline parallelism: the other ranks capture no graphs yet"),
 ])
 def test_piecewise_rules(kw, device, enabled, reason):
     decision = decide_piecewise(_cfg(**kw), device)
@@ -142,7 +143,7 @@ def test_decode_graph_rules():
     assert decide_decode_graph(_cfg(disable_cuda_graph=True), "cuda", "triton", True).reason == \
         "disable_cuda_graph is set"
     assert decide_decode_graph(_cfg(tp_size=2), "cuda", "triton", True).reason == \
-        "tensor parallelism: the other ranks capture no graphs yet"
+        "tensor or pipeline parallelism: the other ranks capture no graphs yet"
 
 
 def test_engine_on_cpu_reports_graphs_off_and_counts_eager(tmp_path):
@@ -160,6 +161,8 @@ def test_engine_on_cpu_reports_graphs_off_and_counts_eager(tmp_path):
     assert stats == {("EXTEND", "eager"): 1, ("DECODE", "eager"): 2}
 
 
-def test_pp_size_refused_until_supported():
-    with pytest.raises(ValueError, match="pp_size=2"):
-        EngineConfig(pp_size=2)
+def test_bad_parallel_sizes_are_refused():
+    with pytest.raises(ValueError, match="pp_size must be a positive integer, got 0"):
+        EngineConfig(pp_size=0)
+    with pytest.raises(ValueError, match="tp_size must be a positive integer, got -1"):
+        EngineConfig(tp_size=-1)

@@ -1,7 +1,8 @@
-"""Tensor parallelism on CPU (gloo, one process per rank): greedy tokens identical to one
-process in fp32, with no speculation and with every algorithm (chains, and an EAGLE3 tree), on
-a tiny model at tp_size=2 and on the default model at tp_size=3 (9 query heads, 3 KV heads);
-sizes that do not divide the heads are refused; a killed rank gives a clear error."""
+"""Tensor and pipeline parallelism on CPU (gloo, one process per rank): greedy tokens identical
+to one process in fp32, with no speculation and with every algorithm (chains, and an EAGLE3
+tree under TP), on a tiny model at tp_size=2, 4 (KV heads replicated) and pp_size=2, 4, and on
+the default model at tp_size=3 (9 query heads, 3 KV heads) and pp_size=2; sizes that do not fit
+the model are refused; a killed rank gives a clear error."""
 
 import os
 import signal
@@ -83,7 +84,7 @@ def test_kv_heads_fewer_than_ranks_are_replicated(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_model_tp3_matches_and_tp2_is_refused():
+def test_default_model_tp3_and_pp2_match_and_tp2_is_refused():
     kw = dict(device="cpu", max_total_tokens=2048, show_progress=False)
     prompts = ["The capital of France is", "Water boils at"]
     params = {"max_new_tokens": 8, "temperature": 0}
@@ -91,8 +92,9 @@ def test_default_model_tp3_matches_and_tp2_is_refused():
                                                            sampling_params=params)]
     with pytest.raises(ValueError, match="tp_size=2 does not divide the model's 9 attention"):
         Engine(tp_size=2, **kw)
-    for spec in ({}, {"speculative_algorithm": "NGRAM"}):
-        engine = Engine(tp_size=3, **kw, **spec)
+    for spec in ({"tp_size": 3}, {"tp_size": 3, "speculative_algorithm": "NGRAM"},
+                 {"pp_size": 2}):
+        engine = Engine(**kw, **spec)
         try:
             got = [o["output_ids"] for o in engine.generate(prompt=prompts,
                                                             sampling_params=params)]
@@ -110,10 +112,35 @@ def test_a_killed_rank_gives_a_clear_error(tiny):
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(timeout=10)
         t0 = time.time()
-        with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 exited \(exit code -9\)"):
+        with pytest.raises(RuntimeError, match=r"parallel rank 1 exited \(exit code -9\)"):
             engine.generate(input_ids=IDS[0], sampling_params={"max_new_tokens": 2})
         assert time.time() - t0 < 15
         procs = engine.tp.procs
     finally:
         engine.shutdown()
     assert not any(p.is_alive() for p in procs)  # no orphan processes
+
+
+def _parallel_outputs(kw, **extra):
+    engine = Engine(**kw, **extra)
+    try:
+        return [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"])
+def test_pp2_greedy_tokens_match_one_process(tiny, algo):
+    kw, want, drafts = tiny
+    spec = {} if algo is None else {"speculative_algorithm": algo,
+                                    "speculative_draft_model_path": drafts.get(algo)}
+    assert _parallel_outputs(kw, pp_size=2, **spec) == want
+
+
+def test_pp4_and_tp_with_pp_refused(tiny):
+    kw, want, _ = tiny
+    assert _parallel_outputs(kw, pp_size=4) == want  # one layer per stage
+    with pytest.raises(ValueError, match="pp_size=5 must be between 1 and the model's 4 layers"):
+        Engine(pp_size=5, **kw)
+    with pytest.raises(ValueError, match="tensor and pipeline parallelism together"):
+        Engine(pp_size=2, tp_size=2, **kw)

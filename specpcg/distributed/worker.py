@@ -33,14 +33,40 @@ def _receive():
     return box[0]
 
 
+def world_size(cfg) -> int:
+    return cfg.tp_size * cfg.pp_size
+
+
+def check_parallel(cfg, model_cfg) -> None:
+    """Refuses a layout the model cannot take, before any other process starts."""
+    from specpcg.distributed.pipeline import stage_bounds
+    from specpcg.distributed.shard import check_tp
+
+    if cfg.tp_size > 1 and cfg.pp_size > 1:
+        raise ValueError(f"tp_size={cfg.tp_size} with pp_size={cfg.pp_size}: tensor and "
+                         f"pipeline parallelism together are not supported yet")
+    check_tp(model_cfg, cfg.tp_size)
+    stage_bounds(model_cfg.num_layers, cfg.pp_size)
+
+
+def shard_of(full, full_cfg, cfg, rank: int):
+    """Rank `rank`'s part of the whole model `full`: (model, its config)."""
+    if cfg.pp_size > 1:
+        from specpcg.distributed.pipeline import make_stage_model
+
+        return make_stage_model(full, full_cfg, rank, cfg.pp_size)
+    from specpcg.distributed.shard import make_tp_model
+
+    return make_tp_model(full, full_cfg, rank, cfg.tp_size)
+
+
 def load_shard(cfg, rank: int, device, dtype):
-    """This rank's shard of the target: (model, local config, full config, tokenizer)."""
-    from specpcg.distributed.shard import check_tp, make_tp_model
+    """This rank's part of the target: (model, local config, full config, tokenizer)."""
     from specpcg.models.loading import load_target
 
     full, full_cfg, tokenizer = load_target(cfg, device, dtype)
-    check_tp(full_cfg, cfg.tp_size)
-    model, local = make_tp_model(full, full_cfg, rank, cfg.tp_size)
+    check_parallel(cfg, full_cfg)
+    model, local = shard_of(full, full_cfg, cfg, rank)
     return model, local, full_cfg, tokenizer
 
 
@@ -53,7 +79,7 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
     if device.type == "cuda":
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
-    init_group(init_addr, rank, cfg.tp_size, device, cfg.dist_timeout_s)
+    init_group(init_addr, rank, world_size(cfg), device, cfg.dist_timeout_s)
     torch.set_num_threads(1)
     model, local, _, _ = load_shard(replace(cfg, skip_tokenizer_init=True), rank, device,
                                     cfg.resolve_dtype(device))
@@ -64,14 +90,30 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
     attn = create_attention_backend(cfg.attention_backend, device, kv, local.num_heads,
                                     local.num_kv_heads, local.head_dim, local.head_dim ** -0.5)
     runner = ModelRunner(model, kv, attn, device)
+    like = next(model.parameters())
     while True:
         msg = _receive()
         if msg is None:
             break
         batch, rows, table = msg
         kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
-        runner.forward(batch)
+        if cfg.pp_size > 1:
+            _run_stage(runner, batch, like)
+        else:
+            runner.forward(batch)
     dist.destroy_process_group()
+
+
+@torch.inference_mode()
+def _run_stage(runner, batch, like) -> None:
+    from specpcg.forward_context import ForwardContext, forward_context
+
+    runner.attn_backend.init_forward_metadata(batch)
+    ctx = ForwardContext(batch=batch, attn_backend=runner.attn_backend,
+                         num_tokens=batch.num_tokens)
+    with forward_context(ctx):
+        runner.model.run_stage(batch.positions, batch.input_ids.shape[0],
+                               batch.aux_hidden_layers, like)
 
 
 class TPDriver:
@@ -84,10 +126,10 @@ class TPDriver:
         ctx = mp.get_context("spawn")
         self.procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr),
                                   name=f"specpcg-tp{rank}", daemon=True)
-                      for rank in range(1, cfg.tp_size)]
+                      for rank in range(1, world_size(cfg))]
         for p in self.procs:
             p.start()
-        init_group(init_addr, 0, cfg.tp_size, cfg.resolve_device(), cfg.dist_timeout_s)
+        init_group(init_addr, 0, world_size(cfg), cfg.resolve_device(), cfg.dist_timeout_s)
         self.kv_cache = None
 
     def setup(self, kv_cache, context_len: int) -> None:
@@ -111,12 +153,12 @@ class TPDriver:
             dist.broadcast_object_list([msg], src=0)
         except RuntimeError as exc:
             self.check_alive()
-            raise RankExitedError(f"tensor-parallel step failed: {exc}") from exc
+            raise RankExitedError(f"parallel step failed: {exc}") from exc
 
     def check_alive(self) -> None:
         for rank, p in enumerate(self.procs, start=1):
             if not p.is_alive():
-                raise RankExitedError(f"tensor-parallel rank {rank} exited (exit code "
+                raise RankExitedError(f"parallel rank {rank} exited (exit code "
                                    f"{p.exitcode}); the engine cannot go on: shut it down")
 
     def stop(self) -> None:

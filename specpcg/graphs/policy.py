@@ -24,13 +24,12 @@ class GraphDecision:
 
 # Ranks 1.. mirror rank 0's eager forwards; they capture no graphs of their own yet, so a
 # replay on rank 0 alone would leave them waiting.
-TP_REASON = "tensor parallelism: the other ranks capture no graphs yet"
+TP_REASON = "tensor or pipeline parallelism: the other ranks capture no graphs yet"
 
 
 def _piecewise_auto_rules(cfg) -> list:
     """(condition, reason) pairs; the first true condition disables piecewise graphs."""
     return [
-        (cfg.pp_size > 1, "pipeline parallelism is not supported by piecewise graphs yet"),
         (cfg.piecewise_cuda_graph_max_tokens < 4,
          f"piecewise_cuda_graph_max_tokens={cfg.piecewise_cuda_graph_max_tokens} is below the "
          f"smallest bucket (4 tokens)"),
@@ -44,7 +43,7 @@ def decide_piecewise(cfg, device_type: str) -> GraphDecision:
         return _log(GraphDecision(False, "disable_cuda_graph is set"), "piecewise")
     if device_type != "cuda":
         return _log(GraphDecision(False, f"no CUDA device (device is {device_type})"), "piecewise")
-    if cfg.tp_size > 1:  # not an automatic rule: enforcing graphs would hang the ranks
+    if cfg.tp_size > 1 or cfg.pp_size > 1:  # not a rule to enforce away: ranks would hang
         return _log(GraphDecision(False, TP_REASON), "piecewise")
     if cfg.enforce_piecewise_cuda_graph:
         return _log(GraphDecision(True, "enforced by enforce_piecewise_cuda_graph"), "piecewise")
@@ -60,7 +59,7 @@ def decide_decode_graph(cfg, device_type: str, attn_backend_name: str,
         return _log(GraphDecision(False, "disable_cuda_graph is set"), "decode")
     if device_type != "cuda":
         return _log(GraphDecision(False, f"no CUDA device (device is {device_type})"), "decode")
-    if cfg.tp_size > 1:
+    if cfg.tp_size > 1 or cfg.pp_size > 1:
         return _log(GraphDecision(False, TP_REASON), "decode")
     if not attn_supports_graph:
         # Piecewise graphs keep attention eager, so only full decode graphs need this.
