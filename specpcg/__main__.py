@@ -23,6 +23,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks")
+    p.add_argument("--pp-size", type=int, default=1, help="pipeline-parallel stages")
     p.add_argument("--dist-init-addr", default=None, help="host:port of rank 0")
     p.add_argument("--mem-fraction-static", type=float, default=0.8)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
@@ -40,7 +41,7 @@ def _make_engine(args):
              "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
              "disable_piecewise_cuda_graph", "max_running_requests", "mem_fraction_static",
              "chunked_prefill_size", "enable_deterministic_inference", "tp_size",
-             "dist_init_addr")
+             "pp_size", "dist_init_addr")
     return Engine(**{name: getattr(args, name) for name in names})
 
 
