@@ -152,6 +152,10 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
         raise ValueError("out (the output directory) is required")
     o = TrainOptions.from_kwargs(opts)
     samples = data if isinstance(data, list) else training_samples(data, o.num_prompts, o.seed)
+    if o.show_progress:
+        print(f"[drafts.train] {algorithm}: {len(samples)} prompts, {o.ttt_steps} TTT steps, "
+              f"a budget of {o.minutes:g} minutes (self-distillation and features first, the "
+              f"training loop gets the rest)", flush=True)
     torch.manual_seed(o.seed)
     times, t0 = {}, time.perf_counter()
     own = engine is None
