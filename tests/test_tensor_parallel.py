@@ -137,10 +137,16 @@ def test_pp2_greedy_tokens_match_one_process(tiny, algo):
     assert _parallel_outputs(kw, pp_size=2, **spec) == want
 
 
-def test_pp4_and_tp_with_pp_refused(tiny):
+def test_pp4_matches_and_too_many_stages_are_refused(tiny):
     kw, want, _ = tiny
     assert _parallel_outputs(kw, pp_size=4) == want  # one layer per stage
     with pytest.raises(ValueError, match="pp_size=5 must be between 1 and the model's 4 layers"):
         Engine(pp_size=5, **kw)
-    with pytest.raises(ValueError, match="tensor and pipeline parallelism together"):
-        Engine(pp_size=2, tp_size=2, **kw)
+
+
+@pytest.mark.parametrize("algo", [None, "NGRAM", "EAGLE3"])
+def test_tp2_pp2_greedy_tokens_match_one_process(tiny, algo):
+    kw, want, drafts = tiny
+    spec = {} if algo is None else {"speculative_algorithm": algo,
+                                    "speculative_draft_model_path": drafts.get(algo)}
+    assert _parallel_outputs(kw, tp_size=2, pp_size=2, **spec) == want

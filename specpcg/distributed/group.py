@@ -23,15 +23,33 @@ def init_group(init_addr: str, rank: int, world_size: int, device: torch.device,
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
+_TP_GROUP = None  # this rank's tensor-parallel group (None: every rank)
+
+
+def init_tp_groups(tp: int, pp: int) -> None:
+    """One tensor-parallel group per pipeline stage (ranks s * tp .. s * tp + tp - 1). Every
+    rank creates every group, in the same order, as torch.distributed requires."""
+    global _TP_GROUP
+    if pp == 1:
+        _TP_GROUP = None
+        return
+    for s in range(pp):
+        ranks = list(range(s * tp, (s + 1) * tp))
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            _TP_GROUP = group
+
+
 def all_reduce_(x: torch.Tensor) -> torch.Tensor:
-    """Sums `x` over the ranks, in place (row-parallel layers, vocab-parallel embedding)."""
-    dist.all_reduce(x)
+    """Sums `x` over the tensor-parallel ranks, in place (row-parallel layers,
+    vocab-parallel embedding)."""
+    dist.all_reduce(x, group=_TP_GROUP)
     return x
 
 
 def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     """Every rank's `x` side by side along the last dim (vocab-parallel logits), in rank
     order."""
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group=_TP_GROUP))]
+    dist.all_gather(parts, x.contiguous(), group=_TP_GROUP)
     return torch.cat(parts, dim=-1)

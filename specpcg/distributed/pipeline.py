@@ -46,8 +46,16 @@ def _recv(num_aux: int, num_tokens: int, like: torch.Tensor, src: int) -> tuple:
 class PipelineStage(LlamaForCausalLM):
     """Layers [start, end) of the target (renumbered from 0 for this stage's KV cache)."""
 
-    def set_stage(self, stage: int, pp: int, start: int, end: int, total: int) -> None:
+    def set_stage(self, stage: int, pp: int, start: int, end: int, total: int,
+                  tp: int = 1, tp_rank: int = 0) -> None:
+        """Stage `stage` of `pp`; with tensor parallelism each stage's tp ranks pass their
+        states to the same tp rank of the next stage."""
+        self.stage_info = (stage, pp, start, end, total, tp, tp_rank)
         self.stage, self.pp, self.start, self.end, self.total = stage, pp, start, end, total
+        self.tp, self.tp_rank = tp, tp_rank
+
+    def _rank_of(self, stage: int) -> int:
+        return stage * self.tp + self.tp_rank
 
     def _layers(self, positions, hidden, residual, aux_layers, aux):
         for j, layer in enumerate(self.model.layers):
@@ -62,21 +70,21 @@ class PipelineStage(LlamaForCausalLM):
         """Rank 0: the whole pipeline's forward (stage 0, the others, the final norm)."""
         hidden, aux = self.model.embed_tokens(input_ids), []
         hidden, residual = self._layers(positions, hidden, None, aux_layers, aux)
-        dist.send(_pack(hidden, residual, aux), dst=1)
+        dist.send(_pack(hidden, residual, aux), dst=self._rank_of(1))
         n = sum(1 for i in aux_layers if i <= self.total)
-        hidden, residual, aux = _recv(n, hidden.shape[0], hidden, src=self.pp - 1)
+        hidden, residual, aux = _recv(n, hidden.shape[0], hidden, src=self._rank_of(self.pp - 1))
         hidden, _ = self.model.norm.forward_add(hidden, residual)
         return hidden, aux
 
     def run_stage(self, positions, num_tokens: int, aux_layers: tuple, like) -> None:
         """Ranks 1..: receive from the stage before, run, send on (the last: to rank 0)."""
         hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), num_tokens, like,
-                                      src=self.stage - 1)
+                                      src=self._rank_of(self.stage - 1))
         hidden, residual = self._layers(positions, hidden, residual, aux_layers, aux)
-        dist.send(_pack(hidden, residual, aux), dst=(self.stage + 1) % self.pp)
+        dist.send(_pack(hidden, residual, aux), dst=self._rank_of((self.stage + 1) % self.pp))
 
 
-def make_stage_model(full_model, cfg, stage: int, pp: int):
+def make_stage_model(full_model, cfg, stage: int, pp: int, tp: int = 1, tp_rank: int = 0):
     """Stage `stage` of `full_model`: (PipelineStage, its config with its layer count)."""
     bounds = stage_bounds(cfg.num_layers, pp)
     start, end = bounds[stage]
@@ -98,5 +106,5 @@ def make_stage_model(full_model, cfg, stage: int, pp: int):
             name = name.replace(f"model.layers.{i}.", f"model.layers.{i - start}.", 1)
         state[name] = w
     model.load_state_dict(state, strict=False)
-    model.set_stage(stage, pp, start, end, cfg.num_layers)
+    model.set_stage(stage, pp, start, end, cfg.num_layers, tp, tp_rank)
     return model.eval().requires_grad_(False), local

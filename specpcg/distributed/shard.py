@@ -114,8 +114,6 @@ def gathered_logits(vocab: int):
 def make_tp_model(full_model, cfg, rank: int, tp: int):
     """This rank's shard of `full_model` (a LlamaForCausalLM), as a new model with the local
     config; returns (model, local config)."""
-    from specpcg.models.llama import LlamaForCausalLM
-
     check_tp(cfg, tp)
     local = local_config(cfg, tp)
     state = shard_state(full_model.state_dict(), cfg, rank, tp)
@@ -125,9 +123,11 @@ def make_tp_model(full_model, cfg, rank: int, tp: int):
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(local)
+            model = type(full_model)(local)  # a pipeline stage stays one
     finally:
         torch.set_default_dtype(old)
+    if hasattr(full_model, "stage_info"):
+        model.set_stage(*full_model.stage_info)
     start, _ = vocab_range(cfg.vocab_size, rank, tp)
     model.model.embed_tokens = VocabParallelEmbedding(state.pop("model.embed_tokens.weight"),
                                                       start)

@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from specpcg.distributed.group import init_group
+from specpcg.distributed.group import init_group, init_tp_groups
 
 logger = logging.getLogger("specpcg")
 
@@ -42,22 +42,23 @@ def check_parallel(cfg, model_cfg) -> None:
     from specpcg.distributed.pipeline import stage_bounds
     from specpcg.distributed.shard import check_tp
 
-    if cfg.tp_size > 1 and cfg.pp_size > 1:
-        raise ValueError(f"tp_size={cfg.tp_size} with pp_size={cfg.pp_size}: tensor and "
-                         f"pipeline parallelism together are not supported yet")
     check_tp(model_cfg, cfg.tp_size)
     stage_bounds(model_cfg.num_layers, cfg.pp_size)
 
 
 def shard_of(full, full_cfg, cfg, rank: int):
-    """Rank `rank`'s part of the whole model `full`: (model, its config)."""
-    if cfg.pp_size > 1:
-        from specpcg.distributed.pipeline import make_stage_model
-
-        return make_stage_model(full, full_cfg, rank, cfg.pp_size)
+    """Rank `rank`'s part of the whole model `full`: (model, its config). Rank r is tensor
+    rank r % tp of pipeline stage r // tp."""
+    from specpcg.distributed.pipeline import make_stage_model
     from specpcg.distributed.shard import make_tp_model
 
-    return make_tp_model(full, full_cfg, rank, cfg.tp_size)
+    tp, stage = cfg.tp_size, rank // cfg.tp_size
+    model, local = full, full_cfg
+    if cfg.pp_size > 1:
+        model, local = make_stage_model(full, full_cfg, stage, cfg.pp_size, tp, rank % tp)
+    if tp > 1:
+        model, local = make_tp_model(model, local, rank % tp, tp)
+    return model, local
 
 
 def load_shard(cfg, rank: int, device, dtype):
@@ -80,6 +81,7 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     init_group(init_addr, rank, world_size(cfg), device, cfg.dist_timeout_s)
+    init_tp_groups(cfg.tp_size, cfg.pp_size)
     torch.set_num_threads(1)
     model, local, _, _ = load_shard(replace(cfg, skip_tokenizer_init=True), rank, device,
                                     cfg.resolve_dtype(device))
@@ -97,7 +99,7 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
             break
         batch, rows, table = msg
         kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
-        if cfg.pp_size > 1:
+        if rank >= cfg.tp_size:  # a later pipeline stage
             _run_stage(runner, batch, like)
         else:
             runner.forward(batch)
@@ -130,6 +132,7 @@ class TPDriver:
         for p in self.procs:
             p.start()
         init_group(init_addr, 0, world_size(cfg), cfg.resolve_device(), cfg.dist_timeout_s)
+        init_tp_groups(cfg.tp_size, cfg.pp_size)
         self.kv_cache = None
 
     def setup(self, kv_cache, context_len: int) -> None:
