@@ -1,0 +1,111 @@
+"""Our decode against a compiled static-cache peer (gpt-fast style: benchmarks/static_ref.py,
+torch.compile mode="reduce-overhead") on the same weights, in one process, and against the
+copy-bandwidth bound at batch 1.
+
+For each model (the default model; shape:llama-3-8b with random weights unless --skip-8b) and
+batch size (--batches): specpcg's decode tok/s (greedy, EOS ignored, --new-tokens after a
+--prompt-len prompt; decode time = e2e - TTFT of the batch's slowest request) and the peer's
+(the same number of steps after its own prefill), medians of --repeats; ratio = ours / peer.
+Bound: batch 1 can be no faster than reading every weight once per token, at the bandwidth a
+device-to-device copy reaches here.
+
+    python benchmarks/bench_reference.py [--batches 1 8] [--skip-8b] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import common
+
+common.add_repo_to_path()
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write counted)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    common.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    common.synchronize(device)
+    return 2 * 5 * src.numel() / (time.perf_counter() - t0)
+
+
+def ours(engine, ids: list, num_new: int) -> float:
+    metas = common.generate_ids(engine, ids, num_new)
+    decode_s = max(m["e2e_latency"] - m["ttft"] for m in metas)
+    return len(ids) * (num_new - 1) / decode_s
+
+
+def peer(model, ids: list, num_new: int, step) -> float:
+    from static_ref import StaticCacheDecoder
+
+    ref = StaticCacheDecoder(model, len(ids), len(ids[0]) + num_new + 8)
+    ref.forward = step.__get__(ref) if step else ref.forward
+    tokens = ref.prefill(ids).argmax(-1)
+    pos = torch.full((len(ids),), len(ids[0]), device=tokens.device)
+    common.synchronize(tokens.device)
+    t0 = time.perf_counter()
+    for _ in range(num_new - 1):
+        tokens = ref(tokens, pos).argmax(-1)
+        pos = pos + 1
+    common.synchronize(tokens.device)
+    return len(ids) * (num_new - 1) / (time.perf_counter() - t0)
+
+
+def run(args) -> list:
+    from specpcg import Engine
+    from static_ref import StaticCacheDecoder
+
+    compiled = torch.compile(StaticCacheDecoder.forward, mode="reduce-overhead") \
+        if not args.no_compile else None
+    lines = []
+    for model_path in [args.model_path] + ([] if args.skip_8b else ["shape:llama-3-8b"]):
+        engine = Engine(model_path=model_path, max_running_requests=max(args.batches),
+                        show_progress=False)
+        weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+        bw = copy_bandwidth(engine.device) if engine.device.type == "cuda" else None
+        gen = torch.Generator().manual_seed(0)
+        for bs in args.batches:
+            ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
+                   for _ in range(bs)]
+            ours(engine, ids, 8), peer(engine.model, ids, 8, compiled)  # warm-up, compile
+            a = common.median([ours(engine, ids, args.new_tokens) for _ in range(args.repeats)])
+            b = common.median([peer(engine.model, ids, args.new_tokens, compiled)
+                               for _ in range(args.repeats)])
+            line = {"bench": "reference", "model": model_path or "default", "batch": bs,
+                    "specpcg_tok_s": a, "static_compiled_tok_s": b, "ratio": a / b,
+                    "weight_bytes": weight_bytes, "copy_bandwidth_Bps": bw,
+                    **common.machine_info(engine.device)}
+            if bw and bs == 1:
+                bound = bw / 2 / weight_bytes  # reading each weight once per token
+                line.update(bandwidth_bound_tok_s=bound, specpcg_share_of_bound=a / bound)
+            lines.append(line)
+            print(f"[bench_reference] {line['model']} bs={bs}: specpcg {a:.0f} tok/s, "
+                  f"peer {b:.0f} tok/s, ratio {a / b:.2f}", flush=True)
+        engine.shutdown()
+    return lines
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--no-compile", action="store_true", help="the peer eager (CPU smoke)")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "reference.jsonl"))
+    a = p.parse_args(argv)
+    common.append_jsonl(a.out, run(a))
+
+
+if __name__ == "__main__":
+    main()
