@@ -53,6 +53,8 @@ class EngineConfig:
     # one fixed-tiling Triton matmul, so a request's tokens do not depend on its batch.
     enable_deterministic_inference: bool = False
     enforce_piecewise_cuda_graph: bool = False
+    # Plain decode steps run one ahead of their results (SGLang's name for the switch).
+    disable_overlap_schedule: bool = False
     cuda_graph_max_bs: int = 64
     pp_size: int = 1  # pipeline parallel stages: one process each (specpcg/distributed)
     tp_size: int = 1  # tensor parallel ranks: one process each (specpcg/distributed)

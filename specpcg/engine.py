@@ -75,7 +75,7 @@ class Engine:
         self.stop_checker = StopChecker(self.tokenizer, tuple(eos), self.context_len - room + 1)
         self.scheduler = Scheduler(self.router, self.kv_cache, self.stop_checker,
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
-                                   self.spec_decoder)
+                                   self.spec_decoder, overlap=not cfg.disable_overlap_schedule)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         self._engine_lock = threading.RLock()
 

@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from specpcg.core import ForwardBatch, ForwardMode, Request
+from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
 from specpcg.transfer import to_device
 
@@ -23,8 +24,10 @@ logger = logging.getLogger("specpcg")
 
 class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
-                 chunked_prefill_size: int, device: torch.device, spec=None):
-        """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...)."""
+                 chunked_prefill_size: int, device: torch.device, spec=None,
+                 overlap: bool = False):
+        """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
+        overlap: plain decode steps run one ahead of their results (specpcg/overlap.py)."""
         self.runner = runner
         self.spec = spec
         self.kv_cache = kv_cache
@@ -35,21 +38,33 @@ class Scheduler:
         self.waiting: deque = deque()
         self.running: list = []
         self.num_preemptions = 0
+        self.overlap = OverlapDecode(self) if overlap else None
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._inflight())
+
+    def _inflight(self) -> bool:
+        """A decode step in flight that carries a request not finished yet."""
+        ov = self.overlap
+        return ov is not None and ov.inflight is not None and \
+            any(not r.finished for r in ov.inflight.reqs)
 
     def step(self) -> list:
-        """Runs one forward; returns the requests that finished in it."""
+        """Runs one forward; returns the requests that finished in it (with overlap, those
+        whose last token came from the step before)."""
+        ov, done = self.overlap, []
+        if ov is not None and ov.inflight is not None and not ov.usable():
+            done = self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first
         picked = self._schedule_prefill()
         if picked:
-            return self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
+            return done + self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
-            return self._guarded(list(self.running), self._run_decode)
-        return []
+            run = ov.step if ov is not None and ov.usable() else self._run_decode
+            return done + self._guarded(list(self.running), run)
+        return done
 
     def _guarded(self, carried: list, run) -> list:
         """run(), or, when the forward raises, exactly the requests it carried finished with
@@ -57,6 +72,8 @@ class Scheduler:
         try:
             return run()
         except Exception as exc:  # NOTE: a fault boundary: the engine must keep serving
+            if self.overlap is not None:
+                self.overlap.inflight = None  # its requests are among those ended below
             if getattr(exc, "fatal", False):  # the engine itself cannot go on
                 raise
             logger.exception("a forward failed; ending the %d request(s) it carried", len(carried))

@@ -1,0 +1,77 @@
+"""Overlap scheduling for plain decode: the host prepares step n + 1 while the device runs step n.
+
+Step n + 1 is launched with step n's sampled tokens still on the device (its input ids are that
+tensor), and only then are step n's tokens read to the host, appended and checked for stops. So
+the one blocking read of a step waits for a forward that is already followed by the next one,
+and the device never idles on Python. A request that finished at step n also ran step n + 1: that
+token is dropped (its KV slot goes with the request's).
+
+Used when nothing else needs the host's view first: no request waiting for prefill, no
+logprobs, no speculative decoding, and room for every running request's next token (else the
+scheduler resolves the step in flight and takes its plain path).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specpcg.core import ForwardMode
+from specpcg.sampler import sample
+from specpcg.transfer import to_device
+
+
+class InflightDecode(NamedTuple):
+    reqs: list  # the requests the forward carried, in row order
+    next_ids: torch.Tensor  # [bs] sampled on the device, not yet read
+
+
+class OverlapDecode:
+    def __init__(self, scheduler):
+        self.s = scheduler
+        self.inflight = None
+
+    def usable(self) -> bool:
+        s = self.s
+        return (s.spec is None and not s.waiting and bool(s.running)
+                and not any(r.return_logprob for r in s.running)
+                and s.kv_cache.free_slots >= len(s.running))
+
+    def step(self) -> list:
+        """Launches one decode step of every running request, then resolves the step before
+        it; returns the requests that finished there."""
+        from specpcg.scheduler import make_batch
+
+        s, prev = self.s, self.inflight
+        reqs = list(s.running)
+        s.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
+        host_ids = [[0] if prev is not None else [r.last_id] for r in reqs]
+        batch = make_batch(s.kv_cache, ForwardMode.DECODE, reqs, host_ids, s.device)
+        if prev is not None:
+            batch.input_ids = self._carried(prev, reqs)
+        out = s.runner.forward(batch)
+        for req in reqs:
+            req.num_cached += 1
+        self.inflight = InflightDecode(reqs, sample(out.logits, reqs))
+        return s._collect_aborted() + (self._resolve(prev) if prev is not None else [])
+
+    def flush(self) -> list:
+        """Resolves the step in flight, if any."""
+        prev, self.inflight = self.inflight, None
+        return self._resolve(prev) if prev is not None else []
+
+    @staticmethod
+    def _carried(prev: InflightDecode, reqs: list) -> torch.Tensor:
+        """Step n's tokens for the requests still running (those that finished or were
+        aborted since dropped), without reading them."""
+        row = {id(r): i for i, r in enumerate(prev.reqs)}
+        rows = [row[id(r)] for r in reqs]
+        if rows == list(range(len(prev.reqs))):
+            return prev.next_ids
+        return prev.next_ids[to_device(rows, prev.next_ids.device)]
+
+    def _resolve(self, prev: InflightDecode) -> list:
+        tokens = prev.next_ids.tolist()  # NOTE: the one blocking read of a step
+        alive = [(r, t) for r, t in zip(prev.reqs, tokens) if not r.finished]
+        return self.s._append_and_finish([r for r, _ in alive], [[t] for _, t in alive])
