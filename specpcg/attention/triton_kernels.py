@@ -178,8 +178,8 @@ def _decode_reduce_kernel(
     mask_d = offs_d < HEAD_DIM
     num_splits = tl.cdiv(tl.load(seq_lens_ptr + req), SPLIT_LEN)
     base = (req.to(tl.int64) * NUM_HEADS + head) * MAX_SPLITS
-    m = float("-inf")
-    total = 0.0
+    m = tl.full([], float("-inf"), dtype=tl.float32)  # typed: loop-carried scalars
+    total = tl.zeros([], dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for split in range(0, num_splits):
         lse = tl.load(mid_lse_ptr + base + split)
