@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from drafts.head_checkpoint import random_head, save_head
 from drafts.train_data import Features, choose_draft_vocab, length_batches
@@ -84,12 +85,19 @@ def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, head.head_weight.to(hidden.dtype)).float()  # [R, draft vocab]
 
 
+def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(_logits(head, hidden), labels, ignore_index=-1, reduction="sum")
+
+
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
     for k, valid, out, nxt in unrolled_steps(head, backend, rows, num_steps):
         m = valid
         labels = rows.labels[m]
-        ce = F.cross_entropy(_logits(head, out[m]), labels, ignore_index=-1, reduction="sum")
+        # NOTE: recomputed in backward (checkpoint): each step's [rows, vocab] logits would
+        # otherwise stay alive until the chain's backward (7 steps x a 49k vocabulary ran a
+        # side-by-side H100 out of memory); the gradient is the same.
+        ce = checkpoint(_step_ce, head, out[m], labels, use_reentrant=False)
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
         if hidden_weight:
             diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[m].float(), reduction="none")

@@ -284,3 +284,32 @@ def test_draft_cache_keys_follow_content_not_paths(tmp_path):
     assert cache_key("EAGLE", str(target), DEFAULT_DATA, o) != key
     assert cache_key("EAGLE", "shape:llama-3-8b", DEFAULT_DATA, o)["target"] == {
         "name": "shape:llama-3-8b"}
+
+
+def test_the_checkpointed_step_loss_has_the_plain_gradient():
+    """head_loss recomputes each step's logits in backward; the gradient must not change."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    from drafts.train_heads import _step_ce
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(50, 8, generator=torch.Generator()
+                                                    .manual_seed(0)))
+
+        @property
+        def head_weight(self):
+            return self.w
+
+    head = Head()
+    h = torch.randn(30, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    y = torch.randint(-1, 50, (30,), generator=torch.Generator().manual_seed(2))
+    plain = F.cross_entropy(F.linear(h, head.w).float(), y, ignore_index=-1, reduction="sum")
+    g_plain = torch.autograd.grad(plain, [head.w, h])
+    ckpt = checkpoint(_step_ce, head, h, y, use_reentrant=False)
+    g_ckpt = torch.autograd.grad(ckpt, [head.w, h])
+    torch.testing.assert_close(ckpt, plain)
+    for a, b in zip(g_ckpt, g_plain):
+        torch.testing.assert_close(a, b)
