@@ -228,3 +228,31 @@ def test_a_failed_forward_fails_only_its_own_request(server, monkeypatch):
     assert _wait_all_free(engine)
     monkeypatch.undo()
     assert c.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_the_serve_command_starts_answers_and_stops():
+    """`python -m specpcg serve` as a user runs it, in its own process."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specpcg", "serve", "--port", str(port),
+                             "--device", "cpu", "--max-total-tokens", "4096",
+                             "--served-model-name", "smol", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        reply = openai.OpenAI(base_url=base + "/v1", api_key="none").chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        assert reply.usage.completion_tokens == 4 and reply.choices[0].message.content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
