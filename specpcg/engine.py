@@ -35,7 +35,9 @@ class Engine:
         self.device = cfg.resolve_device()
         self.dtype = cfg.resolve_dtype(self.device)
         t0 = time.perf_counter()
-        self.tp = None
+        self.tp = self._draft_target = None  # set by _load_parallel_shard
+        self._thread = None  # async_generate's engine thread, started on first use
+        self._lock = threading.RLock()  # one step, submit or abort at a time, any thread
         if cfg.tp_size > 1 or cfg.pp_size > 1:
             self.model, self.model_config, self.tokenizer = self._load_parallel_shard(cfg)
         else:
@@ -49,8 +51,8 @@ class Engine:
         mc = self.model_config
         self.context_len = min(cfg.context_length or mc.max_position_embeddings,
                                mc.max_position_embeddings)
-        # Under TP a draft borrows the whole embedding and LM head, not rank 0's shard.
-        target = self.__dict__.get("_draft_target") or self.model
+        # Under TP/PP a draft borrows the whole embedding and LM head, not rank 0's shard.
+        target = self._draft_target or self.model
         self.draft_ctx = DraftContext(self.spec, cfg, target, target.config, self.tokenizer,
                                       self.device, self.dtype,
                                       self.context_len) if self.spec else None
@@ -60,7 +62,7 @@ class Engine:
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
             mc.head_dim, mc.head_dim ** -0.5, verify_kernel=cfg.triton_verify_kernel)
         if self.tp is not None:
-            self.tp.setup(self.kv_cache, self.context_len)
+            self.tp.setup(self.kv_cache)
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device,
                                   before_forward=self.tp.before_forward if self.tp else None)
         self.spec_decoder = self._setup_spec() if self.spec else None
@@ -77,7 +79,6 @@ class Engine:
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
                                    self.spec_decoder, overlap=not cfg.disable_overlap_schedule)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
-        self._engine_lock = threading.RLock()
 
     def _load_parallel_shard(self, cfg):
         """Starts ranks 1.. (specpcg/distributed) and keeps rank 0's part of the target."""
@@ -205,13 +206,12 @@ class Engine:
         the output, or with stream=True an async iterator of chunks."""
         from specpcg.engine_thread import EngineThread
 
-        thread = self.__dict__.get("_thread") or self.__dict__.setdefault(
-            "_thread", EngineThread(self))
-        chunks = await thread.submit(dict(prompt=prompt, sampling_params=sampling_params,
-                                    input_ids=input_ids, messages=messages,
-                                    return_logprob=return_logprob,
-                                    logprob_start_len=logprob_start_len,
-                                    apply_chat_template=apply_chat_template))
+        if self._thread is None:
+            self._thread = EngineThread(self)
+        chunks = await self._thread.submit(dict(
+            prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
+            messages=messages, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, apply_chat_template=apply_chat_template))
         if stream:
             return chunks
         async for chunk in chunks:
@@ -267,12 +267,6 @@ class Engine:
                                                req.rid)
                 self.scheduler.add(req)
 
-    @property
-    def _lock(self):
-        """One step, submit or abort at a time, whichever thread calls (async_generate's
-        background thread steps while callers submit and abort)."""
-        return self.__dict__.setdefault("_engine_lock", threading.RLock())
-
     def _step_scheduler(self) -> None:
         for req in self.scheduler.step():
             self._finished[req.rid] = req
@@ -297,10 +291,10 @@ class Engine:
         """Drops the model, KV cache and graphs so their GPU memory can be reused."""
         import gc
 
-        thread = self.__dict__.pop("_thread", None)
+        thread, self._thread = self._thread, None
         if thread is not None:
             thread.stop()
-        tp, self.tp = self.__dict__.get("tp"), None
+        tp, self.tp = self.tp, None
         if tp is not None:
             tp.stop()
         self.scheduler = self.router = self.graphs = self.runner = None

@@ -12,16 +12,15 @@ import asyncio
 import logging
 import threading
 
+from specpcg.streaming import TextStream
+
 logger = logging.getLogger("specpcg")
 _DONE = object()
 
 
 class EngineThread:
     def __init__(self, engine):
-        from specpcg.streaming import TextStream
-
         self.engine = engine
-        self._text_stream = TextStream
         self._subs: dict = {}  # rid -> (loop, queue, TextStream)
         self._wake = threading.Condition()
         self._stopped = False
@@ -44,7 +43,7 @@ class EngineThread:
                                  request["input_ids"], request["messages"],
                                  request["return_logprob"], request["logprob_start_len"],
                                  request["apply_chat_template"], one=True)
-            self._subs[reqs[0].rid] = (loop, queue, self._text_stream(eng.tokenizer, reqs[0]))
+            self._subs[reqs[0].rid] = (loop, queue, TextStream(eng.tokenizer, reqs[0]))
             eng._queue(reqs)
         with self._wake:
             self._wake.notify()

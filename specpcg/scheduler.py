@@ -56,13 +56,15 @@ class Scheduler:
         """Runs one forward; returns the requests that finished in it (with overlap, those
         whose last token came from the step before)."""
         ov, done = self.overlap, []
-        if ov is not None and ov.inflight is not None and not ov.usable():
+        overlap = ov is not None and ov.usable()
+        if ov is not None and ov.inflight is not None and not overlap:
             done = self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first
+            overlap = ov.usable()
         picked = self._schedule_prefill()
         if picked:
             return done + self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
-            run = ov.step if ov is not None and ov.usable() else self._run_decode
+            run = ov.step if overlap else self._run_decode
             return done + self._guarded(list(self.running), run)
         return done
 

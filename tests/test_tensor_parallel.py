@@ -40,8 +40,8 @@ def tiny(tmp_path_factory):
     return kw, want, drafts
 
 
-def _tp_outputs(kw, **spec):
-    engine = Engine(tp_size=2, **kw, **spec)
+def _parallel_outputs(kw, **extra):
+    engine = Engine(**kw, **extra)
     try:
         return [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
     finally:
@@ -53,12 +53,12 @@ def test_tp2_greedy_tokens_match_one_process(tiny, algo):
     kw, want, drafts = tiny
     spec = {} if algo is None else {"speculative_algorithm": algo,
                                     "speculative_draft_model_path": drafts.get(algo)}
-    assert _tp_outputs(kw, **spec) == want
+    assert _parallel_outputs(kw, tp_size=2, **spec) == want
 
 
 def test_tp2_eagle3_tree_matches_one_process(tiny):
     kw, want, drafts = tiny
-    assert _tp_outputs(kw, speculative_algorithm="EAGLE3", attention_backend="torch",
+    assert _parallel_outputs(kw, tp_size=2, speculative_algorithm="EAGLE3", attention_backend="torch",
                        speculative_draft_model_path=drafts["EAGLE3"], speculative_num_steps=3,
                        speculative_eagle_topk=2, speculative_num_draft_tokens=5) == want
 
@@ -75,12 +75,7 @@ def test_kv_heads_fewer_than_ranks_are_replicated(tmp_path):
     kw = dict(model_path=str(tmp_path / "m"), skip_tokenizer_init=True, device="cpu",
               dtype="float32", max_total_tokens=1024, show_progress=False)
     want = [o["output_ids"] for o in Engine(**kw).generate(input_ids=IDS, sampling_params=GREEDY)]
-    engine = Engine(tp_size=4, **kw)
-    try:
-        got = [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
-    finally:
-        engine.shutdown()
-    assert got == want
+    assert _parallel_outputs(kw, tp_size=4) == want
 
 
 @pytest.mark.slow
@@ -119,14 +114,6 @@ def test_a_killed_rank_gives_a_clear_error(tiny):
     finally:
         engine.shutdown()
     assert not any(p.is_alive() for p in procs)  # no orphan processes
-
-
-def _parallel_outputs(kw, **extra):
-    engine = Engine(**kw, **extra)
-    try:
-        return [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
-    finally:
-        engine.shutdown()
 
 
 @pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"])

@@ -89,14 +89,10 @@ def make_stage_model(full_model, cfg, stage: int, pp: int, tp: int = 1, tp_rank:
     bounds = stage_bounds(cfg.num_layers, pp)
     start, end = bounds[stage]
     local = replace(cfg, num_layers=end - start)
+    from specpcg.models.build import empty_model
+
     p = next(full_model.parameters())
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(p.dtype)
-    try:
-        with torch.device(p.device):
-            model = PipelineStage(local)
-    finally:
-        torch.set_default_dtype(old)
+    model = empty_model(local, p.device, p.dtype, PipelineStage)
     state = {}
     for name, w in full_model.state_dict().items():
         if name.startswith("model.layers."):

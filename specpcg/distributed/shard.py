@@ -117,15 +117,11 @@ def make_tp_model(full_model, cfg, rank: int, tp: int):
     check_tp(cfg, tp)
     local = local_config(cfg, tp)
     state = shard_state(full_model.state_dict(), cfg, rank, tp)
+    from specpcg.models.build import empty_model
+
     dtype = next(full_model.parameters()).dtype
     device = next(full_model.parameters()).device
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = type(full_model)(local)  # a pipeline stage stays one
-    finally:
-        torch.set_default_dtype(old)
+    model = empty_model(local, device, dtype, type(full_model))  # a pipeline stage stays one
     if hasattr(full_model, "stage_info"):
         model.set_stage(*full_model.stage_info)
     start, _ = vocab_range(cfg.vocab_size, rank, tp)

@@ -135,7 +135,7 @@ class TPDriver:
         init_tp_groups(cfg.tp_size, cfg.pp_size)
         self.kv_cache = None
 
-    def setup(self, kv_cache, context_len: int) -> None:
+    def setup(self, kv_cache) -> None:
         self.kv_cache = kv_cache
         table = kv_cache.req_pool.req_to_token
         self._send({"total_slots": kv_cache.total_slots, "rows": table.shape[0],

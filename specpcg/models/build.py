@@ -31,16 +31,22 @@ def random_init_(model: torch.nn.Module, seed: int) -> None:
             p.data.normal_(0.0, 0.02, generator=gen)
 
 
-def build_model(model_cfg: ModelConfig, state_dict, device: torch.device, dtype: torch.dtype,
-                seed: int = 0) -> LlamaForCausalLM:
-    """state_dict None means random weights (load_format='dummy' or a shape preset)."""
+def empty_model(model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                cls=LlamaForCausalLM):
+    """`cls(model_cfg)` with its parameters made in `dtype` on `device` (not initialised)."""
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(model_cfg)
+            return cls(model_cfg)
     finally:
         torch.set_default_dtype(old_dtype)
+
+
+def build_model(model_cfg: ModelConfig, state_dict, device: torch.device, dtype: torch.dtype,
+                seed: int = 0) -> LlamaForCausalLM:
+    """state_dict None means random weights (load_format='dummy' or a shape preset)."""
+    model = empty_model(model_cfg, device, dtype)
     if state_dict is None:
         random_init_(model, seed)
     else:

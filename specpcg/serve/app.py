@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from specpcg.serve import openai_format as fmt
 from specpcg.serve.metrics import ServerMetrics
 from specpcg.serve.protocol import (ApiError, ChatRequest, CompletionRequest, GenerateRequest,
-                                    param_of, sampling_params, spec_details)
+                                    param_of, sampling_params)
 
 MAX_BODY_BYTES = 4 << 20
 
@@ -148,6 +148,14 @@ async def _stream(app: FastAPI, chunks, make_chunk, usage_chunk):
         await chunks.aclose()
 
 
+async def _respond(app: FastAPI, chunks, view, stream: bool, usage_chunk):
+    """The request's chunks as server-sent events, or its whole response."""
+    if stream:
+        return StreamingResponse(_stream(app, chunks, view.chunk, usage_chunk),
+                                 media_type="text/event-stream")
+    return view.response(await _collect(app, chunks))
+
+
 def _routes(app: FastAPI) -> None:
     engine = app.state.engine
 
@@ -176,10 +184,7 @@ def _routes(app: FastAPI) -> None:
         params = sampling_params(body, body.max_tokens, len(ids), engine.context_len)
         chunks = await _run(app, ids, params, body.logprobs is not None)
         view = fmt.CompletionView(app.state.model_name, engine.tokenizer, body)
-        if body.stream:
-            return StreamingResponse(_stream(app, chunks, view.chunk, view.usage_chunk()),
-                                     media_type="text/event-stream")
-        return view.response(await _collect(app, chunks))
+        return await _respond(app, chunks, view, body.stream, view.usage_chunk())
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
@@ -189,10 +194,7 @@ def _routes(app: FastAPI) -> None:
         params = sampling_params(body, limit, len(ids), engine.context_len)
         chunks = await _run(app, ids, params, body.logprobs)
         view = fmt.ChatView(app.state.model_name, engine.tokenizer, body)
-        if body.stream:
-            return StreamingResponse(_stream(app, chunks, view.chunk, view.usage_chunk()),
-                                     media_type="text/event-stream")
-        return view.response(await _collect(app, chunks))
+        return await _respond(app, chunks, view, body.stream, view.usage_chunk())
 
     @app.post("/generate")
     async def generate(body: GenerateRequest):
@@ -202,11 +204,4 @@ def _routes(app: FastAPI) -> None:
             engine, prompt=body.text)
         chunks = await engine.async_generate(input_ids=ids, sampling_params=body.sampling_params,
                                              return_logprob=body.return_logprob, stream=True)
-        view = fmt.NativeView(body)
-        if body.stream:
-            return StreamingResponse(_stream(app, chunks, view.chunk, None),
-                                     media_type="text/event-stream")
-        return view.response(await _collect(app, chunks))
-
-
-__all__ = ["create_app", "spec_details"]
+        return await _respond(app, chunks, fmt.NativeView(body), body.stream, None)
