@@ -73,6 +73,7 @@ def run(args) -> list:
                               **common.machine_info(device)})
                 print(f"[bench_deterministic] {model or 'default'} spec={spec} bs={b}: "
                       f"cost {lines[-1]['cost']:.1%}", flush=True)
+            common.append_jsonl(args.out, lines[-len(args.batches):])  # kept if a later cell dies
     return lines
 
 
@@ -86,8 +87,7 @@ def main(argv=None) -> None:
     p.add_argument("--accept", type=float, default=0.7, help="8B shape: simulated acceptance")
     p.add_argument("--skip-8b", action="store_true")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "deterministic_cost.jsonl"))
-    a = p.parse_args(argv)
-    common.append_jsonl(a.out, run(a))
+    run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

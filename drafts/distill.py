@@ -2,8 +2,9 @@
 
 A chat sample's user turns go through the target's chat template one at a time: the target
 answers turn 1, its answer joins the conversation, then it answers turn 2, and so on up to
-`max_turns`. The sequence a draft trains on is the last prompt plus the last answer, so every
-assistant span in it is the target's own text. Plain-text samples (the few-shot format) are one
+`max_turns`. Every turn gives a sequence a draft trains on: that turn's prompt (earlier answers
+included) plus the target's answer to it, so each answer of a chat is trained on as an answer,
+and every assistant span is the target's own text. Plain-text samples (the few-shot format) are one
 prompt, stopped where the benchmark stops. Token-id prompts (a target with no tokenizer) are
 answered once.
 """
@@ -25,6 +26,7 @@ class _Conv:
     messages: list = field(default_factory=list)
     prompt: Optional[list] = None  # the last prompt's ids
     answer: Optional[list] = None  # the target's answer to it
+    turns: list = field(default_factory=list)  # (prompt ids, answer ids) of every turn
 
 
 def _next_prompt(conv: _Conv, turn: int, tokenizer, max_prompt_tokens: int):
@@ -84,18 +86,21 @@ def self_distill(engine, samples: list, max_new_tokens: int, max_turns: int = 1,
                 index[engine.submit(input_ids=ids,
                                     sampling_params=_params(conv, max_new_tokens, tok))] = conv
                 conv.prompt = ids
+            else:
+                conv.answer = None  # the chat ends at its first turn that does not fit
         if not index:
             break
         while engine.has_unfinished():
             for out in engine.step():
                 conv = index[out["meta_info"]["id"]]
                 conv.answer = out["output_ids"]
+                conv.turns.append((conv.prompt, conv.answer))
                 if conv.messages:
                     conv.messages.append({"role": "assistant", "content": out["text"]})
                 bar.update(1)
     bar.close()
-    done = [c for c in convs if c.answer is not None]
+    done = [(c, p, a) for c in convs for p, a in c.turns]
     if not done:
         raise ValueError(f"no sample fits max_prompt_tokens={max_prompt_tokens}")
-    return Sequences([c.prompt + c.answer for c in done], [len(c.prompt) for c in done],
-                     [getattr(c.sample, "source", "ids") for c in done])
+    return Sequences([p + a for _, p, a in done], [len(p) for _, p, a in done],
+                     [getattr(c.sample, "source", "ids") for c, _, _ in done])

@@ -2,7 +2,7 @@
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
-        [--max-new-tokens 256] [--minutes 8] [--ttt-steps 7] [--draft-vocab-size 8192]
+        [--max-new-tokens 256] [--minutes 9.5] [--ttt-steps 7] [--draft-vocab-size 8192]
         [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]
 
 Pipeline: prompts from the data sources (drafts.data: chat turns through the target's chat
@@ -40,27 +40,27 @@ from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-TRAINER_VERSION = 2  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 3  # part of ensure_draft's cache key: bump when trained drafts change
 # Chains whose offline accept length the log carries: the engine's default and the deepest the
 # benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
 OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)
 # What each algorithm reads of the target: its final hidden states, the aux layers' residual
 # streams (EAGLE3), or nothing but its greedy labels (STANDALONE).
 FEATURES = {"EAGLE": "final", "EAGLE3": "aux", "NEXTN": "final", "STANDALONE": None}
-GEN_BATCH_CUDA = 256  # concurrent requests (and decode-graph batch) while generating answers
+GEN_BATCH_CUDA = 512  # concurrent requests (and decode-graph batch) while generating answers
 FINISH_MARGIN_S = 10.0  # held-out evaluation and saving, after the training loop
 GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: max_prompt_tokens plus an answer
 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    num_prompts: int = 4000
+    num_prompts: int = 8000
     max_new_tokens: int = 256
     max_turns: int = 2  # chat samples: user turns the target answers in turn
     max_prompt_tokens: int = 1024  # longer prompts are skipped (first turn) or end the chat
     # The whole run's wall clock (under 10 minutes): generation and features first, then the
     # training loop gets what is left, less FINISH_MARGIN_S for held-out evaluation and saving.
-    minutes: float = 8.0
+    minutes: float = 9.5
     # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
     # read hidden states of a kind never seen in training).
     ttt_steps: int = max(OFFLINE_CHAIN_STEPS)

@@ -5,7 +5,8 @@ target's greedy token after p + 1 (its label at p + 1). Step 1 of the unrolled c
 target's hidden states; step k > 1 at position p reads the head's own output at p - 1 from step
 k - 1 and attends as the draft KV cache lets it at inference (`specpcg.attention.dense`), so
 steps 2..S learn from the inputs they will really get. Loss: cross-entropy on the target's labels
-summed over steps with weights STEP_DECAY ** (k - 1); EAGLE adds the EAGLE-1 smooth-L1 pull of
+summed over steps with weights STEP_DECAY ** (k - 1), on the rows whose label lies in an answer
+(what the engine drafts); EAGLE adds the EAGLE-1 smooth-L1 pull of
 its output toward the target's hidden state at p + 1 (what the next step would ideally read).
 """
 
@@ -92,7 +93,11 @@ def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
     for k, valid, out, nxt in unrolled_steps(head, backend, rows, num_steps):
-        m = valid
+        # Only rows whose predicted token lies in an answer count: those are what the engine
+        # drafts. Prompt rows (often human text the target would not have written) still feed
+        # the head's attention context, but their labels would spend most of the gradient on
+        # text never drafted (prompts hold about 60% of the tokens of chat data).
+        m = valid & rows.acc_mask
         labels = rows.labels[m]
         # NOTE: recomputed in backward (checkpoint): each step's [rows, vocab] logits would
         # otherwise stay alive until the chain's backward (7 steps x a 49k vocabulary ran a
