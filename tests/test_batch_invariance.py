@@ -33,14 +33,14 @@ def _world(lens: list, seed: int = 0):
     return k_buf, v_buf, req_to_token
 
 
-def _decode(q, k_buf, v_buf, req_to_token, rows, seq_lens, programs, tree_mask=None):
+def _decode(q, k_buf, v_buf, req_to_token, rows, seq_lens, programs):
     from specpcg.attention.triton_kernels import decode_attention
 
     out = torch.zeros_like(q)
     decode_attention(q, k_buf, v_buf, out, req_to_token,
                      torch.tensor(rows, dtype=torch.int32),
                      torch.tensor(seq_lens, dtype=torch.int32), len(rows), programs,
-                     D ** -0.5, tree_mask=tree_mask)
+                     D ** -0.5)
     return out
 
 
@@ -67,16 +67,37 @@ def test_a_chain_verify_node_equals_the_decode_at_its_position():
         assert torch.equal(decode[0], verify[j]), j
 
 
-def test_a_tree_node_under_its_mask_equals_the_decode_over_its_path():
-    """A tree node sees the prefix and its ancestors; laid out as a chain (every ancestor
-    before it), that is the decode query at its position."""
-    n, keys = 97, 5
+def _paths(parents: list) -> list:
+    """Each node's path from the root (ancestors first, itself last)."""
+    paths = []
+    for j, p in enumerate(parents):
+        paths.append((paths[p] if p >= 0 else []) + [j])
+    return paths
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3], [-1, 0, 0, 1, 2, 1, 4, 3]],
+                         ids=["chain", "branching"])
+def test_a_tree_node_equals_the_decode_over_its_accepted_path(parents):
+    """A tree node (its own row: the prefix, then its path) gives bitwise the decode query at
+    its position once its path is accepted, i.e. moved right after the prefix. In the branching
+    tree the ancestors of node 6 (0, 2, 4) are not next to each other in the tree's layout."""
+    from specpcg.attention.triton_kernels import tree_path_rows
+
+    n, keys = 97, len(parents)
     k_buf, v_buf, r2t = _world([n])
     q = torch.randn(keys, H, D, generator=torch.Generator().manual_seed(7))
-    mask = torch.tril(torch.ones(keys, keys, dtype=torch.int8))  # node j: nodes 0..j
-    tree = _decode(q, k_buf, v_buf, r2t, [0] * keys, [n] * keys, 4, tree_mask=mask)
-    for j in range(keys):
-        decode = _decode(q[j:j + 1], k_buf, v_buf, r2t, [0], [n - keys + 1 + j], 2)
+    paths = _paths(parents)
+    mask = torch.zeros(1, keys, keys, dtype=torch.bool)
+    for j, path in enumerate(paths):
+        mask[0, j, path] = True
+    one = lambda v: torch.tensor([v], dtype=torch.int32)  # noqa: E731
+    rows, lens = tree_path_rows(r2t, one(0), one(n), mask, n)
+    tree = _decode(q, k_buf, v_buf, rows, list(range(keys)), lens.tolist(), 4)
+    prefix = n - keys
+    for j, path in enumerate(paths):
+        accepted = r2t.clone()  # the engine moves the accepted path's slots after the prefix
+        accepted[0, prefix:prefix + len(path)] = r2t[0, [prefix + a for a in path]]
+        decode = _decode(q[j:j + 1], k_buf, v_buf, accepted, [0], [prefix + len(path)], 2)
         assert torch.equal(decode[0], tree[j]), j
 
 

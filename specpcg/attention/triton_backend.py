@@ -18,13 +18,13 @@ class TritonAttnBackend(AttentionBackend):
     name = "triton"
     supports_row_stride = True
     supports_cuda_graph = True
-    supports_tree_mask = True  # as split-K decode queries, eagerly
+    supports_tree_mask = True  # as split-K decode queries over per-node rows, eagerly
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  num_kv_splits=None, verify_kernel: str = "split_k"):
         """num_kv_splits: a fixed decode split count (a power of two); None picks one per batch.
         verify_kernel: how a chain's TARGET_VERIFY attends (config.TRITON_VERIFY_KERNELS); draft
-        trees always take the split-K kernel with a tree mask."""
+        trees always take the split-K kernel, each node over a row of its own."""
         super().__init__(kv_cache, num_heads, num_kv_heads, head_dim, scale)
         if verify_kernel not in TRITON_VERIFY_KERNELS:
             raise ValueError(f"verify_kernel must be one of {list(TRITON_VERIFY_KERNELS)}, got "
@@ -33,7 +33,7 @@ class TritonAttnBackend(AttentionBackend):
         self._verify_width = 0  # > 0: this batch's verify runs as split-K decode queries
         self._verify_req = self._verify_seq = None
         self._verify_splits = 1
-        self._tree_mask = None  # [bs * E, K] int8 while a draft tree's batch runs
+        self._tree_rows = None  # [bs * E, L] slots while a draft tree's batch runs
         self._verify_offsets: dict = {}  # width -> [width] int32: 1 - width .. 0
         assert num_heads % num_kv_heads == 0, "GQA needs num_heads to be a multiple of num_kv_heads"
         if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
@@ -82,30 +82,36 @@ class TritonAttnBackend(AttentionBackend):
         self._num_kv_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             num_reqs, self.num_kv_heads, self._num_sms)
         self._verify_width = 0
-        self._tree_mask = None
+        self._tree_rows = None
         lens = batch.extend_seq_lens_cpu
         if batch.tree_mask is not None:
-            self._expand_tree(num_reqs, batch.tree_mask, stride)
+            self._expand_tree(num_reqs, batch, stride)
         elif (self.verify_kernel == "split_k" and batch.forward_mode == ForwardMode.TARGET_VERIFY
                 and not stride and lens
                 and all(n == lens[0] for n in lens)):
             self._expand_verify(num_reqs, lens[0])
 
-    def _expand_tree(self, num_reqs: int, tree_mask: torch.Tensor, stride: int) -> None:
+    def _expand_tree(self, num_reqs: int, batch: ForwardBatch, stride: int) -> None:
         """A draft tree's E queries per request (verify nodes, or a draft step's branches) as
-        split-K decode queries over the request's whole row, its last K keys masked per query by
-        tree_mask [bs, E, K]. Tree batches run eagerly (the router keeps them off graphs)."""
+        split-K decode queries, node by node over a row of its own: the prefix, then the keys
+        its mask allows (triton_kernels.tree_path_rows), so a node attends exactly as the decode
+        at its position will. Tree batches run eagerly (the router keeps them off graphs)."""
+        tree_mask = batch.tree_mask
         bs, width, _ = tree_mask.shape
         if stride or bs != num_reqs:
             raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, got "
                              f"mask {tuple(tree_mask.shape)} for {num_reqs} requests, stride {stride}")
-        self._expand_verify(num_reqs, width, causal=False)
-        self._tree_mask = tree_mask.reshape(num_reqs * width, -1).to(torch.int8).contiguous()
+        self._expand_verify(num_reqs, width)
+        n = num_reqs * width
+        self._tree_rows, lens = triton_kernels.tree_path_rows(
+            self.kv_cache.req_pool.req_to_token, self._req_pool_indices[:num_reqs],
+            self._seq_lens[:num_reqs], tree_mask, max(batch.seq_lens_cpu))
+        torch.arange(n, dtype=torch.int32, device=self.device, out=self._verify_req[:n])
+        self._verify_seq[:n].copy_(lens)
 
-    def _expand_verify(self, num_reqs: int, width: int, causal: bool = True) -> None:
+    def _expand_verify(self, num_reqs: int, width: int) -> None:
         """Per-query request rows and key counts of num_reqs * width decode queries (the nodes'
-        own KV is saved before the kernel runs). causal: node j sees its row up to itself (a
-        chain); else every query sees the whole row, and a tree mask narrows it."""
+        own KV is saved before the kernel runs): node j sees its row up to itself (a chain)."""
         n = num_reqs * width
         if self._verify_req is None or self._verify_req.shape[0] < n:
             # NOTE: graphs read these addresses; a verify graph's capture (largest bucket
@@ -116,14 +122,11 @@ class TritonAttnBackend(AttentionBackend):
         self._verify_req[:n].view(num_reqs, width).copy_(
             self._req_pool_indices[:num_reqs, None].expand(num_reqs, width))
         seq = self._verify_seq[:n].view(num_reqs, width)
-        if causal:
-            offsets = self._verify_offsets.get(width)
-            if offsets is None:
-                offsets = self._verify_offsets[width] = torch.arange(
-                    1 - width, 1, dtype=torch.int32, device=self.device)
-            torch.add(self._seq_lens[:num_reqs, None], offsets[None, :], out=seq)
-        else:
-            seq.copy_(self._seq_lens[:num_reqs, None].expand(num_reqs, width))
+        offsets = self._verify_offsets.get(width)
+        if offsets is None:
+            offsets = self._verify_offsets[width] = torch.arange(
+                1 - width, 1, dtype=torch.int32, device=self.device)
+        torch.add(self._seq_lens[:num_reqs, None], offsets[None, :], out=seq)
         self._verify_width = width
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             n, self.num_kv_heads, self._num_sms)
@@ -143,10 +146,11 @@ class TritonAttnBackend(AttentionBackend):
         req_to_token = self.kv_cache.req_pool.req_to_token
         if self._verify_width:
             num_real = self._num_real_tokens  # every node is a query, in row order
+            rows = req_to_token if self._tree_rows is None else self._tree_rows
             triton_kernels.decode_attention(
-                q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
+                q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, rows,
                 self._verify_req, self._verify_seq, self._num_reqs * self._verify_width,
-                self._verify_splits, self.scale, tree_mask=self._tree_mask)
+                self._verify_splits, self.scale)
         elif batch.forward_mode == ForwardMode.DECODE:
             num_real = self._num_reqs  # one query per request, request i in row i
             triton_kernels.decode_attention(

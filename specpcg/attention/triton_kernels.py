@@ -88,13 +88,13 @@ def _extend_attn_kernel(
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr,
-    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, tree_mask_ptr, tree_keys,
+    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
     stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
     stride_req_row,
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_TREE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Programs (req, kv head, p) cover every query head of one KV head (each key loaded once)
@@ -103,10 +103,8 @@ def _decode_split_kernel(
     NOTE: split boundaries depend on nothing but key positions (not the batch, not the number
     of programs, not the mode), and each split's partial result is stored on its own: so a
     query's result is bitwise the same whatever it is batched with, and a verify node equals
-    the decode query at its position (the reduce merges splits in position order).
-
-    HAS_TREE: query q sees its row's first seq_len - tree_keys keys, then of the last tree_keys
-    only those with tree_mask[q, j] != 0 (a draft tree node's ancestors and itself)."""
+    the decode query at its position (the reduce merges splits in position order). A draft
+    tree's node reads a row of its own (tree_path_rows): the prefix, then its path."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + req)
@@ -137,13 +135,7 @@ def _decode_split_kernel(
             v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
                         + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
-            if HAS_TREE:
-                rel = offs_n - (seq_len - tree_keys)  # >= 0: a tree key
-                bits = tl.load(tree_mask_ptr + req.to(tl.int64) * tree_keys + rel,
-                               mask=mask_n & (rel >= 0), other=1)
-                s = tl.where((mask_n & (bits != 0))[None, :], s, float("-inf"))  # [H, N]
-            else:
-                s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
+            s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
             # A block of masked keys has max -inf: shift by 0 there, not by -inf (NaN).
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -153,8 +145,7 @@ def _decode_split_kernel(
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
                          input_precision=DOT_PRECISION)
             m_i = m_new
-        # A split whose keys are all masked (a tree node's later keys) reports lse = -inf: the
-        # reduce skips it.
+        # A split with no key reports lse = -inf: the reduce skips it.
         has_keys = l_i > 0
         l_safe = tl.where(has_keys, l_i, 1.0)
         lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
@@ -249,16 +240,13 @@ def split_len_for(device: torch.device) -> int:
 
 
 def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
-                     num_reqs: int, num_kv_splits: int, scale: float,
-                     tree_mask: torch.Tensor | None = None) -> None:
+                     num_reqs: int, num_kv_splits: int, scale: float) -> None:
     """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
 
     Each request's keys are cut into fixed splits of split_len_for(device) keys; num_kv_splits
     programs per (request, KV head) share them out (so batch 1 with a long context still fills
     the GPU), each split's result is kept, and a second kernel merges them in order. The
     number of programs changes only the speed, never the result.
-    tree_mask: [>= num_reqs, K] int8, contiguous: query i sees the last K keys of its row only
-    where tree_mask[i] is nonzero (draft trees); None: every key.
     """
     _check_shapes(q, k_buf, out)
     assert num_kv_splits >= 1
@@ -275,19 +263,15 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
                           device=q.device)  # [bs, H, S, D] per-split normalised outputs
     mid_lse = torch.empty(num_reqs, num_heads, max_splits, dtype=torch.float32,
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
-    if tree_mask is not None:
-        assert tree_mask.dtype == torch.int8 and tree_mask.is_contiguous()
     _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
         q, k_buf, v_buf, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
-        tree_mask if tree_mask is not None else seq_lens,
-        tree_mask.shape[1] if tree_mask is not None else 0,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads,
         NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
-        DOT_PRECISION=_dot_precision(q.dtype), HAS_TREE=tree_mask is not None,
+        DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=16 if cpu else 64, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2,
@@ -297,6 +281,31 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         HEAD_DIM=head_dim, NUM_HEADS=num_heads, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
         BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
     )
+
+
+def tree_path_rows(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
+                   tree_mask: torch.Tensor, max_len: int) -> tuple:
+    """A row of slots per draft tree node: its request's committed prefix, then the tree keys
+    its mask allows, in key order (a node's ancestors come before it). That is the row a decode
+    query at the node's position reads once its path is accepted, so the node's attention is
+    that decode's, bit for bit. (A mask over the tree's own layout gives the same keys at other
+    positions within a block, and a block's sums pair them differently.)
+
+    req_to_token [R, L]; req_rows, seq_lens [bs] (seq_lens count the K tree keys, the last of
+    each row); tree_mask [bs, E, K]; max_len >= every seq_len. Returns (rows [bs * E, max_len]
+    int32, lens [bs * E] int32): node e of request i is row i * E + e."""
+    bs, width, keys = tree_mask.shape
+    rows = req_to_token[req_rows.long(), :max_len]  # [bs, L]
+    prefix = seq_lens.long() - keys  # [bs]
+    cols = prefix[:, None] + torch.arange(keys, device=rows.device)  # [bs, K]
+    tree_slots = rows.gather(1, cols).repeat_interleave(width, dim=0)  # [bs * E, K]
+    allowed = tree_mask.reshape(bs * width, keys) != 0
+    # The allowed keys first, in key order (a stable sort of "not allowed").
+    order = torch.sort((~allowed).to(torch.int8), dim=1, stable=True).indices
+    node_rows = rows.repeat_interleave(width, dim=0)  # [bs * E, L]
+    node_rows.scatter_(1, cols.repeat_interleave(width, dim=0), tree_slots.gather(1, order))
+    lens = prefix.repeat_interleave(width) + allowed.sum(1)
+    return node_rows, lens.to(torch.int32)
 
 
 def pick_num_kv_splits(num_reqs: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
