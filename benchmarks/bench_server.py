@@ -3,7 +3,8 @@ same engine called in-process (Engine.async_generate), in one run.
 
 For each concurrency c (--concurrency), c asyncio clients each send --requests-per-client
 streamed completions of --max-tokens tokens (ignore_eos, so every request has the same length)
-one after another; spec off and on (--spec NGRAM etc.). Per (system, spec, c): requests/s,
+one after another; spec off and on (--spec NGRAM etc.). The HTTP clients run in a process of
+their own, as real clients do; the in-process ones share the engine's. Per (system, spec, c): requests/s,
 output tok/s, TTFT and inter-token latency percentiles (p50, p90, p99), and the server's
 throughput as a ratio of the in-process one.
 
@@ -99,9 +100,35 @@ def _start_server(engine):
     return srv, f"http://127.0.0.1:{port}"
 
 
-def run_spec(args, spec) -> list:
+async def _http_load(url: str, c: int, per_client: int, ids: list, params: dict) -> dict:
     import httpx
 
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
+            max_connections=c + 4)) as client:
+        return await _load(lambda x: _http_stream(client, url, x, params), c, per_client, ids)
+
+
+def _http_child(conn, *load_args) -> None:
+    conn.send(asyncio.run(_http_load(*load_args)))
+    conn.close()
+
+
+def _http_load_elsewhere(*load_args) -> dict:
+    """The HTTP clients run in a process of their own, as real clients do: their JSON and
+    HTTP work does not compete with the server for its interpreter."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_http_child, args=(child, *load_args), daemon=True)
+    proc.start()
+    try:
+        return parent.recv()
+    finally:
+        proc.join(timeout=30)
+
+
+def run_spec(args, spec) -> list:
     from specpcg import Engine
 
     kw = {"speculative_algorithm": spec} if spec else {}
@@ -113,18 +140,11 @@ def run_spec(args, spec) -> list:
     srv, url = _start_server(engine)
     lines = []
 
-    async def both(c):
-        inproc = await _load(lambda x: _inprocess_stream(engine, x, params), c,
-                             args.requests_per_client, ids)
-        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(
-                max_connections=c + 4)) as client:
-            http = await _load(lambda x: _http_stream(client, url, x, params), c,
-                               args.requests_per_client, ids)
-        return inproc, http
-
     for c in args.concurrency:
         asyncio.run(_load(lambda x: _inprocess_stream(engine, x, params), 1, 1, ids))  # warm
-        inproc, http = asyncio.run(both(c))
+        inproc = asyncio.run(_load(lambda x: _inprocess_stream(engine, x, params), c,
+                                   args.requests_per_client, ids))
+        http = _http_load_elsewhere(url, c, args.requests_per_client, ids, params)
         for system, m in (("in-process", inproc), ("server", http)):
             lines.append({"bench": "server", "system": system, "spec": spec or "none",
                           "concurrency": c, "max_tokens": args.max_tokens,

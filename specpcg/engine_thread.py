@@ -2,7 +2,9 @@
 HTTP server): the event loop only submits, aborts and reads chunks; forwards run here.
 
 Each subscribed request gets an asyncio queue on its caller's loop; after every step the thread
-puts the request's new chunk there (Engine.stream_chunk), and its last chunk once it finished.
+puts the request's new chunk there (Engine.stream_chunk), and its last chunk once it finished,
+waking each loop once per step. A reader that fell behind gets its waiting chunks merged into
+one, so a loaded server sends fewer, larger events instead of falling further behind.
 A caller that stops reading (a client that went away) aborts its request, which frees its KV.
 """
 
@@ -59,11 +61,15 @@ class EngineThread:
         finished = False
         try:
             while True:
-                chunk = await queue.get()
-                if chunk is _DONE:
+                items = [await queue.get()]
+                while not queue.empty():  # a reader that fell behind gets one merged chunk
+                    items.append(queue.get_nowait())
+                chunks = [c for c in items if c is not _DONE]
+                if chunks:
+                    yield merge_chunks(chunks)
+                if items[-1] is _DONE:
                     finished = True
                     return
-                yield chunk
         finally:
             if not finished:  # the reader went away before the end
                 self.abort(rid)
@@ -84,9 +90,11 @@ class EngineThread:
                 if eng.scheduler.has_work():
                     eng._step_scheduler()
                 updates = self._collect()
+            by_loop: dict = {}
             for loop, queue, items in updates:
-                for item in items:
-                    loop.call_soon_threadsafe(queue.put_nowait, item)
+                by_loop.setdefault(loop, []).append((queue, items))
+            for loop, deliveries in by_loop.items():  # one wake-up per loop and step
+                loop.call_soon_threadsafe(_deliver, deliveries)
 
     def _ready(self) -> bool:
         """A subscribed request finished (say, aborted) and waits to be delivered."""
@@ -111,3 +119,18 @@ class EngineThread:
             self._stopped = True
             self._wake.notify()
         self._thread.join(timeout=10)
+
+
+def _deliver(deliveries: list) -> None:
+    for queue, items in deliveries:
+        for item in items:
+            queue.put_nowait(item)
+
+
+def merge_chunks(chunks: list) -> dict:
+    """Consecutive stream chunks of one request as one: the deltas joined, the rest (the whole
+    output once finished) from the last."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return {**chunks[-1], "delta": "".join(c["delta"] for c in chunks),
+            "delta_ids": [t for c in chunks for t in c["delta_ids"]]}

@@ -71,6 +71,37 @@ def test_async_generate_matches_generate(engine):
     assert got == want and streamed == want[0]
 
 
+def test_a_reader_that_falls_behind_gets_merged_chunks_with_every_token(engine):
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    full = engine.generate(prompt="Once upon a time", sampling_params=params)
+
+    async def slow_reader():
+        chunks = []
+        async for chunk in await engine.async_generate(prompt="Once upon a time",
+                                                       sampling_params=params, stream=True):
+            chunks.append(chunk)
+            await asyncio.sleep(0.2)  # several engine steps go by while it sleeps
+        return chunks
+
+    chunks = asyncio.run(slow_reader())
+    assert len(chunks) < 24  # fewer events than tokens: the waiting ones came merged
+    assert [t for c in chunks for t in c["delta_ids"]] == full["output_ids"]
+    assert "".join(c["delta"] for c in chunks) == full["text"]
+    assert chunks[-1]["output_ids"] == full["output_ids"]
+
+
+def test_merge_chunks_joins_the_deltas_and_keeps_the_last_output():
+    from specpcg.engine_thread import merge_chunks
+
+    a = {"delta": "Hel", "delta_ids": [1], "text": None, "meta_info": {"finish_reason": None}}
+    b = {"delta": "lo", "delta_ids": [2, 3], "text": "Hello",
+         "meta_info": {"finish_reason": {"type": "length"}}}
+    merged = merge_chunks([a, b])
+    assert merged["delta"] == "Hello" and merged["delta_ids"] == [1, 2, 3]
+    assert merged["text"] == "Hello" and merged["meta_info"]["finish_reason"]["type"] == "length"
+    assert merge_chunks([a]) is a
+
+
 def test_a_failed_forward_ends_only_the_requests_it_carried(engine, monkeypatch):
     running = [engine.submit(prompt=p, sampling_params=GREEDY) for p in ("a b", "c d")]
     engine.step()  # both prefilled: they decode from now on
