@@ -149,3 +149,50 @@ def test_gsm8k_train_and_heldout_never_share_a_question():
     assert not chat_train & {s.user_turns for s in held}
     few = next(s for s in train if not s.is_chat)
     assert few.text.count("Question:") == 6 and few.text.endswith("\nAnswer:")
+
+
+class _EchoEngine:
+    """Answers every prompt with [its length, 7, 7] at once; its chat template joins turns."""
+
+    class tokenizer:
+        @staticmethod
+        def encode(text):
+            return [ord(c) for c in text]
+
+        @staticmethod
+        def apply_chat_template(messages):
+            return [ord(c) for c in "|".join(f"{m['role']}:{m['content']}" for m in messages)]
+
+    def __init__(self):
+        self.pending, self.rid = [], 0
+
+    def submit(self, input_ids, sampling_params):
+        self.rid += 1
+        self.pending.append((self.rid, input_ids))
+        return self.rid
+
+    def has_unfinished(self):
+        return bool(self.pending)
+
+    def step(self):
+        done, self.pending = self.pending, []
+        return [{"meta_info": {"id": rid}, "output_ids": [len(ids), 7, 7], "text": f"a{len(ids)}"}
+                for rid, ids in done]
+
+
+def test_self_distill_trains_on_every_turn_and_ends_a_chat_at_a_long_turn():
+    from drafts.data.base import Sample
+    from drafts.distill import self_distill
+
+    chat = Sample(user_turns=("hi", "more", "x" * 80), source="chat")
+    text = Sample(text="plain", source="text")
+    seqs = self_distill(_EchoEngine(), [chat, text], max_new_tokens=3, max_turns=3,
+                        max_prompt_tokens=60)
+    turn1 = [ord(c) for c in "user:hi"]
+    turn2 = [ord(c) for c in f"user:hi|assistant:a{len(turn1)}|user:more"]
+    # Both chat turns that fit are sequences of their own, each its prompt + its answer; the
+    # third turn does not fit max_prompt_tokens and ends the chat.
+    assert seqs.token_ids == [turn1 + [len(turn1), 7, 7], turn2 + [len(turn2), 7, 7],
+                              [ord(c) for c in "plain"] + [5, 7, 7]]
+    assert seqs.prompt_lens == [len(turn1), len(turn2), 5]
+    assert seqs.sources == ["chat", "chat", "text"]
