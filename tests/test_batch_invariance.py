@@ -101,6 +101,34 @@ def test_a_tree_node_equals_the_decode_over_its_accepted_path(parents):
         assert torch.equal(decode[0], tree[j]), j
 
 
+def _extend(q, k_buf, v_buf, r2t, chunks: list, row: int = 0):
+    """Prefill attention for the queries of `chunks` (prefix, extend) of one request row, each
+    chunk as its own batch; the queries' outputs in order."""
+    from specpcg.attention.triton_kernels import extend_attention
+
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    outs = []
+    for prefix, extend in chunks:
+        qs = q[prefix:prefix + extend]
+        out = torch.zeros_like(qs)
+        extend_attention(qs, k_buf, v_buf, out, r2t, i32([row]), i32([prefix + extend]),
+                         i32([extend]), i32([0, extend]), extend, 1, D ** -0.5)
+        outs.append(out)
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("chunks", [[(0, 37), (37, 63)], [(0, 16), (16, 16), (32, 68)],
+                                    [(0, 1), (1, 99)]])
+def test_prefill_attention_does_not_depend_on_the_chunk_size(chunks):
+    """A prompt's query gives bitwise the same attention whether the prompt is prefilled whole
+    or in chunks of any size (key blocks sit at fixed positions; masked keys add exact zeros)."""
+    n = 100
+    k_buf, v_buf, r2t = _world([n])
+    q = torch.randn(n, H, D, generator=torch.Generator().manual_seed(9))
+    whole = _extend(q, k_buf, v_buf, r2t, [(0, n)])
+    assert torch.equal(_extend(q, k_buf, v_buf, r2t, chunks), whole)
+
+
 def test_the_split_result_matches_plain_softmax_attention():
     lens = [333]
     k_buf, v_buf, r2t = _world(lens)

@@ -29,30 +29,35 @@ def _extend_attn_kernel(
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one request and one query head, over that request's keys."""
+    """One program: BLOCK_M queries of one request and one query head, over that request's keys.
+
+    NOTE: query blocks sit at fixed positions (multiples of BLOCK_M), as key blocks do: a query
+    is computed in the same row of the same block, over the same key blocks, however its prompt
+    was cut into chunks, so chunked prefill gives bitwise the same attention as a whole one."""
     req = tl.program_id(0)
     q_block = tl.program_id(1)
     head = tl.program_id(2)
     extend_len = tl.load(extend_lens_ptr + req)
-    # Requests shorter than the longest one have no work in their trailing query blocks.
-    if q_block * BLOCK_M >= extend_len:
-        return
     seq_len = tl.load(seq_lens_ptr + req)
     prefix_len = seq_len - extend_len
+    block_pos = prefix_len // BLOCK_M * BLOCK_M + q_block * BLOCK_M  # its first row's position
+    # Requests shorter than the longest one have no work in their trailing query blocks.
+    if block_pos >= seq_len:
+        return
     q_start = tl.load(q_starts_ptr + req).to(tl.int64)
     row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
     kv_head = head // GROUP_SIZE
 
-    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the request
+    offs_m = block_pos - prefix_len + tl.arange(0, BLOCK_M)  # query index within the extend
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < extend_len
+    mask_m = (offs_m >= 0) & (offs_m < extend_len)
     mask_d = offs_d < HEAD_DIM  # BLOCK_D is HEAD_DIM padded to a power of two
     q_offs = (q_start + offs_m)[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [M, D]
 
     # Query j sits at position prefix_len + j and sees keys 0..prefix_len + j (causal).
     q_pos = prefix_len + offs_m
-    kv_end = tl.minimum(seq_len, prefix_len + (q_block + 1) * BLOCK_M)
+    kv_end = tl.minimum(seq_len, block_pos + BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -220,7 +225,9 @@ def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     block_d = _padded_head_dim(head_dim)
     # Small blocks on the interpreter keep numpy work small; 64x64 suits GPUs up to head_dim 128.
     block_m, block_n = (16, 16) if q.device.type == "cpu" else (64, 64 if block_d <= 64 else 32)
-    grid = (num_reqs, triton.cdiv(max_extend_len, block_m), num_heads)
+    # One more query block than the longest extend needs: blocks start at multiples of block_m,
+    # so an extend that starts mid-block spans one more.
+    grid = (num_reqs, triton.cdiv(max_extend_len, block_m) + 1, num_heads)
     _extend_attn_kernel[grid](
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens, q_starts,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
