@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import socket
-import statistics
 import threading
 import time
 

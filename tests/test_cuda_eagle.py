@@ -3,10 +3,8 @@ near-ties, the piecewise graph serving every target prefill (invariant 4: it is 
 the hidden states the head needs), verify on decode graphs, each draft round's catch-up and
 steps on the round's own graphs, and no KV leak.
 
-Heads come from `drafts.train.ensure_draft` (trained on first use, cached in
-$SPECPCG_DRAFT_CACHE or .cache/drafts)."""
+Heads come from `tests/gpu_drafts.py` (trained on first use, cached)."""
 
-import os
 
 import pytest
 
@@ -14,7 +12,6 @@ from specpcg import Engine
 from tests.test_cuda_spec import PARAMS, count_identical_check_near_ties, plain, prompts  # noqa: F401
 
 pytestmark = pytest.mark.cuda
-CACHE = os.environ.get("SPECPCG_DRAFT_CACHE", ".cache/drafts")
 
 
 def _stats(router) -> dict:
@@ -23,11 +20,11 @@ def _stats(router) -> dict:
 
 @pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3", "NEXTN"])
 def test_head_bf16_matches_plain_and_graphs_serve(algo, prompts, plain):  # noqa: F811
-    from drafts.train import ensure_draft
+    from tests.gpu_drafts import gpu_draft
 
     base, ref = plain
     engine = Engine(device="cuda", max_total_tokens=32768, speculative_algorithm=algo,
-                    speculative_draft_model_path=ensure_draft(algo, cache_dir=CACHE),
+                    speculative_draft_model_path=gpu_draft(algo),
                     speculative_num_steps=5)
     outs = engine.generate(prompt=prompts, sampling_params=PARAMS)
     same = count_identical_check_near_ties(algo, base, ref, outs, prompts)

@@ -14,7 +14,7 @@ GSM8K prompts and checked against no-spec with the same graph setting and backen
 CPU slice (CI): the default model in fp32, PCG off (the only CPU option: no CUDA device), a few
 questions, every algorithm; EAGLE-family drafts are random heads (they accept ~nothing, but
 losslessness must hold for any head). GPU (`cuda` marker): 200 questions x 256 tokens in one
-batched generate call per cell, trained drafts from `drafts.train.ensure_draft`; one JSON line
+batched generate call per cell, trained drafts from `tests/gpu_drafts.py`; one JSON line
 per cell goes to benchmarks/results/gsm8k_matrix.jsonl ($SPECPCG_MATRIX_OUT overrides), written
 before the cell's asserts, with the list of what failed.
 
@@ -22,7 +22,6 @@ Every engine here is built from a checkpoint parsed once per module (`parse_chec
 parsing the default GGUF costs ~10 s of CPU per Engine, which the CPU slice cannot afford 7 times.
 """
 
-import os
 
 import pytest
 import torch
@@ -73,7 +72,6 @@ GPU_NEAR_TIE_ULPS = 4
 # answer right that no-spec got wrong (0.005 against 0.000). The count of correct answers may
 # differ from no-spec's by this many.
 GPU_ACCURACY_SLACK = 2
-DRAFT_CACHE = os.environ.get("SPECPCG_DRAFT_CACHE", ".cache/drafts")
 # (algorithm, PCG, backend, tree: GPU_TREE instead of the default chain), grouped by baseline
 # (PCG, backend), no-spec first in each group: one baseline engine alive at a time.
 GPU_CELLS = ([(a, True, "triton", False) for a in (None, *SPEC_ALGORITHMS)]
@@ -217,9 +215,9 @@ def _gpu_engine(algo, pcg: bool, backend: str, tree: bool = False) -> Engine:
     if tree:
         kw.update(GPU_TREE)
     if algo in ("STANDALONE", *HEAD_ALGORITHMS):
-        from drafts.train import ensure_draft
+        from tests.gpu_drafts import gpu_draft
 
-        kw["speculative_draft_model_path"] = ensure_draft(algo, cache_dir=DRAFT_CACHE)
+        kw["speculative_draft_model_path"] = gpu_draft(algo)
     return Engine(**kw)
 
 
