@@ -25,6 +25,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks")
     p.add_argument("--pp-size", type=int, default=1, help="pipeline-parallel stages")
     p.add_argument("--dist-init-addr", default=None, help="host:port of rank 0")
+    p.add_argument("--nnodes", type=int, default=1, help="machines the ranks spread over")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="this machine (0 runs the engine; others run their ranks)")
     p.add_argument("--mem-fraction-static", type=float, default=0.8)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
     p.add_argument("--disable-cuda-graph", action="store_true")
@@ -34,15 +37,28 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _make_engine(args):
+    """The engine, on node 0; on another node its ranks run here until node 0 shuts down,
+    then the command exits."""
+    kwargs = _engine_kwargs(args)
+    if args.node_rank > 0:
+        from specpcg.config import EngineConfig
+        from specpcg.distributed.worker import run_node
+
+        run_node(EngineConfig.from_kwargs(kwargs))
+        sys.exit(0)
     from specpcg.engine import Engine
 
+    return Engine(**kwargs)
+
+
+def _engine_kwargs(args) -> dict:
     names = ("model_path", "device", "dtype", "attention_backend", "speculative_algorithm",
              "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
              "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
              "disable_piecewise_cuda_graph", "max_running_requests", "mem_fraction_static",
              "chunked_prefill_size", "enable_deterministic_inference", "tp_size",
-             "pp_size", "dist_init_addr")
-    return Engine(**{name: getattr(args, name) for name in names})
+             "pp_size", "dist_init_addr", "nnodes", "node_rank")
+    return {name: getattr(args, name) for name in names}
 
 
 def _generate(args) -> None:
@@ -70,9 +86,10 @@ def _gsm8k(args) -> None:
 
 
 def _serve(args) -> None:
+    engine = _make_engine(args)  # first: a node other than 0 runs its ranks and exits here
     from specpcg.serve.server import serve
 
-    serve(_make_engine(args), args.host, args.port, args.served_model_name, args.log_level)
+    serve(engine, args.host, args.port, args.served_model_name, args.log_level)
 
 
 def main(argv=None) -> None:

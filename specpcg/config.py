@@ -69,6 +69,19 @@ class EngineConfig:
     def __post_init__(self):
         self._validate()
 
+    def _validate_nodes(self) -> None:
+        """Several machines: each runs tp_size * pp_size / nnodes ranks; node 0 runs rank 0."""
+        n, k = self.nnodes, self.node_rank
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"nnodes must be a positive integer, got {n!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
+            raise ValueError(f"node_rank must be in [0, nnodes={n}), got {k!r}")
+        if n > 1 and (self.tp_size * self.pp_size) % n:
+            raise ValueError(f"nnodes={n} must divide tp_size * pp_size = "
+                             f"{self.tp_size * self.pp_size}: every node runs as many ranks")
+        if n > 1 and not self.dist_init_addr:
+            raise ValueError(f"dist_init_addr (host:port of node 0) is required with nnodes={n}")
+
     @staticmethod
     def from_kwargs(kwargs: dict) -> "EngineConfig":
         reject_unknown(kwargs, EngineConfig, "Engine argument")
@@ -91,9 +104,7 @@ class EngineConfig:
         if isinstance(self.tp_size, bool) or not isinstance(self.tp_size, int) or \
                 self.tp_size < 1:
             raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
-        if self.nnodes != 1 or self.node_rank != 0:
-            raise ValueError(f"nnodes={self.nnodes}, node_rank={self.node_rank}: one machine "
-                             f"only for now (nnodes=1)")
+        self._validate_nodes()
         p = self.speculative_simulate_accept_prob
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
                               or not 0 < p <= 1):

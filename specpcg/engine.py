@@ -38,6 +38,11 @@ class Engine:
         self.tp = self._draft_target = None  # set by _load_parallel_shard
         self._thread = None  # async_generate's engine thread, started on first use
         self._lock = threading.RLock()  # one step, submit or abort at a time, any thread
+        if cfg.node_rank > 0:
+            raise ValueError(f"node_rank={cfg.node_rank}: the engine runs on node 0; node "
+                             f"{cfg.node_rank} runs its ranks with `python -m specpcg serve "
+                             f"--nnodes {cfg.nnodes} --node-rank {cfg.node_rank} "
+                             f"--dist-init-addr HOST:PORT ...` (distributed.worker.run_node)")
         if cfg.tp_size > 1 or cfg.pp_size > 1:
             self.model, self.model_config, self.tokenizer = self._load_parallel_shard(cfg)
         else:

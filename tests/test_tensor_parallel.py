@@ -137,3 +137,49 @@ def test_tp2_pp2_greedy_tokens_match_one_process(tiny, algo):
     spec = {} if algo is None else {"speculative_algorithm": algo,
                                     "speculative_draft_model_path": drafts.get(algo)}
     assert _parallel_outputs(kw, tp_size=2, pp_size=2, **spec) == want
+
+
+def _start_node(kw: dict, addr: str, node_rank: int, **layout):
+    """Another machine's share of the ranks: `python -m specpcg serve --node-rank K` as its own
+    process, as a user starts it on that machine."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "specpcg", "serve", "--model-path", kw["model_path"],
+            "--device", "cpu", "--dtype", "float32", "--nnodes", "2",
+            "--node-rank", str(node_rank), "--dist-init-addr", addr]
+    for name, value in layout.items():
+        args += ["--" + name.replace("_", "-"), str(value)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("layout", [{"tp_size": 2}, {"tp_size": 2, "pp_size": 2}],
+                         ids=["tp2", "tp2xpp2"])
+def test_two_nodes_match_one_process(tiny, layout):
+    """nnodes=2 on one machine: node 1 (its own command) runs ranks world/2.., node 0 the
+    engine and the rest; the greedy tokens are one process's; node 1 exits when node 0 stops."""
+    from specpcg.distributed.group import free_init_addr
+
+    kw, want, _ = tiny
+    addr = free_init_addr()
+    node1 = _start_node(kw, addr, 1, **layout)
+    try:
+        got = _parallel_outputs(kw, nnodes=2, node_rank=0, dist_init_addr=addr, **layout)
+        out, _ = node1.communicate(timeout=60)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    assert got == want
+    assert node1.returncode == 0, out
+
+
+def test_node_layouts_that_cannot_work_are_refused(tiny):
+    kw, _, _ = tiny
+    with pytest.raises(ValueError, match=r"nnodes=2 must divide tp_size \* pp_size = 3"):
+        Engine(tp_size=3, nnodes=2, dist_init_addr="127.0.0.1:1", **kw)
+    with pytest.raises(ValueError, match=r"node_rank must be in \[0, nnodes=2\), got 2"):
+        Engine(tp_size=2, nnodes=2, node_rank=2, dist_init_addr="127.0.0.1:1", **kw)
+    with pytest.raises(ValueError, match="dist_init_addr .* is required with nnodes=2"):
+        Engine(tp_size=2, nnodes=2, **kw)
+    with pytest.raises(ValueError, match="node_rank=1: the engine runs on node 0"):
+        Engine(tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:1", **kw)

@@ -37,6 +37,11 @@ def world_size(cfg) -> int:
     return cfg.tp_size * cfg.pp_size
 
 
+def ranks_per_node(cfg) -> int:
+    """Node k runs ranks k * n .. k * n + n - 1 (rank 0, the engine, on node 0)."""
+    return world_size(cfg) // cfg.nnodes
+
+
 def check_parallel(cfg, model_cfg) -> None:
     """Refuses a layout the model cannot take, before any other process starts."""
     from specpcg.distributed.pipeline import stage_bounds
@@ -78,7 +83,7 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
 
     device = cfg.resolve_device()
     if device.type == "cuda":
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", rank % ranks_per_node(cfg))  # this node's GPUs
         torch.cuda.set_device(device)
     init_group(init_addr, rank, world_size(cfg), device, cfg.dist_timeout_s)
     init_tp_groups(cfg.tp_size, cfg.pp_size)
@@ -125,12 +130,7 @@ class TPDriver:
         if dist.is_initialized():
             raise RuntimeError("another tensor-parallel engine runs in this process: shut it "
                                "down first (one process group per process)")
-        ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr),
-                                  name=f"specpcg-tp{rank}", daemon=True)
-                      for rank in range(1, world_size(cfg))]
-        for p in self.procs:
-            p.start()
+        self.procs = start_ranks(cfg, range(1, ranks_per_node(cfg)), init_addr)
         init_group(init_addr, 0, world_size(cfg), cfg.resolve_device(), cfg.dist_timeout_s)
         init_tp_groups(cfg.tp_size, cfg.pp_size)
         self.kv_cache = None
@@ -159,6 +159,7 @@ class TPDriver:
             raise RankExitedError(f"parallel step failed: {exc}") from exc
 
     def check_alive(self) -> None:
+        """This node's ranks; a rank of another node that dies fails the next collective."""
         for rank, p in enumerate(self.procs, start=1):
             if not p.is_alive():
                 raise RankExitedError(f"parallel rank {rank} exited (exit code "
@@ -176,3 +177,41 @@ class TPDriver:
                 p.terminate()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def start_ranks(cfg, ranks, init_addr: str) -> list:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr),
+                         name=f"specpcg-tp{rank}", daemon=True) for rank in ranks]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def run_node(cfg, poll_s: float = 0.5) -> None:
+    """Node node_rank >= 1 of a multi-machine engine: runs this node's ranks until node 0's
+    engine shuts down. A rank that fails stops the others here and raises naming it."""
+    import time
+
+    if cfg.node_rank < 1:
+        raise ValueError(f"node_rank={cfg.node_rank}: node 0 runs the engine itself (Engine)")
+    first = cfg.node_rank * ranks_per_node(cfg)
+    procs = start_ranks(cfg, range(first, first + ranks_per_node(cfg)), cfg.dist_init_addr)
+    logger.warning("node %d runs ranks %d..%d of %d", cfg.node_rank, first,
+                   first + len(procs) - 1, world_size(cfg))
+    try:
+        while any(p.is_alive() for p in procs):
+            for rank, p in enumerate(procs, start=first):
+                if p.exitcode:  # None while running, 0 when done
+                    raise RankExitedError(f"parallel rank {rank} exited (exit code "
+                                          f"{p.exitcode}) on node {cfg.node_rank}")
+            time.sleep(poll_s)
+        for rank, p in enumerate(procs, start=first):
+            if p.exitcode:
+                raise RankExitedError(f"parallel rank {rank} exited (exit code {p.exitcode}) "
+                                      f"on node {cfg.node_rank}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=10)
