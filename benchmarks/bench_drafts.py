@@ -80,8 +80,16 @@ def run_all(args) -> None:
             speculative_algorithm=algo, speculative_draft_model_path=path,
             speculative_num_steps=s[0], speculative_eagle_topk=s[1],
             speculative_num_draft_tokens=s[2])
-        engine = Engine(model_path=args.model_path, max_running_requests=args.num_prompts,
-                        show_progress=False, **kw)
+        try:
+            engine = Engine(model_path=args.model_path, max_running_requests=args.num_prompts,
+                            show_progress=False, **kw)
+        except Exception as exc:  # noqa: BLE001 - one failed setting must not end the run
+            if algo is None:
+                raise  # no baseline, no speedups
+            print(f"[bench_drafts] {system}: the engine failed to start: {exc!r}", flush=True)
+            common.append_jsonl(args.out, [{"bench": "drafts_error", "system": system,
+                                            "error": repr(exc)}])
+            continue
         sets = sets or prompt_sets(engine.tokenizer, args.num_prompts)
         lines = []
         for name, prompts in sets.items():
