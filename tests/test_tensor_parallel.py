@@ -183,3 +183,26 @@ def test_node_layouts_that_cannot_work_are_refused(tiny):
         Engine(tp_size=2, nnodes=2, **kw)
     with pytest.raises(ValueError, match="node_rank=1: the engine runs on node 0"):
         Engine(tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:1", **kw)
+
+
+def test_micro_batches_cut_whole_requests_into_balanced_groups():
+    from specpcg.core import ForwardBatch, ForwardMode
+    from specpcg.distributed.pipeline import micro_batches, sub_batch
+
+    def batch(lens, **kw):
+        n, t = len(lens), sum(lens)
+        ar = torch.arange
+        return ForwardBatch(ForwardMode.EXTEND, ar(t), ar(t), ar(t), ar(n), torch.tensor(lens),
+                            torch.tensor(lens), list(lens), list(lens), **kw)
+
+    b = batch([4, 4, 4, 4])
+    assert micro_batches(b, 2) == [(0, 2, 0, 8), (2, 4, 8, 16)]
+    assert micro_batches(batch([10, 1, 1, 1, 1]), 2) == [(0, 1, 0, 10), (1, 5, 10, 14)]
+    assert micro_batches(batch([1, 1, 1]), 4) == [(0, 1, 0, 1), (1, 2, 1, 2), (2, 3, 2, 3)]
+    one = [(0, 2, 0, 8)]
+    assert micro_batches(batch([4, 4]), 1) == one and micro_batches(batch([8]), 2) == [(0, 1, 0, 8)]
+    assert micro_batches(batch([4, 4], req_row_stride=4), 2) == one
+    assert micro_batches(batch([4, 4], tree_mask=torch.ones(2, 4, 4)), 2) == one
+    part = sub_batch(b, 2, 4, 8, 16)
+    assert part.input_ids.tolist() == list(range(8, 16)) and part.seq_lens_cpu == [4, 4]
+    assert part.req_pool_indices.tolist() == [2, 3] and part.num_tokens == 8

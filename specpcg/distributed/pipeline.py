@@ -5,14 +5,22 @@ residual stream back to apply the final norm and the LM head (which it holds), s
 every draft stay on rank 0 as under tensor parallelism. Stage s receives (hidden, residual, the
 aux-layer states so far) from stage s - 1, runs its layers and sends the same on; the states
 travel as one [2 + num_aux, tokens, hidden] tensor whose size every rank knows from the batch.
+
+Micro-batches: a forward of several requests is cut into up to pp_size groups of whole requests
+(micro_batches), and each stage sends a group on as soon as it is done, so stage s works on
+group g + 1 while stage s + 1 works on group g. Every rank cuts the batch the same way.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
 import torch.distributed as dist
+
+from specpcg.core import ForwardBatch
+from specpcg.forward_context import get_forward_context
 
 from specpcg.models.llama import LlamaForCausalLM
 
@@ -43,6 +51,57 @@ def _recv(num_aux: int, num_tokens: int, like: torch.Tensor, src: int) -> tuple:
     return buf[0], buf[1], list(buf[2:])
 
 
+def micro_batches(batch: ForwardBatch, groups: int) -> list:
+    """(first request, end request, first token, end token) of up to `groups` groups of whole
+    requests with about as many tokens each; one group where the batch cannot be cut (a draft
+    tree's mask, strided rows, a single request)."""
+    bs = batch.batch_size
+    if groups < 2 or bs < 2 or batch.tree_mask is not None or batch.req_row_stride:
+        return [(0, bs, 0, batch.num_tokens)]
+    lens, total = batch.extend_seq_lens_cpu, sum(batch.extend_seq_lens_cpu)
+    out, start, tok, acc = [], 0, 0, 0
+    for i, n in enumerate(lens):
+        acc += n
+        if acc * groups >= total * (len(out) + 1) and len(out) < groups - 1 and i + 1 < bs:
+            out.append((start, i + 1, tok, acc))
+            start, tok = i + 1, acc
+    return out + [(start, bs, tok, total)]
+
+
+def sub_batch(batch: ForwardBatch, r0: int, r1: int, t0: int, t1: int) -> ForwardBatch:
+    """Requests r0..r1 (tokens t0..t1) of a packed batch, as a batch of their own."""
+    return replace(batch, input_ids=batch.input_ids[t0:t1], positions=batch.positions[t0:t1],
+                   out_cache_loc=batch.out_cache_loc[t0:t1],
+                   req_pool_indices=batch.req_pool_indices[r0:r1],
+                   seq_lens=batch.seq_lens[r0:r1], extend_seq_lens=batch.extend_seq_lens[r0:r1],
+                   seq_lens_cpu=batch.seq_lens_cpu[r0:r1],
+                   extend_seq_lens_cpu=batch.extend_seq_lens_cpu[r0:r1],
+                   input_hidden=None if batch.input_hidden is None
+                   else batch.input_hidden[t0:t1])
+
+
+def _isend(packed: torch.Tensor, dst: int) -> tuple:
+    return packed, dist.isend(packed, dst=dst)  # the tensor lives until the send is done
+
+
+def _wait(sends: list) -> None:
+    for _, work in sends:
+        work.wait()
+
+
+@contextmanager
+def _attending(part: ForwardBatch):
+    """Attention of the forward in flight sees `part` (its metadata planned) for the block."""
+    ctx = get_forward_context()
+    whole, num_tokens = ctx.batch, ctx.num_tokens
+    ctx.batch, ctx.num_tokens = part, part.num_tokens
+    ctx.attn_backend.init_forward_metadata(part)
+    try:
+        yield
+    finally:
+        ctx.batch, ctx.num_tokens = whole, num_tokens
+
+
 class PipelineStage(LlamaForCausalLM):
     """Layers [start, end) of the target (renumbered from 0 for this stage's KV cache)."""
 
@@ -67,21 +126,39 @@ class PipelineStage(LlamaForCausalLM):
         return hidden, residual
 
     def forward(self, input_ids, positions, aux_layers: tuple = ()):
-        """Rank 0: the whole pipeline's forward (stage 0, the others, the final norm)."""
-        hidden, aux = self.model.embed_tokens(input_ids), []
-        hidden, residual = self._layers(positions, hidden, None, aux_layers, aux)
-        dist.send(_pack(hidden, residual, aux), dst=self._rank_of(1))
+        """Rank 0: the whole pipeline's forward (stage 0, the others, the final norm), one
+        micro-batch after another, each sent on as soon as stage 0 is done with it."""
+        embedded = self.model.embed_tokens(input_ids)
+        batch, sends = get_forward_context().batch, []
+        groups = micro_batches(batch, self.pp)
+        for r0, r1, t0, t1 in groups:
+            with _attending(sub_batch(batch, r0, r1, t0, t1)):
+                aux = []
+                hidden, residual = self._layers(positions[t0:t1], embedded[t0:t1], None,
+                                                aux_layers, aux)
+            sends.append(_isend(_pack(hidden, residual, aux), self._rank_of(1)))
         n = sum(1 for i in aux_layers if i <= self.total)
-        hidden, residual, aux = _recv(n, hidden.shape[0], hidden, src=self._rank_of(self.pp - 1))
+        parts = [_recv(n, t1 - t0, embedded, src=self._rank_of(self.pp - 1))
+                 for _, _, t0, t1 in groups]
+        _wait(sends)
+        hidden, residual = (torch.cat([p[k] for p in parts]) for k in (0, 1))
+        aux = [torch.cat([p[2][j] for p in parts]) for j in range(n)]
         hidden, _ = self.model.norm.forward_add(hidden, residual)
         return hidden, aux
 
-    def run_stage(self, positions, num_tokens: int, aux_layers: tuple, like) -> None:
-        """Ranks 1..: receive from the stage before, run, send on (the last: to rank 0)."""
-        hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), num_tokens, like,
-                                      src=self._rank_of(self.stage - 1))
-        hidden, residual = self._layers(positions, hidden, residual, aux_layers, aux)
-        dist.send(_pack(hidden, residual, aux), dst=self._rank_of((self.stage + 1) % self.pp))
+    def run_stage(self, positions, aux_layers: tuple, like) -> None:
+        """Ranks 1..: per micro-batch, receive from the stage before, run, send on (the last:
+        to rank 0)."""
+        batch, sends = get_forward_context().batch, []
+        for r0, r1, t0, t1 in micro_batches(batch, self.pp):
+            hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), t1 - t0, like,
+                                          src=self._rank_of(self.stage - 1))
+            with _attending(sub_batch(batch, r0, r1, t0, t1)):
+                hidden, residual = self._layers(positions[t0:t1], hidden, residual, aux_layers,
+                                                aux)
+            sends.append(_isend(_pack(hidden, residual, aux),
+                                self._rank_of((self.stage + 1) % self.pp)))
+        _wait(sends)
 
 
 def make_stage_model(full_model, cfg, stage: int, pp: int, tp: int = 1, tp_rank: int = 0):

@@ -119,8 +119,7 @@ def _run_stage(runner, batch, like) -> None:
     ctx = ForwardContext(batch=batch, attn_backend=runner.attn_backend,
                          num_tokens=batch.num_tokens)
     with forward_context(ctx):
-        runner.model.run_stage(batch.positions, batch.input_ids.shape[0],
-                               batch.aux_hidden_layers, like)
+        runner.model.run_stage(batch.positions, batch.aux_hidden_layers, like)
 
 
 class TPDriver:
