@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from specpcg.core import ForwardBatch
+from specpcg.distributed.group import return_group
 from specpcg.forward_context import get_forward_context
 
 from specpcg.models.llama import LlamaForCausalLM
@@ -45,9 +46,9 @@ def _pack(hidden, residual, aux) -> torch.Tensor:
     return torch.stack([hidden, residual, *aux]).contiguous()  # [2 + A, T, H]
 
 
-def _recv(num_aux: int, num_tokens: int, like: torch.Tensor, src: int) -> tuple:
+def _recv(num_aux: int, num_tokens: int, like: torch.Tensor, src: int, group=None) -> tuple:
     buf = like.new_empty(2 + num_aux, num_tokens, like.shape[-1])
-    dist.recv(buf, src=src)
+    dist.recv(buf, src=src, group=group)
     return buf[0], buf[1], list(buf[2:])
 
 
@@ -80,8 +81,8 @@ def sub_batch(batch: ForwardBatch, r0: int, r1: int, t0: int, t1: int) -> Forwar
                    else batch.input_hidden[t0:t1])
 
 
-def _isend(packed: torch.Tensor, dst: int) -> tuple:
-    return packed, dist.isend(packed, dst=dst)  # the tensor lives until the send is done
+def _isend(packed: torch.Tensor, dst: int, group=None) -> tuple:
+    return packed, dist.isend(packed, dst=dst, group=group)  # kept alive until it is sent
 
 
 def _wait(sends: list) -> None:
@@ -138,7 +139,7 @@ class PipelineStage(LlamaForCausalLM):
                                                 aux_layers, aux)
             sends.append(_isend(_pack(hidden, residual, aux), self._rank_of(1)))
         n = sum(1 for i in aux_layers if i <= self.total)
-        parts = [_recv(n, t1 - t0, embedded, src=self._rank_of(self.pp - 1))
+        parts = [_recv(n, t1 - t0, embedded, self._rank_of(self.pp - 1), return_group())
                  for _, _, t0, t1 in groups]
         _wait(sends)
         hidden, residual = (torch.cat([p[k] for p in parts]) for k in (0, 1))
@@ -156,8 +157,10 @@ class PipelineStage(LlamaForCausalLM):
             with _attending(sub_batch(batch, r0, r1, t0, t1)):
                 hidden, residual = self._layers(positions[t0:t1], hidden, residual, aux_layers,
                                                 aux)
+            last = self.stage == self.pp - 1
             sends.append(_isend(_pack(hidden, residual, aux),
-                                self._rank_of((self.stage + 1) % self.pp)))
+                                self._rank_of((self.stage + 1) % self.pp),
+                                return_group() if last else None))
         _wait(sends)
 
 
