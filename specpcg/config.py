@@ -72,8 +72,7 @@ class EngineConfig:
     def _validate_nodes(self) -> None:
         """Several machines: each runs tp_size * pp_size / nnodes ranks; node 0 runs rank 0."""
         n, k = self.nnodes, self.node_rank
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"nnodes must be a positive integer, got {n!r}")
+        _check_positive_int("nnodes", n)
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
             raise ValueError(f"node_rank must be in [0, nnodes={n}), got {k!r}")
         if n > 1 and (self.tp_size * self.pp_size) % n:

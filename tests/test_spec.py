@@ -152,9 +152,9 @@ def test_verify_kernels_are_lossless_on_the_triton_backend(tmp_path, monkeypatch
     plain = tiny_engine(str(tmp_path), attention_backend="triton")
     want = [o["output_ids"] for o in plain.generate(input_ids=ids, sampling_params=params)]
     expanded = []
-    real = TritonAttnBackend._expand_verify
-    monkeypatch.setattr(TritonAttnBackend, "_expand_verify", lambda self, n, w, **kw:
-                        expanded.append((n, w)) or real(self, n, w, **kw))
+    real = TritonAttnBackend._size_verify  # chains and trees both size their node queries
+    monkeypatch.setattr(TritonAttnBackend, "_size_verify", lambda self, n, w:
+                        expanded.append((n, w)) or real(self, n, w))
     tree = dict(speculative_eagle_topk=3, speculative_num_steps=3,
                 speculative_num_draft_tokens=6) if kernel == "tree" else {}
     spec = tiny_engine(str(tmp_path), attention_backend="triton", speculative_algorithm="NGRAM",

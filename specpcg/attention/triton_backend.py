@@ -101,8 +101,7 @@ class TritonAttnBackend(AttentionBackend):
         if stride or bs != num_reqs:
             raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, got "
                              f"mask {tuple(tree_mask.shape)} for {num_reqs} requests, stride {stride}")
-        self._expand_verify(num_reqs, width)
-        n = num_reqs * width
+        n = self._size_verify(num_reqs, width)
         self._tree_rows, lens = triton_kernels.tree_path_rows(
             self.kv_cache.req_pool.req_to_token, self._req_pool_indices[:num_reqs],
             self._seq_lens[:num_reqs], tree_mask, max(batch.seq_lens_cpu))
@@ -112,13 +111,7 @@ class TritonAttnBackend(AttentionBackend):
     def _expand_verify(self, num_reqs: int, width: int) -> None:
         """Per-query request rows and key counts of num_reqs * width decode queries (the nodes'
         own KV is saved before the kernel runs): node j sees its row up to itself (a chain)."""
-        n = num_reqs * width
-        if self._verify_req is None or self._verify_req.shape[0] < n:
-            # NOTE: graphs read these addresses; a verify graph's capture (largest bucket
-            # first) sizes them for every request row once.
-            size = max(n, self._req_pool_indices.shape[0] * width)
-            self._verify_req = torch.zeros(size, dtype=torch.int32, device=self.device)
-            self._verify_seq = torch.zeros(size, dtype=torch.int32, device=self.device)
+        n = self._size_verify(num_reqs, width)
         self._verify_req[:n].view(num_reqs, width).copy_(
             self._req_pool_indices[:num_reqs, None].expand(num_reqs, width))
         seq = self._verify_seq[:n].view(num_reqs, width)
@@ -127,9 +120,20 @@ class TritonAttnBackend(AttentionBackend):
             offsets = self._verify_offsets[width] = torch.arange(
                 1 - width, 1, dtype=torch.int32, device=self.device)
         torch.add(self._seq_lens[:num_reqs, None], offsets[None, :], out=seq)
+
+    def _size_verify(self, num_reqs: int, width: int) -> int:
+        """Room for num_reqs * width decode queries, and their split count; returns how many."""
+        n = num_reqs * width
+        if self._verify_req is None or self._verify_req.shape[0] < n:
+            # NOTE: graphs read these addresses; a verify graph's capture (largest bucket
+            # first) sizes them for every request row once.
+            size = max(n, self._req_pool_indices.shape[0] * width)
+            self._verify_req = torch.zeros(size, dtype=torch.int32, device=self.device)
+            self._verify_seq = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._verify_width = width
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             n, self.num_kv_heads, self._num_sms)
+        return n
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         """q: [T, num_heads * head_dim]; rows past the real tokens (padding) come back as zeros."""

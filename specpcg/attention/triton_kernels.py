@@ -295,8 +295,8 @@ def tree_path_rows(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens:
     """A row of slots per draft tree node: its request's committed prefix, then the tree keys
     its mask allows, in key order (a node's ancestors come before it). That is the row a decode
     query at the node's position reads once its path is accepted, so the node's attention is
-    that decode's, bit for bit. (A mask over the tree's own layout gives the same keys at other
-    positions within a block, and a block's sums pair them differently.)
+    that decode's, bit for bit. (A mask over the tree's own layout puts the same keys at other
+    positions within a block, where a block's sums can pair them differently.)
 
     req_to_token [R, L]; req_rows, seq_lens [bs] (seq_lens count the K tree keys, the last of
     each row); tree_mask [bs, E, K]; max_len >= every seq_len. Returns (rows [bs * E, max_len]

@@ -91,9 +91,14 @@ def _wait(sends: list) -> None:
 
 
 @contextmanager
-def _attending(part: ForwardBatch):
-    """Attention of the forward in flight sees `part` (its metadata planned) for the block."""
+def _attending(batch: ForwardBatch, r0: int, r1: int, t0: int, t1: int):
+    """Attention of the forward in flight sees requests r0..r1 of `batch` for the block, their
+    metadata planned; a group of the whole batch keeps the plan the runner made."""
+    if r0 == 0 and r1 == batch.batch_size:
+        yield
+        return
     ctx = get_forward_context()
+    part = sub_batch(batch, r0, r1, t0, t1)
     whole, num_tokens = ctx.batch, ctx.num_tokens
     ctx.batch, ctx.num_tokens = part, part.num_tokens
     ctx.attn_backend.init_forward_metadata(part)
@@ -133,7 +138,7 @@ class PipelineStage(LlamaForCausalLM):
         batch, sends = get_forward_context().batch, []
         groups = micro_batches(batch, self.pp)
         for r0, r1, t0, t1 in groups:
-            with _attending(sub_batch(batch, r0, r1, t0, t1)):
+            with _attending(batch, r0, r1, t0, t1):
                 aux = []
                 hidden, residual = self._layers(positions[t0:t1], embedded[t0:t1], None,
                                                 aux_layers, aux)
@@ -154,7 +159,7 @@ class PipelineStage(LlamaForCausalLM):
         for r0, r1, t0, t1 in micro_batches(batch, self.pp):
             hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), t1 - t0, like,
                                           src=self._rank_of(self.stage - 1))
-            with _attending(sub_batch(batch, r0, r1, t0, t1)):
+            with _attending(batch, r0, r1, t0, t1):
                 hidden, residual = self._layers(positions[t0:t1], hidden, residual, aux_layers,
                                                 aux)
             last = self.stage == self.pp - 1

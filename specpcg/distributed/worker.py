@@ -199,16 +199,14 @@ def run_node(cfg, poll_s: float = 0.5) -> None:
     logger.warning("node %d runs ranks %d..%d of %d", cfg.node_rank, first,
                    first + len(procs) - 1, world_size(cfg))
     try:
-        while any(p.is_alive() for p in procs):
+        while True:
             for rank, p in enumerate(procs, start=first):
                 if p.exitcode:  # None while running, 0 when done
                     raise RankExitedError(f"parallel rank {rank} exited (exit code "
                                           f"{p.exitcode}) on node {cfg.node_rank}")
+            if not any(p.is_alive() for p in procs):
+                return
             time.sleep(poll_s)
-        for rank, p in enumerate(procs, start=first):
-            if p.exitcode:
-                raise RankExitedError(f"parallel rank {rank} exited (exit code {p.exitcode}) "
-                                      f"on node {cfg.node_rank}")
     finally:
         for p in procs:
             if p.is_alive():
