@@ -2,7 +2,7 @@
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
-        [--max-new-tokens 256] [--minutes 9.5] [--ttt-steps 7] [--draft-vocab-size 8192]
+        [--max-new-tokens 256] [--minutes 9.5] [--ttt-steps 7] [--draft-vocab-size 32768]
         [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]
 
 Pipeline: prompts from the data sources (drafts.data: chat turns through the target's chat
@@ -40,7 +40,7 @@ from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-TRAINER_VERSION = 3  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 4  # part of ensure_draft's cache key: bump when trained drafts change
 # Chains whose offline accept length the log carries: the engine's default and the deepest the
 # benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
 OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)
@@ -64,7 +64,10 @@ class TrainOptions:
     # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
     # read hidden states of a kind never seen in training).
     ttt_steps: int = max(OFFLINE_CHAIN_STEPS)
-    draft_vocab_size: int = 8192  # EAGLE3
+    # EAGLE3's vocabulary: the most frequent target ids. A label outside it can never be drafted:
+    # on held-out human ShareGPT answers, 8192 ids
+    # (counted on 2,500 other conversations) cover 89.5% of the tokens, 16384 94.8%, 32768 98.7%.
+    draft_vocab_size: int = 32768
     # EAGLE3: the target layers it fuses; () = SGLang's default (low, middle, high).
     aux_layer_ids: tuple = ()
     num_layers: int = 4  # STANDALONE: the target's first K layers
@@ -245,6 +248,8 @@ def _write_log(out, algorithm, target_path, o, seqs, split, record, times, devic
     with open(os.path.join(out, "train_log.json"), "w", encoding="utf-8") as f:
         json.dump(log, f, indent=1)
     acc = ", ".join(f"step {k + 1} {a:.3f}" for k, a in enumerate(log["heldout_top1"]))
+    if "heldout_vocab_coverage" in log:
+        acc += f"; draft vocabulary covers {log['heldout_vocab_coverage']:.3f} of held-out labels"
     acc += "; offline accept length: " + ", ".join(
         f"({k}) {r['accept_length']:.2f}" for k, r in log["offline_accept"].items())
     print(f"[drafts.train] {algorithm}: {log['num_sequences']} sequences "

@@ -121,6 +121,17 @@ def head_accuracy(head, backend, rows: HeadRows, num_steps: int):
     return torch.stack(correct), torch.stack(counted)
 
 
+def vocab_coverage(feats: Features, seq_ids: list, t2d: torch.Tensor) -> float:
+    """The share of answer labels (what the engine drafts) in `seq_ids` that the draft vocabulary
+    holds: a ceiling on every step's top-1."""
+    inside = counted = 0
+    for i in seq_ids:
+        start, end = feats.offsets[i] + feats.prompt_lens[i] - 1, feats.offsets[i + 1]
+        labels = t2d[feats.labels[start:end].to(t2d.device)]
+        inside, counted = inside + int((labels >= 0).sum()), counted + labels.numel()
+    return inside / max(counted, 1)
+
+
 def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_size: int,
              device, seed: int, aux_layer_ids: tuple = ()):
     """random_head, attached to the target; EAGLE3 keeps the most used target ids as its
@@ -163,6 +174,7 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                  lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts)
     record.update(initial_heldout_top1=initial,
                   heldout_top1=evaluate(head, eval_batches, accuracy),
-                  draft_vocab_size=int(ids.shape[0]))
+                  draft_vocab_size=int(ids.shape[0]),
+                  heldout_vocab_coverage=vocab_coverage(feats, split["heldout"], t2d))
     save_head(head.to(torch.bfloat16), spec, target_cfg, out_dir)
     return record

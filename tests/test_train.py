@@ -174,6 +174,9 @@ def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_pat
     if algorithm == "EAGLE3":
         config = json.loads((tmp_path / "draft" / "config.json").read_text())
         assert config["draft_vocab_size"] == 96
+    if algorithm != "STANDALONE":  # 96 of 128 ids: some held-out labels fall outside
+        assert 0 < log["heldout_vocab_coverage"] <= 1
+        assert log["heldout_vocab_coverage"] >= log["heldout_top1"][0]
 
     trained_ids, trained_accept = _accept_length(target, algorithm, out, prompts)
     assert trained_ids == plain  # greedy speculative decoding is lossless
@@ -313,3 +316,18 @@ def test_the_checkpointed_step_loss_has_the_plain_gradient():
     torch.testing.assert_close(ckpt, plain)
     for a, b in zip(g_ckpt, g_plain):
         torch.testing.assert_close(a, b)
+
+
+def test_vocab_coverage_counts_answer_labels_inside_the_draft_vocabulary():
+    from drafts.train_data import Features
+    from drafts.train_heads import vocab_coverage
+
+    # Two sequences: prompt lengths 2 and 3; answer labels start at prompt_len - 1.
+    labels = torch.tensor([9, 1, 2, 3, 9, 9, 4, 5, 6])
+    feats = Features(token_ids=torch.zeros(9, dtype=torch.long), labels=labels, hidden=None,
+                     offsets=[0, 4, 9], prompt_lens=[2, 3])
+    t2d = torch.full((10,), -1)
+    t2d[torch.tensor([1, 2, 4, 9])] = torch.arange(4)
+    # answer labels: seq 0 -> [1, 2, 3] (2 inside), seq 1 -> [4, 5, 6] (1 inside)
+    assert vocab_coverage(feats, [0], t2d) == pytest.approx(2 / 3)
+    assert vocab_coverage(feats, [0, 1], t2d) == pytest.approx(3 / 6)
