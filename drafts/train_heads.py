@@ -123,7 +123,8 @@ def head_accuracy(head, backend, rows: HeadRows, num_steps: int):
 
 def vocab_coverage(feats: Features, seq_ids: list, t2d: torch.Tensor) -> float:
     """The share of answer labels (what the engine drafts) in `seq_ids` that the draft vocabulary
-    holds: a ceiling on every step's top-1."""
+    holds: a ceiling on every step's top-1. (The vocabulary is chosen from every sequence's
+    labels, held-out ones included, so on held-out data this reads slightly high.)"""
     inside = counted = 0
     for i in seq_ids:
         start, end = feats.offsets[i] + feats.prompt_lens[i] - 1, feats.offsets[i + 1]
