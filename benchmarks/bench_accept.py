@@ -143,7 +143,7 @@ def part_a(args, s: Settings, target: str, info: dict) -> None:
                 attention_backend=args.attention_backend,
                 speculative_algorithm=algo, speculative_draft_model_path=draft,
                 speculative_num_steps=steps, speculative_eagle_topk=topk,
-                speculative_num_draft_tokens=tokens)
+                speculative_num_draft_tokens=tokens, **common.PINNED_SPEC)
             engine.generate(prompt=gsm8k[:1], sampling_params={**greedy, "max_new_tokens": 4})
             records = []
             for name, (inputs, params) in sets.items():

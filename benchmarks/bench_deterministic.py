@@ -32,7 +32,7 @@ def spec_kwargs(model: str, spec: bool, args) -> dict:
 
     return dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=ensure_draft(
         "EAGLE3"), speculative_num_steps=7, speculative_eagle_topk=1,
-        speculative_num_draft_tokens=8)
+        speculative_num_draft_tokens=8, **common.PINNED_SPEC)
 
 
 def measure(engine, batch: int, args) -> float:

@@ -7,7 +7,8 @@ split), `chat` (ShareGPT first turns held out of training). One engine per (draf
 serves every set: batch 1 runs --bs1-prompts prompts one after another, batch 16 runs
 --num-prompts at once (max_running_requests 16). Greedy, --max-new-tokens, EOS ends a request.
 Speedup = tok/s over the no-spec engine's in the same run; `identical` counts outputs equal to
-no-spec's.
+no-spec's. Every step speculates unless --adaptive (the engine's default: per batch size, the
+faster of speculative and plain steps); the accept length counts speculative steps only.
 
     python benchmarks/bench_drafts.py --drafts EAGLE3=DIR EAGLE=DIR ... [--out FILE]
     python benchmarks/bench_drafts.py --table-only benchmarks/results/drafts.jsonl
@@ -50,11 +51,13 @@ def measure(engine, prompts: list, bs1_prompts: int, params: dict) -> dict:
     metas = [o["meta_info"] for o in outs]
     verifies = sum(m.get("spec_verify_ct", 0) for m in metas)
     tokens = sum(m["completion_tokens"] for m in metas)
+    spec_tokens = tokens - sum(m.get("plain_decode_tokens", 0) for m in metas)
     hist = None
     if verifies:
         hist = [sum(c) for c in zip(*(m["spec_accept_histogram"] for m in metas))]
     return {"bs1_tok_s": one_tokens / one_s, "bs16_tok_s": tokens / dt,
-            "accept_length": tokens / verifies if verifies else None, "accept_histogram": hist,
+            "accept_length": spec_tokens / verifies if verifies else None,
+            "accept_histogram": hist,
             "output_ids": [o["output_ids"] for o in outs]}
 
 
@@ -79,7 +82,9 @@ def run_all(args) -> None:
         kw = {} if algo is None else dict(
             speculative_algorithm=algo, speculative_draft_model_path=path,
             speculative_num_steps=s[0], speculative_eagle_topk=s[1],
-            speculative_num_draft_tokens=s[2])
+            speculative_num_draft_tokens=s[2], disable_adaptive_speculation=not args.adaptive)
+        if args.adaptive and algo is not None:
+            system += " adaptive"
         try:
             engine = Engine(model_path=args.model_path, max_running_requests=args.num_prompts,
                             show_progress=False, **kw)
@@ -100,6 +105,7 @@ def run_all(args) -> None:
             lines.append({
                 "bench": "drafts", "system": system, "algorithm": algo or "none",
                 "setting": list(s) if s else None, "prompt_set": name,
+                "adaptive": bool(args.adaptive and algo),
                 "num_prompts": len(prompts), "bs1_prompts": args.bs1_prompts,
                 "max_new_tokens": args.max_new_tokens, **m,
                 "speedup_bs1": m["bs1_tok_s"] / base[name]["bs1_tok_s"],
@@ -148,6 +154,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--out", default=str(common.RESULTS_DIR / "drafts.jsonl"))
     p.add_argument("--table-only", metavar="FILE", default=None)
+    p.add_argument("--adaptive", action="store_true",
+                   help="the engine's adaptive speculation (default: every step speculative)")
     a = p.parse_args(argv)
     if a.table_only:
         common.render_results(a.table_only, render_table, render_plot)

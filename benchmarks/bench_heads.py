@@ -39,7 +39,7 @@ def make_engine(args, algo, setting, pcg: bool, head: str | None, bs: int, kv_to
         steps, topk, tokens = setting
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=head,
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
-                  speculative_num_draft_tokens=tokens)
+                  speculative_num_draft_tokens=tokens, **common.PINNED_SPEC)
         if topk > 1 and args.tree_backend != "auto":
             kw["attention_backend"] = args.tree_backend
     return Engine(**kw)

@@ -72,7 +72,7 @@ def make_engine(args, s: Settings, system: str, pcg: bool, paths, kv_tokens: int
     kw = dict(model_path=paths[0], device=args.device, dtype=args.dtype,
               attention_backend=args.attention_backend, max_total_tokens=kv_tokens,
               max_running_requests=s.batch_size, cuda_graph_max_bs=s.batch_size,
-              disable_piecewise_cuda_graph=not pcg, show_progress=False)
+              disable_piecewise_cuda_graph=not pcg, show_progress=False, **common.PINNED_SPEC)
     if system == "eagle":  # a trained head at its own chain length: (k, 1, k + 1)
         kw.update(speculative_algorithm="EAGLE", speculative_num_steps=args.head_num_steps,
                   speculative_draft_model_path=args.head_path)

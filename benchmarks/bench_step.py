@@ -129,7 +129,7 @@ def profile_system(args, algo: str, prompts: list, info: dict) -> dict:
     if algo != "none":
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=draft_path(args, algo),
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
-                  speculative_num_draft_tokens=tokens)
+                  speculative_num_draft_tokens=tokens, **common.PINNED_SPEC)
     engine = Engine(**kw)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "stop": STOP}
     engine.generate(prompt=prompts[:2], sampling_params=params)  # warm

@@ -56,7 +56,9 @@ def online(target, device, algorithm, draft, setting, prompts, max_new_tokens, b
     steps, topk, tokens = setting
     engine = _engine(target, device, batch_size, speculative_algorithm=algorithm,
                      speculative_draft_model_path=draft, speculative_num_steps=steps,
-                     speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
+                     speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens,
+                     # every step speculative: the accept length of this draft, as offline walks it
+                     disable_adaptive_speculation=True)
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params={
         "max_new_tokens": max_new_tokens, "temperature": 0})

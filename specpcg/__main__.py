@@ -34,6 +34,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
     p.add_argument("--enable-deterministic-inference", action="store_true",
                    help="batch-invariant kernels: tokens do not depend on the batch")
+    p.add_argument("--disable-adaptive-speculation", action="store_true",
+                   help="speculate at every batch size (default: only where it measures faster)")
+    p.add_argument("--disable-overlap-schedule", action="store_true")
 
 
 def _make_engine(args):
@@ -57,7 +60,8 @@ def _engine_kwargs(args) -> dict:
              "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
              "disable_piecewise_cuda_graph", "max_running_requests", "mem_fraction_static",
              "chunked_prefill_size", "enable_deterministic_inference", "tp_size",
-             "pp_size", "dist_init_addr", "nnodes", "node_rank")
+             "pp_size", "dist_init_addr", "nnodes", "node_rank", "disable_adaptive_speculation",
+             "disable_overlap_schedule")
     return {name: getattr(args, name) for name in names}
 
 

@@ -55,6 +55,9 @@ class EngineConfig:
     enforce_piecewise_cuda_graph: bool = False
     # Plain decode steps run one ahead of their results (SGLang's name for the switch).
     disable_overlap_schedule: bool = False
+    # Speculate at every batch size. By default the engine measures, per running-batch size,
+    # speculative against plain decode steps and runs the faster (specpcg/speculative/adaptive.py).
+    disable_adaptive_speculation: bool = False
     cuda_graph_max_bs: int = 64
     pp_size: int = 1  # pipeline parallel stages: one process each (specpcg/distributed)
     tp_size: int = 1  # tensor parallel ranks: one process each (specpcg/distributed)

@@ -129,6 +129,7 @@ class Request:
     spec_verify_ct: int = 0
     spec_accepted_drafts: int = 0
     spec_histogram: Counter = field(default_factory=Counter)
+    plain_decode_tokens: int = 0  # tokens from plain steps between speculative ones (adaptive)
 
     @property
     def all_ids(self) -> list:

@@ -82,7 +82,8 @@ class Engine:
         self.stop_checker = StopChecker(self.tokenizer, tuple(eos), self.context_len - room + 1)
         self.scheduler = Scheduler(self.router, self.kv_cache, self.stop_checker,
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
-                                   self.spec_decoder, overlap=not cfg.disable_overlap_schedule)
+                                   self.spec_decoder, overlap=not cfg.disable_overlap_schedule,
+                                   adaptive=self._adaptive())
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
 
     def _load_parallel_shard(self, cfg):
@@ -108,6 +109,16 @@ class Engine:
             self.draft_ctx.kv_cache = self.kv_cache
             self.draft.setup(self.draft_ctx)
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
+
+    def _adaptive(self):
+        """Adaptive speculation, unless pinned off or the acceptance is simulated (a benchmark
+        of the speculative path itself: plain steps would dilute what it measures)."""
+        from specpcg.speculative.adaptive import AdaptiveSpeculation
+
+        if (self.spec is None or self.config.disable_adaptive_speculation
+                or self.spec.simulate_accept_prob is not None):
+            return None
+        return AdaptiveSpeculation()
 
     def _graph_needs(self) -> dict:
         """What the target's graphs must capture for the active draft (invariant 4)."""
@@ -288,8 +299,10 @@ class Engine:
             **self.graphs.info(), "forward_stats": self.router.forward_stats(),
             "internal_states": [{**self._stats, **(self.spec_decoder.stats()
                                                     if self.spec_decoder else {})}],
-            "speculative": None if self.spec is None else {**vars(self.spec),
-                                                           "draft": self.draft.info()},
+            "speculative": None if self.spec is None else {
+                **vars(self.spec), "draft": self.draft.info(),
+                "adaptive": None if self.scheduler.adaptive is None
+                else self.scheduler.adaptive.info()},
         }
 
     def shutdown(self) -> None:

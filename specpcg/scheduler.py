@@ -14,7 +14,7 @@ from collections import deque
 
 import torch
 
-from specpcg.core import ForwardBatch, ForwardMode, Request
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode, Request
 from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
 from specpcg.transfer import to_device
@@ -25,9 +25,11 @@ logger = logging.getLogger("specpcg")
 class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
-                 overlap: bool = False):
+                 overlap: bool = False, adaptive=None):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
-        overlap: plain decode steps run one ahead of their results (specpcg/overlap.py)."""
+        overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
+        adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
+        plain decode steps by running-batch size (None: always speculative)."""
         self.runner = runner
         self.spec = spec
         self.kv_cache = kv_cache
@@ -39,6 +41,7 @@ class Scheduler:
         self.running: list = []
         self.num_preemptions = 0
         self.overlap = OverlapDecode(self) if overlap else None
+        self.adaptive = adaptive if spec is not None else None
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -149,19 +152,40 @@ class Scheduler:
 
     # -- decode --------------------------------------------------------------------------------
     def _run_decode(self) -> list:
-        self._make_room_for_decode(self.spec.tokens_per_request if self.spec else 1)
+        speculate = self.spec is not None and (
+            self.adaptive is None or self.adaptive.use_spec(len(self.running)))
+        self._make_room_for_decode(self.spec.tokens_per_request if speculate else 1)
         if not self.running:
             return self._collect_aborted()
-        if self.spec is not None:
-            reqs = list(self.running)
-            return self._append_and_finish(reqs, self.spec.step(reqs))
-        self.kv_cache.extend_many([r.req_pool_idx for r in self.running], [1] * len(self.running))
-        batch = make_batch(self.kv_cache, ForwardMode.DECODE, self.running,
-                           [[r.last_id] for r in self.running], self.device)
+        reqs, start = list(self.running), time.perf_counter()
+        if speculate:
+            emitted = self.spec.step(reqs)
+            tokens = sum(len(e) for e in emitted)
+            finished = self._append_and_finish(reqs, emitted)
+        else:
+            finished, tokens = self._plain_decode(reqs), len(reqs)
+        if self.adaptive is not None:  # both sides end in a read of their tokens: timed alike
+            self.adaptive.record(len(reqs), speculate, tokens, time.perf_counter() - start)
+        return finished
+
+    def _plain_decode(self, reqs: list) -> list:
+        """One token per request. With a draft that reads the target's hidden states, they are
+        captured and handed over, so the draft can catch up when speculation resumes."""
+        self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
+        batch = make_batch(self.kv_cache, ForwardMode.DECODE, reqs, [[r.last_id] for r in reqs],
+                           self.device)
+        draft = self.spec.draft if self.spec is not None else None
+        capture = draft is not None and draft.needs_hidden != CaptureHiddenMode.NULL
+        if capture:
+            batch.capture_hidden_mode, batch.aux_hidden_layers = draft.needs_hidden, draft.aux_layers
         out = self.runner.forward(batch)
-        for req in self.running:
+        hidden = draft.target_hidden(out) if capture else None
+        for i, req in enumerate(reqs):
             req.num_cached += 1
-        return self._sample_and_finish(list(self.running), out.logits)
+            req.plain_decode_tokens += draft is not None
+            if hidden is not None:
+                draft.absorb(req, hidden[i:i + 1])
+        return self._sample_and_finish(reqs, out.logits)
 
     def _make_room_for_decode(self, tokens_per_request: int) -> None:
         while self.running and self.kv_cache.free_slots < tokens_per_request * len(self.running):

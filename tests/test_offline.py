@@ -57,7 +57,7 @@ def test_offline_chains_verify_as_often_as_the_engine(algorithm, tiny, tmp_path)
     accepted = 0
     for steps in (3, 5):
         spec = _engine(target, speculative_algorithm=algorithm, speculative_draft_model_path=out,
-                       speculative_num_steps=steps)
+                       disable_adaptive_speculation=True, speculative_num_steps=steps)
         outs = spec.generate(input_ids=prompts, sampling_params=GREEDY)
         assert [o["output_ids"] for o in outs] == plain
         for o, h, p in zip(outs, hits, seqs.prompt_lens):

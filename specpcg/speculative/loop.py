@@ -129,9 +129,11 @@ class SpecDecoder:
 def spec_meta(req, num_draft_tokens: int) -> dict:
     """Per-request metrics under SGLang's names (accept length counts the bonus token)."""
     verify = req.spec_verify_ct
+    spec_tokens = len(req.output_ids) - req.plain_decode_tokens
     return {
         "spec_verify_ct": verify,
-        "spec_accept_length": len(req.output_ids) / verify if verify else 0.0,
+        "spec_accept_length": spec_tokens / verify if verify else 0.0,
+        "plain_decode_tokens": req.plain_decode_tokens,
         "spec_accept_rate": (req.spec_accepted_drafts / (verify * (num_draft_tokens - 1))
                              if verify else 0.0),
         "spec_accepted_drafts": req.spec_accepted_drafts,

@@ -1,0 +1,113 @@
+"""Adaptive speculation: the controller's choices, and an engine that mixes plain decode steps
+into speculative ones keeps every greedy token and hands its draft what it needs."""
+
+import pytest
+
+from specpcg.speculative.adaptive import (EXPLORE_EVERY, WARMUP_STEPS, AdaptiveSpeculation,
+                                          bucket_of)
+from tests.eagle_world import ALGOS, SETTINGS, _check_no_leak, _engine, plain, world  # noqa: F401
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 16, 17, 64)] == [1, 2, 4, 4, 8, 16, 32, 64]
+
+
+def _run(ctrl, bs, spec_rate, decode_rate, steps):
+    """`steps` decisions at batch size bs, each side emitting at its given tok/s."""
+    picks = []
+    for _ in range(steps):
+        use = ctrl.use_spec(bs)
+        picks.append(use)
+        ctrl.record(bs, use, 100, 100 / (spec_rate if use else decode_rate))
+    return picks
+
+
+def test_tries_both_sides_then_runs_the_faster_and_looks_again():
+    ctrl = AdaptiveSpeculation()
+    warm = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS)
+    assert warm == [True] * WARMUP_STEPS + [False] * WARMUP_STEPS
+    later = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=2 * EXPLORE_EVERY)
+    assert later.count(True) == 2  # one look at the slower side per EXPLORE_EVERY steps
+    assert later[EXPLORE_EVERY - 1] and later[2 * EXPLORE_EVERY - 1]
+    info = ctrl.info()["16"]
+    assert info["spec_tok_s"] == pytest.approx(500) and info["decode_tok_s"] == pytest.approx(1000)
+    assert info["spec_steps"] == WARMUP_STEPS + 2
+
+
+def test_each_batch_size_bucket_chooses_for_itself():
+    ctrl = AdaptiveSpeculation()
+    _run(ctrl, 1, spec_rate=900, decode_rate=300, steps=2 * WARMUP_STEPS)
+    _run(ctrl, 64, spec_rate=900, decode_rate=3000, steps=2 * WARMUP_STEPS)
+    assert ctrl.use_spec(1) and not ctrl.use_spec(64)
+    assert ctrl.use_spec(48) is False  # 48 shares the 64 bucket
+
+
+def test_the_choice_follows_a_change_in_speed():
+    ctrl = AdaptiveSpeculation()
+    _run(ctrl, 4, spec_rate=900, decode_rate=300, steps=10)
+    assert ctrl.use_spec(4)
+    # Acceptance collapses: speculative steps now emit a third as fast as plain ones.
+    picks = _run(ctrl, 4, spec_rate=100, decode_rate=300, steps=3 * EXPLORE_EVERY)
+    assert picks[-EXPLORE_EVERY:].count(True) == 1  # plain steps, and one look back
+
+
+class Alternating(AdaptiveSpeculation):
+    """Speculative and plain steps by turns, whatever they measure."""
+
+    def __init__(self):
+        super().__init__()
+        self.turn = 0
+
+    def use_spec(self, batch_size: int) -> bool:
+        self.turn += 1
+        return self.turn % 2 == 1
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_plain_steps_between_speculative_ones_hand_the_head_every_state(world, algo, setting):
+    """On the exact target a synthetic head is right only when handed the target state of the
+    right position: after each plain step it must still accept every draft."""
+    engine = _engine(world.exact, algo, world.heads[algo], **SETTINGS[setting])
+    engine.scheduler.adaptive = Alternating()
+    outs = engine.generate(input_ids=world.prompts, sampling_params=[
+        {**p, "ignore_eos": True} for p in world.params])
+    steps = engine.spec.num_steps
+    for prompt, params, out in zip(world.prompts, world.params, outs):
+        want, token = [], prompt[-1]
+        for _ in range(params["max_new_tokens"]):
+            token = int(world.pi[token])
+            want.append(token)
+        assert out["output_ids"] == want
+        meta = out["meta_info"]
+        assert meta["plain_decode_tokens"] > 0
+        hist = meta["spec_accept_histogram"]
+        assert hist[steps] == sum(hist) == meta["spec_verify_ct"], hist
+        spec_tokens = meta["completion_tokens"] - meta["plain_decode_tokens"]
+        assert meta["spec_accept_length"] == pytest.approx(spec_tokens / meta["spec_verify_ct"])
+    _check_no_leak(engine)
+
+
+@pytest.mark.parametrize("algo", ALGOS + ("NGRAM",))
+def test_alternating_steps_keep_the_greedy_tokens(world, plain, algo):  # noqa: F811
+    head = world.heads.get(algo)
+    engine = _engine(world.noisy, algo, head)
+    engine.scheduler.adaptive = Alternating()
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert [o["output_ids"] for o in outs] == plain.batch
+    assert all(o["meta_info"]["plain_decode_tokens"] > 0 for o in outs)
+    if head:
+        _check_no_leak(engine)
+
+
+def test_adaptive_is_on_by_default_reported_and_can_be_pinned(world):
+    engine = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=False)
+    engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    adaptive = engine.get_server_info()["speculative"]["adaptive"]
+    assert adaptive and all(b["spec_steps"] + b["decode_steps"] > 0 for b in adaptive.values())
+    pinned = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=True)
+    assert pinned.scheduler.adaptive is None
+    assert pinned.get_server_info()["speculative"]["adaptive"] is None
+    simulated = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=False,
+                        speculative_simulate_accept_prob=0.5)
+    assert simulated.scheduler.adaptive is None  # a benchmark of the speculative path itself
