@@ -111,3 +111,22 @@ def test_adaptive_is_on_by_default_reported_and_can_be_pinned(world):
     simulated = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=False,
                         speculative_simulate_accept_prob=0.5)
     assert simulated.scheduler.adaptive is None  # a benchmark of the speculative path itself
+
+
+def test_bench_adaptive_renders_the_latest_speedups(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_adaptive
+
+    def line(system, bs, speedup):
+        return {"bench": "adaptive", "model": "default", "algorithm": "NGRAM", "system": system,
+                "batch": bs, "speedup": speedup, "device": "cpu"}
+
+    records = [line("pinned", 1, 0.5), line("pinned", 1, 0.8), line("adaptive", 1, 1.0),
+               line("pinned", 16, 0.6), line("adaptive", 16, 1.1)]
+    table = bench_adaptive.render_table(records)
+    assert "| default | NGRAM | 0.80 | 0.60 | 1.00 | 1.10 |" in table, table  # latest wins
+    bench_adaptive.render_plot(records, tmp_path / "adaptive.png")
+    assert (tmp_path / "adaptive.png").stat().st_size > 0

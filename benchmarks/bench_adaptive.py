@@ -1,0 +1,148 @@
+"""Adaptive speculation against no-spec and against speculating at every step, per batch size.
+
+For each algorithm (NGRAM, and every --drafts ALGO=DIR) at each --batches size, three engines
+decode the same greedy prompts in one run: no-spec, speculative at every step (pinned), and
+adaptive (the engine's default). Lines carry tok/s, both speedups over no-spec, and how many
+steps the adaptive engine ran on each side. The goal: adaptive >= 1.0x no-spec at every size.
+
+Prompts: held-out ShareGPT first turns through the chat template on a model with a tokenizer;
+on a random-weight shape (`shape:llama-3-8b`) repeated-id prompts, over which NGRAM finds
+matches that the random target rarely follows (speculation that does not pay).
+
+    python benchmarks/bench_adaptive.py [--model-path shape:llama-3-8b] [--drafts EAGLE3=DIR]
+        [--batches 1 4 16 64] [--setting 7,1,8] [--out FILE]
+    python benchmarks/bench_adaptive.py --table-only benchmarks/results/adaptive.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+
+common.add_repo_to_path()
+
+SYSTEMS = ("no-spec", "pinned", "adaptive")
+
+
+def prompts_for(engine, num: int, prompt_len: int) -> list:
+    """`num` prompts as token ids: held-out chat turns, or repeated ids without a tokenizer."""
+    if engine.tokenizer is not None:
+        from drafts.data import heldout_samples
+        from drafts.distill import first_prompts
+
+        return first_prompts(heldout_samples("sharegpt", 4 * num), engine.tokenizer, num)
+    from accept_prompts import repeated_id_prompts
+
+    return repeated_id_prompts(num, prompt_len, 16, engine.model_config.vocab_size)
+
+
+def tok_s(engine, prompts: list, params: dict) -> tuple:
+    """(tok/s, outputs) of one greedy batch, after a short warm-up batch of the same size."""
+    engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 4})
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    dt = time.perf_counter() - t0
+    return sum(o["meta_info"]["completion_tokens"] for o in outs) / dt, outs
+
+
+def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
+    if system == "no-spec":
+        return {}
+    steps, topk, tokens = setting
+    return dict(speculative_algorithm=algo, speculative_draft_model_path=draft,
+                speculative_num_steps=steps, speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=tokens,
+                disable_adaptive_speculation=system == "pinned")
+
+
+def run_all(args) -> None:
+    from specpcg import Engine
+
+    drafts = {"NGRAM": None, **dict(item.split("=", 1) for item in args.drafts)}
+    setting = common.parse_setting(args.setting)
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    most = max(args.batches)
+    prompts, base = None, {}
+    for algo, draft in drafts.items():
+        lines = []
+        for system in SYSTEMS:
+            if system == "no-spec" and base:
+                continue  # one no-spec baseline serves every algorithm
+            engine = Engine(model_path=args.model_path, device=args.device,
+                            max_running_requests=most, cuda_graph_max_bs=most,
+                            show_progress=False, **engine_kwargs(system, algo, draft, setting))
+            prompts = prompts or prompts_for(engine, most, args.prompt_len)
+            for bs in args.batches:
+                rate, outs = tok_s(engine, prompts[:bs], params)
+                if system == "no-spec":
+                    base[bs] = rate
+                    continue
+                adaptive = engine.get_server_info()["speculative"]["adaptive"]
+                lines.append({
+                    "bench": "adaptive", "model": args.model_path or "default",
+                    "algorithm": algo, "system": system, "setting": list(setting),
+                    "batch": bs, "max_new_tokens": args.max_new_tokens, "tok_s": rate,
+                    "no_spec_tok_s": base[bs], "speedup": rate / base[bs],
+                    "plain_decode_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0)
+                                               for o in outs),
+                    "adaptive_buckets": adaptive, "draft": draft,
+                    **common.machine_info(engine.device)})
+                print(f"[bench_adaptive] {algo:8} {system:8} bs {bs:3} "
+                      f"{rate:9.1f} tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)
+            engine.shutdown()
+        common.append_jsonl(args.out, lines)
+
+
+def _latest(records: list) -> dict:
+    """(model, algorithm, batch) -> {system: its latest line}."""
+    table, _ = common.latest_by(records, "adaptive",
+                                lambda r: (r["model"], r["algorithm"], r["batch"]))
+    return table
+
+
+def render_table(records: list) -> str:
+    table = _latest(records)
+    keys = sorted({k[:2] for k in table})
+    columns = [("model", lambda k: k[0]), ("algorithm", lambda k: k[1])]
+    for system in SYSTEMS[1:]:
+        for bs in sorted({k[2] for k in table}):
+            columns.append((f"{system} bs {bs}", lambda k, s=system, b=bs: (
+                table.get((*k, b), {}).get(s, {}).get("speedup"))))
+    return common.column_table(keys, columns)
+
+
+def render_plot(records: list, path) -> None:
+    table = _latest(records)
+    panels = []
+    for model, algo in sorted({k[:2] for k in table}):
+        series = {s: [(k[2], table[k][s]["speedup"]) for k in sorted(table)
+                      if k[:2] == (model, algo) and s in table[k]] for s in SYSTEMS[1:]}
+        panels.append({"title": f"{algo} on {model}", "xlabel": "batch size",
+                       "ylabel": "speedup over no-spec", "logx": True, "logy": False,
+                       "series": series})
+    common.line_plot(panels, path, "Adaptive vs pinned speculation (1.0 = no-spec)")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--drafts", nargs="*", default=[], metavar="ALGO=DIR")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=128, help="repeated-id prompts' length")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "adaptive.jsonl"))
+    p.add_argument("--table-only", metavar="FILE", default=None)
+    args = p.parse_args(argv)
+    if args.table_only:
+        common.render_results(args.table_only, render_table, render_plot)
+        return
+    run_all(args)
+    common.render_results(args.out, render_table, render_plot)
+
+
+if __name__ == "__main__":
+    main()
