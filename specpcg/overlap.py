@@ -7,8 +7,9 @@ and the device never idles on Python. A request that finished at step n also ran
 token is dropped (its KV slot goes with the request's).
 
 Used when nothing else needs the host's view first: no request waiting for prefill, no
-logprobs, no speculative decoding, and room for every running request's next token (else the
-scheduler resolves the step in flight and takes its plain path).
+logprobs, no speculative step next (an engine with a draft overlaps the plain steps adaptive
+speculation picks), and room for every running request's next token (else the scheduler
+resolves the step in flight and takes its plain path).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ class OverlapDecode:
         self.s = scheduler
         self.inflight = None
 
-    def usable(self) -> bool:
+    def usable(self, plain: bool = True) -> bool:
+        """plain: the next decode step is a plain one (not speculative)."""
         s = self.s
-        return (s.spec is None and not s.waiting and bool(s.running)
+        return (plain and not s.waiting and bool(s.running)
                 and not any(r.return_logprob for r in s.running)
                 and s.kv_cache.free_slots >= len(s.running))
 
@@ -50,9 +52,7 @@ class OverlapDecode:
         batch = make_batch(s.kv_cache, ForwardMode.DECODE, reqs, host_ids, s.device)
         if prev is not None:
             batch.input_ids = self._carried(prev, reqs)
-        out = s.runner.forward(batch)
-        for req in reqs:
-            req.num_cached += 1
+        out = s.plain_forward(batch, reqs)
         self.inflight = InflightDecode(reqs, sample(out.logits, reqs))
         return s._collect_aborted() + (self._resolve(prev) if prev is not None else [])
 
@@ -74,4 +74,6 @@ class OverlapDecode:
     def _resolve(self, prev: InflightDecode) -> list:
         tokens = prev.next_ids.tolist()  # NOTE: the one blocking read of a step
         alive = [(r, t) for r, t in zip(prev.reqs, tokens) if not r.finished]
+        for req, _ in alive:
+            req.plain_decode_tokens += self.s.spec is not None
         return self.s._append_and_finish([r for r, _ in alive], [[t] for _, t in alive])

@@ -42,6 +42,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.overlap = OverlapDecode(self) if overlap else None
         self.adaptive = adaptive if spec is not None else None
+        self._speculate = None  # adaptive: the next decode step's choice, made once per step
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -59,17 +60,28 @@ class Scheduler:
         """Runs one forward; returns the requests that finished in it (with overlap, those
         whose last token came from the step before)."""
         ov, done = self.overlap, []
-        overlap = ov is not None and ov.usable()
+        overlap = ov is not None and ov.usable(plain=not self._next_speculates())
         if ov is not None and ov.inflight is not None and not overlap:
             done = self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first
-            overlap = ov.usable()
+            overlap = ov.usable(plain=not self._next_speculates())
         picked = self._schedule_prefill()
         if picked:
             return done + self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
-            run = ov.step if overlap else self._run_decode
+            run = self._run_overlapped if overlap else self._run_decode
             return done + self._guarded(list(self.running), run)
         return done
+
+    def _next_speculates(self) -> bool:
+        """Whether the next decode step speculates: always with a draft and no adaptive
+        speculation; with it, its choice for the running batch, asked once per decode step."""
+        if self.spec is None or not self.running:
+            return False
+        if self.adaptive is None:
+            return True
+        if self._speculate is None:
+            self._speculate = self.adaptive.use_spec(len(self.running))
+        return self._speculate
 
     def _guarded(self, carried: list, run) -> list:
         """run(), or, when the forward raises, exactly the requests it carried finished with
@@ -151,9 +163,19 @@ class Scheduler:
         return self._sample_and_finish(done, out.logits[last] if done else None)
 
     # -- decode --------------------------------------------------------------------------------
+    def _run_overlapped(self) -> list:
+        """A plain decode step launched ahead of its results (specpcg/overlap.py), timed for
+        adaptive speculation: in steady state a call lasts one device step."""
+        start, bs = time.perf_counter(), len(self.running)
+        self._speculate = None
+        finished = self.overlap.step()
+        if self.adaptive is not None:
+            self.adaptive.record(bs, False, bs, time.perf_counter() - start)
+        return finished
+
     def _run_decode(self) -> list:
-        speculate = self.spec is not None and (
-            self.adaptive is None or self.adaptive.use_spec(len(self.running)))
+        speculate = self._next_speculates()
+        self._speculate = None
         self._make_room_for_decode(self.spec.tokens_per_request if speculate else 1)
         if not self.running:
             return self._collect_aborted()
@@ -174,6 +196,15 @@ class Scheduler:
         self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
         batch = make_batch(self.kv_cache, ForwardMode.DECODE, reqs, [[r.last_id] for r in reqs],
                            self.device)
+        out = self.plain_forward(batch, reqs)
+        for req in reqs:
+            req.plain_decode_tokens += self.spec is not None
+        return self._sample_and_finish(reqs, out.logits)
+
+    def plain_forward(self, batch: ForwardBatch, reqs: list):
+        """A DECODE forward of one token per request. With a draft that reads the target's
+        hidden states they are captured and handed over (in row order), so the draft can catch
+        up when speculation resumes; each request's num_cached moves past its token."""
         draft = self.spec.draft if self.spec is not None else None
         capture = draft is not None and draft.needs_hidden != CaptureHiddenMode.NULL
         if capture:
@@ -182,10 +213,9 @@ class Scheduler:
         hidden = draft.target_hidden(out) if capture else None
         for i, req in enumerate(reqs):
             req.num_cached += 1
-            req.plain_decode_tokens += draft is not None
             if hidden is not None:
                 draft.absorb(req, hidden[i:i + 1])
-        return self._sample_and_finish(reqs, out.logits)
+        return out
 
     def _make_room_for_decode(self, tokens_per_request: int) -> None:
         while self.running and self.kv_cache.free_slots < tokens_per_request * len(self.running):

@@ -93,9 +93,20 @@ def test_alternating_steps_keep_the_greedy_tokens(world, plain, algo):  # noqa: 
     head = world.heads.get(algo)
     engine = _engine(world.noisy, algo, head)
     engine.scheduler.adaptive = Alternating()
+    ov, launched = engine.scheduler.overlap, []
+    step = ov.step
+    ov.step = lambda: launched.append(1) or step()  # plain steps run ahead of their results
     outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
     assert [o["output_ids"] for o in outs] == plain.batch
     assert all(o["meta_info"]["plain_decode_tokens"] > 0 for o in outs)
+    assert launched, "no plain step was overlapped"
+    # Plain tokens resolved a step late are still counted as plain: what is left of each output
+    # is its prefill's first token and what verifies emitted.
+    metas = [o["meta_info"] for o in outs]
+    state = engine.get_server_info()["internal_states"][0]
+    emitted = state["avg_spec_accept_length"] * state["spec_verify_ct"]
+    spec_tokens = sum(m["completion_tokens"] - m["plain_decode_tokens"] - 1 for m in metas)
+    assert spec_tokens <= emitted + 1e-6, (spec_tokens, emitted)
     if head:
         _check_no_leak(engine)
 
