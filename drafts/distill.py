@@ -67,37 +67,37 @@ def _params(conv: _Conv, max_new_tokens: int, tokenizer) -> dict:
 
 def self_distill(engine, samples: list, max_new_tokens: int, max_turns: int = 1,
                  max_prompt_tokens: int = 1024, show_progress: bool = True) -> Sequences:
-    """The target's greedy answers to `samples` (drafts.data.Sample, or token-id lists). All
-    prompts of a turn are queued at once and the engine batches them continuously. Samples
-    whose first prompt is longer than max_prompt_tokens are skipped."""
+    """The target's greedy answers to `samples` (drafts.data.Sample, or token-id lists). Every
+    first prompt is queued at once; a chat's next turn is queued as soon as its answer to the
+    turn before arrives (no turn waits for the slowest answer of the one before), and the
+    engine batches them all continuously. Samples whose first prompt is longer than
+    max_prompt_tokens are skipped; a chat ends at its first turn that does not fit."""
     tok = engine.tokenizer
     if tok is None and any(not isinstance(s, list) for s in samples):
         raise ValueError("text and chat samples need the target's tokenizer; pass token-id "
                          "lists as data for a target without one")
     convs = [_Conv(s) for s in samples]
+    in_flight = {}  # request id -> (conversation, turn)
+
+    def ask(conv: _Conv, turn: int) -> None:
+        ids = _next_prompt(conv, turn, tok, max_prompt_tokens)
+        if ids is not None:
+            rid = engine.submit(input_ids=ids, sampling_params=_params(conv, max_new_tokens, tok))
+            in_flight[rid], conv.prompt = (conv, turn), ids
+
+    for conv in convs:
+        ask(conv, 0)
     bar = tqdm(desc="self-distill", unit="answer", disable=not show_progress)
-    for turn in range(max_turns):
-        index = {}
-        for conv in convs:
-            if turn > 0 and conv.answer is None:
-                continue  # skipped at its first turn
-            ids = _next_prompt(conv, turn, tok, max_prompt_tokens)
-            if ids is not None:
-                index[engine.submit(input_ids=ids,
-                                    sampling_params=_params(conv, max_new_tokens, tok))] = conv
-                conv.prompt = ids
-            else:
-                conv.answer = None  # the chat ends at its first turn that does not fit
-        if not index:
-            break
-        while engine.has_unfinished():
-            for out in engine.step():
-                conv = index[out["meta_info"]["id"]]
-                conv.answer = out["output_ids"]
-                conv.turns.append((conv.prompt, conv.answer))
-                if conv.messages:
-                    conv.messages.append({"role": "assistant", "content": out["text"]})
-                bar.update(1)
+    while engine.has_unfinished():
+        for out in engine.step():
+            conv, turn = in_flight.pop(out["meta_info"]["id"])
+            conv.answer = out["output_ids"]
+            conv.turns.append((conv.prompt, conv.answer))
+            if conv.messages:
+                conv.messages.append({"role": "assistant", "content": out["text"]})
+            bar.update(1)
+            if turn + 1 < max_turns:
+                ask(conv, turn + 1)
     bar.close()
     done = [(c, p, a) for c in convs for p, a in c.turns]
     if not done:

@@ -196,3 +196,36 @@ def test_self_distill_trains_on_every_turn_and_ends_a_chat_at_a_long_turn():
                               [ord(c) for c in "plain"] + [5, 7, 7]]
     assert seqs.prompt_lens == [len(turn1), len(turn2), 5]
     assert seqs.sources == ["chat", "chat", "text"]
+
+
+class _OneAtATimeEngine(_EchoEngine):
+    """Answers the oldest pending prompt only, one per step; records what was pending when
+    each prompt arrived."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending_at_submit = []
+
+    def submit(self, input_ids, sampling_params):
+        self.pending_at_submit.append(len(self.pending))
+        return super().submit(input_ids, sampling_params)
+
+    def step(self):
+        (rid, ids), self.pending = self.pending[0], self.pending[1:]
+        return [{"meta_info": {"id": rid}, "output_ids": [len(ids), 7, 7], "text": f"a{len(ids)}"}]
+
+
+def test_a_chat_asks_its_next_turn_without_waiting_for_other_chats():
+    from drafts.data.base import Sample
+    from drafts.distill import self_distill
+
+    chats = [Sample(user_turns=(f"q{i}", "more"), source="chat") for i in range(3)]
+    engine = _OneAtATimeEngine()
+    seqs = self_distill(engine, chats, max_new_tokens=3, max_turns=2)
+    # Chat 0's second turn arrives while chats 1 and 2 still wait for their first answers.
+    assert engine.pending_at_submit == [0, 1, 2, 2, 2, 2]
+    assert len(seqs.token_ids) == 6
+    assert seqs.sources == ["chat"] * 6
+    # Sequences stay grouped by chat, turn after turn, whatever order the answers came in.
+    firsts = [ord(c) for c in "user:q1"]
+    assert seqs.token_ids[2] == firsts + [len(firsts), 7, 7]
