@@ -25,7 +25,6 @@ class _Conv:
     sample: object  # drafts.data.Sample, or a list of token ids
     messages: list = field(default_factory=list)
     prompt: Optional[list] = None  # the last prompt's ids
-    answer: Optional[list] = None  # the target's answer to it
     turns: list = field(default_factory=list)  # (prompt ids, answer ids) of every turn
 
 
@@ -91,8 +90,7 @@ def self_distill(engine, samples: list, max_new_tokens: int, max_turns: int = 1,
     while engine.has_unfinished():
         for out in engine.step():
             conv, turn = in_flight.pop(out["meta_info"]["id"])
-            conv.answer = out["output_ids"]
-            conv.turns.append((conv.prompt, conv.answer))
+            conv.turns.append((conv.prompt, out["output_ids"]))
             if conv.messages:
                 conv.messages.append({"role": "assistant", "content": out["text"]})
             bar.update(1)

@@ -74,6 +74,6 @@ class OverlapDecode:
     def _resolve(self, prev: InflightDecode) -> list:
         tokens = prev.next_ids.tolist()  # NOTE: the one blocking read of a step
         alive = [(r, t) for r, t in zip(prev.reqs, tokens) if not r.finished]
-        for req, _ in alive:
-            req.plain_decode_tokens += self.s.spec is not None
-        return self.s._append_and_finish([r for r, _ in alive], [[t] for _, t in alive])
+        reqs = [r for r, _ in alive]
+        self.s.count_plain_tokens(reqs)  # here, not at launch: a finished request drops its token
+        return self.s._append_and_finish(reqs, [[t] for _, t in alive])

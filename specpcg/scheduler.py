@@ -41,7 +41,7 @@ class Scheduler:
         self.running: list = []
         self.num_preemptions = 0
         self.overlap = OverlapDecode(self) if overlap else None
-        self.adaptive = adaptive if spec is not None else None
+        self.adaptive = adaptive
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
 
     def add(self, req: Request) -> None:
@@ -169,9 +169,14 @@ class Scheduler:
         start, bs = time.perf_counter(), len(self.running)
         self._speculate = None
         finished = self.overlap.step()
-        if self.adaptive is not None:
-            self.adaptive.record(bs, False, bs, time.perf_counter() - start)
+        self._record(bs, False, bs, start)
         return finished
+
+    def _record(self, batch_size: int, speculated: bool, tokens: int, start: float) -> None:
+        """A decode step's speed, for adaptive speculation. Both kinds of step end in a read
+        of their tokens, so they are timed alike."""
+        if self.adaptive is not None:
+            self.adaptive.record(batch_size, speculated, tokens, time.perf_counter() - start)
 
     def _run_decode(self) -> list:
         speculate = self._next_speculates()
@@ -186,20 +191,24 @@ class Scheduler:
             finished = self._append_and_finish(reqs, emitted)
         else:
             finished, tokens = self._plain_decode(reqs), len(reqs)
-        if self.adaptive is not None:  # both sides end in a read of their tokens: timed alike
-            self.adaptive.record(len(reqs), speculate, tokens, time.perf_counter() - start)
+        self._record(len(reqs), speculate, tokens, start)
         return finished
 
     def _plain_decode(self, reqs: list) -> list:
-        """One token per request. With a draft that reads the target's hidden states, they are
-        captured and handed over, so the draft can catch up when speculation resumes."""
+        """One token per request (plain_forward), sampled and appended now."""
         self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
         batch = make_batch(self.kv_cache, ForwardMode.DECODE, reqs, [[r.last_id] for r in reqs],
                            self.device)
         out = self.plain_forward(batch, reqs)
-        for req in reqs:
-            req.plain_decode_tokens += self.spec is not None
+        self.count_plain_tokens(reqs)
         return self._sample_and_finish(reqs, out.logits)
+
+    def count_plain_tokens(self, reqs: list) -> None:
+        """With a draft, a plain step's token is not a speculative one (spec_meta tells them
+        apart); without one there is nothing to tell apart."""
+        if self.spec is not None:
+            for req in reqs:
+                req.plain_decode_tokens += 1
 
     def plain_forward(self, batch: ForwardBatch, reqs: list):
         """A DECODE forward of one token per request. With a draft that reads the target's

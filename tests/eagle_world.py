@@ -184,6 +184,23 @@ def _check_spec_meta(meta, num_draft_tokens):
     assert meta["spec_accept_length"] >= 1.0
 
 
+def _exact_outputs_all_accepted(world, engine) -> list:
+    """Generates every prompt on the exact target (no EOS stop); checks each output follows pi
+    and every verify accepted all its drafts. Returns the outputs."""
+    outs = engine.generate(input_ids=world.prompts, sampling_params=[
+        {**p, "ignore_eos": True} for p in world.params])
+    steps = engine.spec.num_steps
+    for prompt, params, out in zip(world.prompts, world.params, outs):
+        want, token = [], prompt[-1]
+        for _ in range(params["max_new_tokens"]):
+            token = int(world.pi[token])
+            want.append(token)
+        assert out["output_ids"] == want
+        hist = out["meta_info"]["spec_accept_histogram"]
+        assert hist[steps] == sum(hist) == out["meta_info"]["spec_verify_ct"], hist
+    return outs
+
+
 def _check_no_leak(engine):
     kv = engine.get_server_info()["kv_cache"]
     assert kv["free_slots"] == kv["total_slots"]

@@ -19,7 +19,8 @@ from specpcg.core import ForwardMode
 from specpcg.forward_context import get_forward_context
 
 from tests.eagle_world import (  # noqa: F401 (fixtures)
-    ALGOS, SETTINGS, world, plain, _engine, _check_spec_meta, _check_no_leak)
+    ALGOS, SETTINGS, world, plain, _engine, _check_spec_meta, _check_no_leak,
+    _exact_outputs_all_accepted)
 
 
 # ---- 1. greedy lossless ------------------------------------------------------------------------
@@ -131,17 +132,8 @@ def test_output_logprobs_with_a_head_draft(world):
 def test_synthetic_head_accepts_every_draft_on_the_exact_target(world, algo, setting):
     """Right only when handed the target state of the right position: every draft accepted."""
     engine = _engine(world.exact, algo, world.heads[algo], **SETTINGS[setting])
-    outs = engine.generate(input_ids=world.prompts, sampling_params=[
-        {**p, "ignore_eos": True} for p in world.params])
+    _exact_outputs_all_accepted(world, engine)
     steps = engine.spec.num_steps
-    for prompt, params, out in zip(world.prompts, world.params, outs):
-        want, token = [], prompt[-1]
-        for _ in range(params["max_new_tokens"]):
-            token = int(world.pi[token])
-            want.append(token)
-        assert out["output_ids"] == want
-        hist = out["meta_info"]["spec_accept_histogram"]
-        assert hist[steps] == sum(hist) == out["meta_info"]["spec_verify_ct"], hist
     state = engine.get_server_info()["internal_states"][0]
     assert state["avg_spec_accept_length"] == steps + 1
     _check_no_leak(engine)
