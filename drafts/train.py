@@ -3,6 +3,7 @@
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
         [--max-new-tokens 256] [--minutes 9.5] [--ttt-steps 7] [--draft-vocab-size 8192]
+        [--soft-label-k 16]
         [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]
 
 Pipeline: prompts from the data sources (drafts.data: chat turns through the target's chat
@@ -40,7 +41,7 @@ from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-TRAINER_VERSION = 3  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 4  # part of ensure_draft's cache key: bump when trained drafts change
 # Chains whose offline accept length the log carries: the engine's default and the deepest the
 # benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
 OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)
@@ -54,7 +55,7 @@ GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: max_prompt_tokens plus an 
 
 @dataclass(frozen=True)
 class TrainOptions:
-    num_prompts: int = 8000
+    num_prompts: int = 10000
     max_new_tokens: int = 256
     max_turns: int = 2  # chat samples: user turns the target answers in turn
     max_prompt_tokens: int = 1024  # longer prompts are skipped (first turn) or end the chat
@@ -72,6 +73,8 @@ class TrainOptions:
     # EAGLE3: the target layers it fuses; () = SGLang's default (low, middle, high).
     aux_layer_ids: tuple = ()
     num_layers: int = 4  # STANDALONE: the target's first K layers
+    # Heads learn the target's top-k next-token distribution (0: its argmax alone).
+    soft_label_k: int = 16
     device: str = "auto"
     seed: int = 0
     lr: float = 1e-3
@@ -98,6 +101,9 @@ class TrainOptions:
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in aux))):
             raise ValueError(f"aux_layer_ids must be three distinct layer indices, got {aux!r}")
         opts = replace(opts, aux_layer_ids=tuple(aux))
+        k = opts.soft_label_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"soft_label_k must be an integer >= 0, got {k!r}")
         if not opts.minutes > 0 or not 0 <= opts.heldout_frac < 1:
             raise ValueError(f"minutes must be > 0 and heldout_frac in [0, 1), got "
                              f"{opts.minutes!r} and {opts.heldout_frac!r}")
@@ -178,7 +184,8 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     times["generate_s"] = time.perf_counter() - t0
     feats = extract_features(model, seqs, _feature_layers(algorithm, aux),
                              FEATURES[algorithm] is not None, device,
-                             show_progress=o.show_progress)
+                             show_progress=o.show_progress,
+                             soft_k=o.soft_label_k if algorithm != "STANDALONE" else 0)
     times["features_s"] = time.perf_counter() - t0 - times["generate_s"]
     split = _split(feats.num_seqs, o.heldout_frac, o.seed)
     os.makedirs(out, exist_ok=True)

@@ -61,6 +61,10 @@ class Features:
     hidden: Optional[torch.Tensor]  # [N, F] bf16: final normed hidden, or the aux layers' [3H]
     offsets: list
     prompt_lens: list
+    # The target's k most likely next tokens at each position and their log-probabilities over
+    # the whole vocabulary (soft labels): [N, k] int64 and fp16, or None (hard labels only).
+    soft_ids: Optional[torch.Tensor] = None
+    soft_logp: Optional[torch.Tensor] = None
 
     @property
     def num_seqs(self) -> int:
@@ -94,21 +98,27 @@ def _store_device(device: torch.device, num_bytes: int) -> torch.device:
 
 @torch.no_grad()
 def extract_features(model, seqs: Sequences, aux_layers: tuple, keep_hidden: bool, device,
-                     token_budget: int = 32768, show_progress: bool = True) -> Features:
+                     token_budget: int = 32768, show_progress: bool = True,
+                     soft_k: int = 0) -> Features:
     """Runs the target over every whole sequence (dense attention, no KV cache): its greedy
-    labels and, when `keep_hidden`, its final hidden states or (aux_layers) the residual streams
-    entering those layers, concatenated. Stored in bf16 on the GPU when they fit, else CPU."""
+    labels, its top `soft_k` next tokens with their log-probabilities (soft_k > 0) and, when
+    `keep_hidden`, its final hidden states or (aux_layers) the residual streams entering those
+    layers, concatenated. Stored in bf16 on the GPU when they fit, else CPU."""
     cfg = model.config
     lens = [len(t) for t in seqs.token_ids]
     offsets = [0]
     for n in lens:
         offsets.append(offsets[-1] + n)
     width = cfg.hidden_size * max(len(aux_layers), 1)
-    store = _store_device(device, offsets[-1] * width * 2 if keep_hidden else 0)
+    per_token = (width * 2 if keep_hidden else 0) + soft_k * 10  # bytes: bf16; int64 + fp16
+    store = _store_device(device, offsets[-1] * per_token)
     token_ids = torch.tensor([t for s in seqs.token_ids for t in s], dtype=torch.long)
     labels = torch.empty(offsets[-1], dtype=torch.long, device=store)
     hidden = torch.empty(offsets[-1], width, dtype=torch.bfloat16, device=store) \
         if keep_hidden else None
+    soft_ids = torch.empty(offsets[-1], soft_k, dtype=torch.long, device=store) if soft_k else None
+    soft_logp = torch.empty(offsets[-1], soft_k, dtype=torch.float16, device=store) \
+        if soft_k else None
     backend = DenseAttnBackend(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5)
     batches = length_batches(lens, list(range(len(lens))), token_budget)
     for ids in tqdm(batches, desc="features", unit="batch", disable=not show_progress):
@@ -118,11 +128,17 @@ def extract_features(model, seqs: Sequences, aux_layers: tuple, keep_hidden: boo
         rows = rows.to(store)
         for start in range(0, final.shape[0], LOGITS_CHUNK_ROWS):
             part = slice(start, start + LOGITS_CHUNK_ROWS)
-            labels[rows[part]] = model.compute_logits(final[part]).argmax(-1).to(store)
+            logits = model.compute_logits(final[part])
+            labels[rows[part]] = logits.argmax(-1).to(store)
+            if soft_k:
+                top = torch.log_softmax(logits.float(), dim=-1).topk(soft_k, dim=-1)
+                soft_ids[rows[part]] = top.indices.to(store)
+                soft_logp[rows[part]] = top.values.to(store, torch.float16)
         if keep_hidden:
             feats = torch.cat(aux, dim=-1) if aux_layers else final
             hidden[rows] = feats.to(store, torch.bfloat16)
-    return Features(token_ids.to(store), labels, hidden, offsets, list(seqs.prompt_lens))
+    return Features(token_ids.to(store), labels, hidden, offsets, list(seqs.prompt_lens),
+                    soft_ids, soft_logp)
 
 
 def choose_draft_vocab(features: Features, size: int, vocab_size: int) -> torch.Tensor:

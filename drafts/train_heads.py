@@ -6,7 +6,10 @@ target's hidden states; step k > 1 at position p reads the head's own output at 
 k - 1 and attends as the draft KV cache lets it at inference (`specpcg.attention.dense`), so
 steps 2..S learn from the inputs they will really get. Loss: cross-entropy on the target's labels
 summed over steps with weights STEP_DECAY ** (k - 1), on the rows whose label lies in an answer
-(what the engine drafts); EAGLE adds the EAGLE-1 smooth-L1 pull of
+(what the engine drafts). With soft labels (the features carry the target's top-k next tokens)
+the cross-entropy is against the target's own distribution over those k tokens, renormalised
+within the draft vocabulary, rather than its argmax alone: the same optimum for greedy
+acceptance, with the runner-up tokens' odds as extra signal per row. EAGLE adds the EAGLE-1 smooth-L1 pull of
 its output toward the target's hidden state at p + 1 (what the next step would ideally read).
 """
 
@@ -41,6 +44,8 @@ class HeadRows:
     labels: torch.Tensor  # [R] draft-vocabulary id of the label at p + 1; -1 outside it
     acc_mask: torch.Tensor  # [R] the predicted token lies in the answer (what gets drafted)
     target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
+    soft_ids: Optional[torch.Tensor] = None  # [R, k] draft-vocabulary ids (-1 outside it)
+    soft_probs: Optional[torch.Tensor] = None  # [R, k] their target probabilities, summing to 1
 
 
 def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
@@ -58,7 +63,19 @@ def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
         hidden=feats.hidden[at].to(device, non_blocking=True),
         labels=t2d[feats.labels[at + 1].to(device)],
         acc_mask=pos + 2 >= prompt_lens,
-        target_next=feats.hidden[at + 1].to(device) if with_next else None)
+        target_next=feats.hidden[at + 1].to(device) if with_next else None,
+        **_soft_labels(feats, at + 1, t2d, device))
+
+
+def _soft_labels(feats: Features, at: torch.Tensor, t2d: torch.Tensor, device) -> dict:
+    """The target's top-k distribution at feature rows `at`, kept to the draft vocabulary and
+    renormalised there (a row with none of its k tokens inside has no valid label anyway)."""
+    if feats.soft_ids is None:
+        return {}
+    ids = t2d[feats.soft_ids[at].to(device)]
+    logp = feats.soft_logp[at].to(device).float().masked_fill(ids < 0, float("-inf"))
+    probs = torch.softmax(logp, dim=-1).nan_to_num(0.0)
+    return {"soft_ids": ids, "soft_probs": probs}
 
 
 def draft_vocab(head) -> torch.Tensor:
@@ -86,8 +103,13 @@ def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, head.head_weight.to(hidden.dtype)).float()  # [R, draft vocab]
 
 
-def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(_logits(head, hidden), labels, ignore_index=-1, reduction="sum")
+def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor, soft_ids=None,
+             soft_probs=None) -> torch.Tensor:
+    if soft_ids is None:
+        return F.cross_entropy(_logits(head, hidden), labels, ignore_index=-1, reduction="sum")
+    logp = torch.log_softmax(_logits(head, hidden), dim=-1)
+    picked = logp.gather(1, soft_ids.clamp(min=0))  # entries outside the vocabulary weigh 0
+    return -(soft_probs * picked)[labels >= 0].sum()
 
 
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
@@ -102,7 +124,8 @@ def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: floa
         # NOTE: recomputed in backward (checkpoint): each step's [rows, vocab] logits would
         # otherwise stay alive until the chain's backward (7 steps x a 49k vocabulary ran a
         # side-by-side H100 out of memory); the gradient is the same.
-        ce = checkpoint(_step_ce, head, out[m], labels, use_reentrant=False)
+        soft = (rows.soft_ids[m], rows.soft_probs[m]) if rows.soft_ids is not None else ()
+        ce = checkpoint(_step_ce, head, out[m], labels, *soft, use_reentrant=False)
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
         if hidden_weight:
             diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[m].float(), reduction="none")
@@ -164,7 +187,8 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     t2d[ids] = torch.arange(ids.shape[0], device=device)
     weight = HIDDEN_LOSS_WEIGHT.get(algorithm, 0.0)
     lc = spec.layer_cfg
-    backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5)
+    backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5,
+                               torch.bfloat16 if torch.device(device).type == "cuda" else None)
     lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
     rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
     train_batches = length_batches(lens, split["train"], opts.token_budget)

@@ -331,3 +331,86 @@ def test_vocab_coverage_counts_answer_labels_inside_the_draft_vocabulary():
     # answer labels: seq 0 -> [1, 2, 3] (2 inside), seq 1 -> [4, 5, 6] (1 inside)
     assert vocab_coverage(feats, [0], t2d) == pytest.approx(2 / 3)
     assert vocab_coverage(feats, [0, 1], t2d) == pytest.approx(3 / 6)
+
+
+def test_soft_labels_keep_the_draft_vocabulary_and_renormalise():
+    from drafts.train_data import Features
+    from drafts.train_heads import _soft_labels
+
+    logp = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]]))
+    feats = Features(token_ids=torch.zeros(2, dtype=torch.long), labels=torch.tensor([7, 3]),
+                     hidden=None, offsets=[0, 2], prompt_lens=[1],
+                     soft_ids=torch.tensor([[7, 2, 5], [3, 8, 9]]), soft_logp=logp.half())
+    t2d = torch.full((10,), -1)
+    t2d[torch.tensor([2, 3, 7])] = torch.arange(3)  # ids 5, 8 and 9 lie outside
+    got = _soft_labels(feats, torch.tensor([0, 1]), t2d, CPU)
+    assert got["soft_ids"].tolist() == [[2, 0, -1], [1, -1, -1]]
+    torch.testing.assert_close(got["soft_probs"], torch.tensor([[0.625, 0.375, 0.0],
+                                                                [1.0, 0.0, 0.0]]),
+                               atol=2e-3, rtol=0)
+
+
+def test_one_hot_soft_labels_give_the_hard_loss_and_spread_ones_differ():
+    import torch.nn.functional as F
+
+    from drafts.train_heads import _step_ce
+
+    class Head(torch.nn.Module):
+        head_weight = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
+
+    h = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([3, -1, 0, 19, 7, 7])
+    hard = _step_ce(Head(), h, y)
+    ids = torch.stack([y, torch.full_like(y, 5)], dim=1)
+    one_hot = torch.tensor([[1.0, 0.0]]).expand(6, 2)
+    assert torch.allclose(_step_ce(Head(), h, y, ids, one_hot), hard)
+    assert torch.allclose(hard, F.cross_entropy(h @ Head.head_weight.T, y, ignore_index=-1,
+                                                reduction="sum"))
+    spread = torch.tensor([[0.5, 0.5]]).expand(6, 2)
+    assert not torch.allclose(_step_ce(Head(), h, y, ids, spread), hard)
+
+
+def test_features_carry_the_targets_top_k_with_the_label_first():
+    from drafts.train_data import Sequences, extract_features
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=H, num_kv_heads=HKV, head_dim=D, max_position_embeddings=64)
+    model = build_model(cfg, None, CPU, torch.float32, seed=3)
+    seqs = Sequences(token_ids=[[1, 5, 9, 2], [3, 4, 8, 8, 1, 7]], prompt_lens=[2, 3])
+    feats = extract_features(model, seqs, (), False, CPU, show_progress=False, soft_k=4)
+    assert feats.soft_ids.shape == (10, 4) and feats.soft_logp.shape == (10, 4)
+    assert torch.equal(feats.soft_ids[:, 0], feats.labels)
+    probs = feats.soft_logp.float().exp()
+    assert (probs[:, :-1] >= probs[:, 1:]).all() and (probs.sum(-1) <= 1.001).all()
+    assert extract_features(model, seqs, (), False, CPU, show_progress=False).soft_ids is None
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_dense_attention_in_bf16_stays_close_and_keeps_the_callers_dtype(steps):
+    lens = [5, 8, 2]
+    gen = torch.Generator().manual_seed(2)
+    qs, ks, vs = ([torch.randn(sum(lens), n * D, generator=gen) for _ in range(steps)]
+                  for n in (H, HKV, HKV))
+    batch = dense_batch(torch.ones(sum(lens), dtype=torch.long), lens)
+    outs = []
+    for dtype in (None, torch.bfloat16):
+        dense = DenseAttnBackend(H, HKV, D, D ** -0.5, compute_dtype=dtype)
+        dense.init_forward_metadata(batch)
+        with dense.unrolled():
+            outs.append([dense.forward(qs[i], ks[i], vs[i], 0, batch) for i in range(steps)])
+    for want, got in zip(*outs):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+
+
+def test_dense_attention_on_half_inputs_groups_kv_heads_like_the_fp32_path():
+    lens = [4, 7]
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(sum(lens), n * D, generator=gen) for n in (H, HKV, HKV))
+    batch = dense_batch(torch.ones(sum(lens), dtype=torch.long), lens)
+    dense = DenseAttnBackend(H, HKV, D, D ** -0.5)
+    dense.init_forward_metadata(batch)
+    want = dense.forward(q, k, v, 0, batch)
+    got = dense.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0, batch)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)

@@ -57,8 +57,12 @@ def ttt_mask(seq_len: int, step: int, device: torch.device) -> torch.Tensor:
 class DenseAttnBackend(AttentionBackend):
     name = "dense"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 compute_dtype=None):
         super().__init__(None, num_heads, num_kv_heads, head_dim, scale)
+        # None: attend in the inputs' dtype. The trainer passes bf16 on CUDA: its fp32 heads
+        # would otherwise run the masked TTT attention (keys of every earlier step) in fp32.
+        self.compute_dtype = compute_dtype
         self._layout = None  # (batch, PaddedLayout) of the forward in flight
         self._steps = None  # inside unrolled(): layer_id -> [(k, v) padded] of earlier steps
 
@@ -80,7 +84,9 @@ class DenseAttnBackend(AttentionBackend):
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
         owner, layout = self._layout
         assert owner is batch, "init_forward_metadata was not called for this batch"
-        num_tokens = q.shape[0]
+        num_tokens, out_dtype = q.shape[0], q.dtype
+        if self.compute_dtype is not None:
+            q, k, v = (t.to(self.compute_dtype) for t in (q, k, v))
         q4 = self._heads(layout, q, self.num_heads)  # [bs, H, L, D]
         k4 = self._heads(layout, k, self.num_kv_heads)  # [bs, Hkv, L, D]
         v4 = self._heads(layout, v, self.num_kv_heads)
@@ -92,11 +98,16 @@ class DenseAttnBackend(AttentionBackend):
             mask = ttt_mask(layout.max_len, len(earlier) + 1, q.device)
             earlier.append((k4, v4))
         group = self.num_heads // self.num_kv_heads
+        # NOTE: only flash attention (causal, half precision) takes unequal head counts; with
+        # enable_gqa anything else runs SDPA's unfused math path, so repeat the KV heads then.
+        gqa = group > 1 and mask is None and q4.dtype in (torch.bfloat16, torch.float16)
+        if group > 1 and not gqa:
+            keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
         out = F.scaled_dot_product_attention(
-            q4, keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1),
-            attn_mask=mask, is_causal=mask is None, scale=self.scale)  # [bs, H, L, D]
+            q4, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+            enable_gqa=gqa)  # [bs, H, L, D]
         # Padded rows only ever see keys at or before themselves: finite, then dropped here.
-        return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1)
+        return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1).to(out_dtype)
 
     def _heads(self, layout: PaddedLayout, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         """[T, heads * D] packed -> [bs, heads, L, D] padded."""
