@@ -90,6 +90,10 @@ def length_batches(lengths: list, ids: list, token_budget: int) -> list:
 
 def _store_device(device: torch.device, num_bytes: int) -> torch.device:
     if device.type == "cuda":
+        # The generating engine's KV cache and graphs were just freed into torch's cache, which
+        # mem_get_info counts as used: hand it back first. (Features on the CPU cost a host
+        # gather and copy on every training step: several times slower.)
+        torch.cuda.empty_cache()
         free_bytes, _ = torch.cuda.mem_get_info(device)
         if num_bytes < FEATURE_MEMORY_SHARE * free_bytes:
             return device

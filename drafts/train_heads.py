@@ -177,9 +177,10 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
-               out_dir: str, aux_layer_ids: tuple = ()) -> dict:
+               out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto") -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
-    the published layout) into out_dir; returns the loop's record plus accuracies."""
+    the published layout) into out_dir; returns the loop's record plus accuracies.
+    attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32)."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
                           opts.seed, aux_layer_ids)
     t2d = torch.full((target_cfg.vocab_size,), -1, dtype=torch.long, device=device)
@@ -187,8 +188,10 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     t2d[ids] = torch.arange(ids.shape[0], device=device)
     weight = HIDDEN_LOSS_WEIGHT.get(algorithm, 0.0)
     lc = spec.layer_cfg
+    if attention_dtype == "auto":
+        attention_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else None
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5,
-                               torch.bfloat16 if torch.device(device).type == "cuda" else None)
+                               attention_dtype)
     lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
     rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
     train_batches = length_batches(lens, split["train"], opts.token_budget)

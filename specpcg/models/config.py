@@ -71,6 +71,10 @@ class ModelConfig:
 
 # Shapes people benchmark with, for random-weight (shape-only) engines.
 PRESET_SHAPES = {
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                         rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,)),
     "llama-3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
                        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,

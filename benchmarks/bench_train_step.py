@@ -1,0 +1,92 @@
+"""The draft trainer's step time: one EAGLE3 head's loop on synthetic features of the default
+model's shape, per variant (attention dtype, soft labels, where the features are stored).
+
+Features are random (no generation): the step time depends on the shapes, not on the values.
+Each variant runs the trainer's own loop (`drafts.train_heads.train_head`) for --steps steps;
+lines carry ms per step and tokens per second.
+
+    python benchmarks/bench_train_step.py [--steps 40] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import torch
+
+import common
+
+common.add_repo_to_path()
+
+# (name, attention dtype, soft-label k, features on the CPU)
+VARIANTS = (("fp32-attn", torch.float32, 0, False), ("bf16-attn", "auto", 0, False),
+            ("bf16-attn+soft16", "auto", 16, False), ("bf16-attn+soft16+cpu-store", "auto", 16, True))
+
+
+def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
+    """Sequences of chat-like lengths (80-1200 tokens, a third prompt) with random features."""
+    from drafts.train_data import Features
+
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(80, 1200, (num_seqs,), generator=gen).tolist()
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    n = offsets[-1]
+    common_ids = torch.randint(0, cfg.vocab_size, (8192,), generator=gen)
+    labels = common_ids[torch.randint(0, 8192, (n,), generator=gen)]
+    soft = None
+    if soft_k:
+        soft = common_ids[torch.randint(0, 8192, (n, soft_k), generator=gen)]
+        soft[:, 0] = labels
+    logp = torch.log_softmax(torch.randn(n, max(soft_k, 1), generator=gen), -1).sort(
+        -1, descending=True).values.half()
+    return Features(
+        token_ids=labels.roll(1).to(store), labels=labels.to(store),
+        hidden=torch.randn(n, 3 * cfg.hidden_size, generator=gen).bfloat16().to(store),
+        offsets=offsets, prompt_lens=[n // 3 for n in lens],
+        soft_ids=soft.to(store) if soft_k else None,
+        soft_logp=logp.to(store) if soft_k else None)
+
+
+def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, steps, num_seqs) -> dict:
+    from drafts.train_heads import train_head
+    from drafts.train_loop import LoopOptions
+
+    store = torch.device("cpu") if on_cpu else device
+    feats = synthetic_features(cfg, num_seqs, soft_k, store)
+    split = {"train": list(range(1, num_seqs)), "heldout": [0]}
+    opts = LoopOptions(minutes=60.0, max_steps=steps, show_progress=False)
+    with tempfile.TemporaryDirectory() as out:
+        record = train_head("EAGLE3", target, cfg, feats, split, opts, 7, 8192, device, out,
+                            attention_dtype=attn_dtype)
+    tokens = sum(feats.seq_len(i) for i in split["train"]) * record["epochs"]
+    line = {"bench": "train_step", "variant": name, "steps": record["steps"],
+            "ms_per_step": 1e3 * record["train_s"] / max(record["steps"], 1),
+            "tokens_per_s": tokens / record["train_s"], "ttt_steps": 7,
+            "token_budget": opts.token_budget, "device": common.device_name(device)}
+    print(f"[bench_train_step] {name:28s} {line['ms_per_step']:8.1f} ms/step "
+          f"{line['tokens_per_s']:10.0f} tok/s", flush=True)
+    return line
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--num-seqs", type=int, default=400)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "train_step.jsonl"))
+    args = p.parse_args()
+    from specpcg.models.build import build_model, preset_config
+
+    device = torch.device(args.device)
+    cfg = preset_config("shape:smollm2-135m")
+    target = build_model(cfg, None, device, torch.bfloat16, seed=0)
+    lines = [run_variant(target, cfg, device, *v, args.steps, args.num_seqs) for v in VARIANTS]
+    meta = {"git": common.git_commit(), "time": common.now_iso(), **common.machine_info(device)}
+    common.append_jsonl(args.out, [{**line, **meta} for line in lines])
+
+
+if __name__ == "__main__":
+    main()
