@@ -2,7 +2,8 @@
 model's shape, per variant (attention dtype, soft labels, where the features are stored).
 
 Features are random (no generation): the step time depends on the shapes, not on the values.
-Each variant runs the trainer's own loop (`drafts.train_heads.train_head`) for --steps steps;
+Each variant draws its own sequence lengths, so every variant meets new batch shapes, as the
+first epoch of a real run does. Each variant runs the trainer's own loop (`drafts.train_heads.train_head`) for --steps steps;
 lines carry ms per step and tokens per second.
 
     python benchmarks/bench_train_step.py [--steps 40] [--out FILE]
@@ -50,12 +51,13 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
         soft_logp=logp.to(store) if soft_k else None)
 
 
-def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, steps, num_seqs) -> dict:
+def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, steps, num_seqs,
+                seed) -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
 
     store = torch.device("cpu") if on_cpu else device
-    feats = synthetic_features(cfg, num_seqs, soft_k, store)
+    feats = synthetic_features(cfg, num_seqs, soft_k, store, seed)
     split = {"train": list(range(1, num_seqs)), "heldout": [0]}
     opts = LoopOptions(minutes=60.0, max_steps=steps, show_progress=False)
     with tempfile.TemporaryDirectory() as out:
@@ -83,7 +85,8 @@ def main() -> None:
     device = torch.device(args.device)
     cfg = preset_config("shape:smollm2-135m")
     target = build_model(cfg, None, device, torch.bfloat16, seed=0)
-    lines = [run_variant(target, cfg, device, *v, args.steps, args.num_seqs) for v in VARIANTS]
+    lines = [run_variant(target, cfg, device, *v, args.steps, args.num_seqs, seed)
+             for seed, v in enumerate(VARIANTS)]
     meta = {"git": common.git_commit(), "time": common.now_iso(), **common.machine_info(device)}
     common.append_jsonl(args.out, [{**line, **meta} for line in lines])
 

@@ -22,9 +22,18 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
 from specpcg.attention.base import AttentionBackend
 from specpcg.core import ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
+
+
+# NOTE: not cuDNN's attention: it builds an execution plan per new shape, and training batches
+# come in hundreds of lengths (x TTT steps), so bf16 training ran 5x slower through its first
+# epoch on the H100 (benchmarks/results/train_step.jsonl). Flash takes the causal forwards, the
+# memory-efficient kernel the masked TTT steps.
+FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class PaddedLayout:
@@ -103,9 +112,10 @@ class DenseAttnBackend(AttentionBackend):
         gqa = group > 1 and mask is None and q4.dtype in (torch.bfloat16, torch.float16)
         if group > 1 and not gqa:
             keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
-        out = F.scaled_dot_product_attention(
-            q4, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
-            enable_gqa=gqa)  # [bs, H, L, D]
+        with sdpa_kernel(FUSED_BACKENDS):
+            out = F.scaled_dot_product_attention(
+                q4, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                enable_gqa=gqa)  # [bs, H, L, D]
         # Padded rows only ever see keys at or before themselves: finite, then dropped here.
         return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1).to(out_dtype)
 
