@@ -10,7 +10,7 @@ on a random-weight shape (`shape:llama-3-8b`) repeated-id prompts, over which NG
 matches that the random target rarely follows (speculation that does not pay).
 
     python benchmarks/bench_adaptive.py [--model-path shape:llama-3-8b] [--drafts EAGLE3=DIR]
-        [--batches 1 4 16 64] [--setting 7,1,8] [--out FILE]
+        [--batches 1 4 16 64] [--setting 7,1,8] [--repeats 3] [--out FILE]
     python benchmarks/bench_adaptive.py --table-only benchmarks/results/adaptive.jsonl
 """
 
@@ -38,13 +38,18 @@ def prompts_for(engine, num: int, prompt_len: int) -> list:
     return repeated_id_prompts(num, prompt_len, 16, engine.model_config.vocab_size)
 
 
-def tok_s(engine, prompts: list, params: dict) -> tuple:
-    """(tok/s, outputs) of one greedy batch, after a short warm-up batch of the same size."""
-    engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": 4})
-    t0 = time.perf_counter()
-    outs = engine.generate(input_ids=prompts, sampling_params=params)
-    dt = time.perf_counter() - t0
-    return sum(o["meta_info"]["completion_tokens"] for o in outs) / dt, outs
+def tok_s(engine, prompts: list, params: dict, repeats: int) -> tuple:
+    """(median tok/s of `repeats` timed batches, the last outputs), after one untimed batch of
+    the same size: a long-lived engine's steady state, its adaptive choices already measured
+    (one batch of 128 tokens at batch 1 lasts a fifth of a second on a GPU: too short alone)."""
+    engine.generate(input_ids=prompts, sampling_params=params)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        dt = time.perf_counter() - t0
+        rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs) / dt)
+    return common.median(rates), outs
 
 
 def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
@@ -75,7 +80,7 @@ def run_all(args) -> None:
                             show_progress=False, **engine_kwargs(system, algo, draft, setting))
             prompts = prompts or prompts_for(engine, most, args.prompt_len)
             for bs in args.batches:
-                rate, outs = tok_s(engine, prompts[:bs], params)
+                rate, outs = tok_s(engine, prompts[:bs], params, args.repeats)
                 if system == "no-spec":
                     base[bs] = rate
                     continue
@@ -84,6 +89,7 @@ def run_all(args) -> None:
                     "bench": "adaptive", "model": args.model_path or "default",
                     "algorithm": algo, "system": system, "setting": list(setting),
                     "batch": bs, "max_new_tokens": args.max_new_tokens, "tok_s": rate,
+                    "repeats": args.repeats,
                     "no_spec_tok_s": base[bs], "speedup": rate / base[bs],
                     "plain_decode_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0)
                                                for o in outs),
@@ -134,6 +140,7 @@ def main(argv=None) -> None:
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=128, help="repeated-id prompts' length")
+    p.add_argument("--repeats", type=int, default=3, help="timed batches per cell (median)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "adaptive.jsonl"))
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)

@@ -25,19 +25,36 @@ def _run(ctrl, bs, spec_rate, decode_rate, steps, switch_cost=1.0):
     return picks
 
 
-def test_tries_both_sides_then_runs_the_faster_and_looks_again():
+def _bursts(picks: list, side: bool) -> list:
+    """(start, length) of each run of `side` in picks."""
+    runs, i = [], 0
+    while i < len(picks):
+        if picks[i] == side:
+            j = i
+            while j < len(picks) and picks[j] == side:
+                j += 1
+            runs.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return runs
+
+
+def test_tries_both_sides_then_runs_the_faster_and_looks_again_ever_less_often():
     ctrl = AdaptiveSpeculation()
     # The first plain step is a switch, not counted: one more to warm that side up.
     warm = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 1)
     assert warm == [True] * WARMUP_STEPS + [False] * (WARMUP_STEPS + 1)
-    later = _run(ctrl, 16, spec_rate=500, decode_rate=1000,
-                 steps=2 * (EXPLORE_EVERY + EXPLORE_STEPS))
-    # one look at the slower side per EXPLORE_EVERY steps, EXPLORE_STEPS steps long
-    assert later.count(True) == 2 * EXPLORE_STEPS
-    assert later[EXPLORE_EVERY - 1:EXPLORE_EVERY - 1 + EXPLORE_STEPS] == [True] * EXPLORE_STEPS
+    later = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=16 * EXPLORE_EVERY)
+    looks = _bursts(later, True)
+    assert [n for _, n in looks] == [EXPLORE_STEPS] * len(looks)
+    assert looks[0][0] == EXPLORE_EVERY - 1
+    gaps = [b[0] - a[0] for a, b in zip(looks, looks[1:])]
+    # each confirming look doubles the wait: 32, 64, 128, ... steps between looks
+    assert len(gaps) >= 2 and all(b > 1.9 * a for a, b in zip(gaps, gaps[1:]))
     info = ctrl.info()["16"]
     assert info["spec_tok_s"] == pytest.approx(500) and info["decode_tok_s"] == pytest.approx(1000)
-    assert info["spec_steps"] == WARMUP_STEPS + 2 * EXPLORE_STEPS
+    assert info["spec_steps"] == WARMUP_STEPS + EXPLORE_STEPS * len(looks)
 
 
 def test_the_step_after_a_switch_is_not_counted():
@@ -149,3 +166,19 @@ def test_bench_adaptive_renders_the_latest_speedups(tmp_path):
     assert "| default | NGRAM | 0.80 | 0.60 | 1.00 | 1.10 |" in table, table  # latest wins
     bench_adaptive.render_plot(records, tmp_path / "adaptive.png")
     assert (tmp_path / "adaptive.png").stat().st_size > 0
+
+
+def test_a_look_that_overturns_the_choice_resets_the_wait():
+    from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY
+
+    ctrl = AdaptiveSpeculation()
+    _run(ctrl, 8, spec_rate=300, decode_rate=900, steps=600)  # plain wins; looks grow rare
+    assert ctrl._buckets[8].explore_every > 4 * EXPLORE_EVERY
+    # Speculation turns 3x faster than plain: the next look finds it and the engine switches.
+    picks = []
+    while not picks or not picks[-1]:  # until the look at speculation starts
+        picks += _run(ctrl, 8, spec_rate=2700, decode_rate=900, steps=1)
+    assert len(picks) <= EXPLORE_MAX_EVERY
+    picks = _run(ctrl, 8, spec_rate=2700, decode_rate=900, steps=EXPLORE_STEPS)
+    assert picks == [True] * EXPLORE_STEPS  # the look, then speculation chosen
+    assert ctrl._buckets[8].explore_every == EXPLORE_EVERY  # the wait starts over

@@ -6,8 +6,10 @@ yields. Which side of that line a batch size falls on depends on the model, the 
 and the prompts, so the engine measures it: for each batch-size bucket (powers of two) it keeps
 the emitted tokens per second of speculative steps and of plain decode steps, and runs the
 faster. Each side is tried WARMUP_STEPS times before the first choice, and the slower side
-again for EXPLORE_STEPS steps every EXPLORE_EVERY steps, so a choice follows the prompts as they
-change.
+again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
+change. Each look that confirms the choice doubles the wait before the next (up to
+EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
+steps of the slower side.
 
 Only steady-state steps count: the first step after a switch of side is not recorded. A
 speculative step after a plain one first waits for the plain step still in flight (overlap
@@ -25,10 +27,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side every this many
 EXPLORE_STEPS = 3  # the first of them is a switch, not recorded
+EXPLORE_MAX_EVERY = 1024
 EMA_WEIGHT = 0.3  # weight of the newest step in a side's rate
 
 
@@ -50,6 +54,8 @@ class _Bucket:
     since_explore: int = 0
     explore_left: int = 0  # steps of an exploration still to run, on side `explore_spec`
     explore_spec: bool = False
+    explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
+    explored_from: Optional[bool] = None  # the choice before the look just run
 
 
 def bucket_of(batch_size: int) -> int:
@@ -76,9 +82,13 @@ class AdaptiveSpeculation:
             choice = b.explore_spec
         else:
             choice = b.spec.tok_s >= b.decode.tok_s
+            if b.explored_from is not None:  # a look just ended: did it change the choice?
+                b.explore_every = (min(2 * b.explore_every, EXPLORE_MAX_EVERY)
+                                   if choice == b.explored_from else EXPLORE_EVERY)
+                b.explored_from = None
             b.since_explore += 1
-            if b.since_explore >= EXPLORE_EVERY:  # look at the other side again
-                b.since_explore, b.explore_spec = 0, not choice
+            if b.since_explore >= b.explore_every:  # look at the other side again
+                b.since_explore, b.explored_from, b.explore_spec = 0, choice, not choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
         return choice
