@@ -182,3 +182,19 @@ def test_a_look_that_overturns_the_choice_resets_the_wait():
     picks = _run(ctrl, 8, spec_rate=2700, decode_rate=900, steps=EXPLORE_STEPS)
     assert picks == [True] * EXPLORE_STEPS  # the look, then speculation chosen
     assert ctrl._buckets[8].explore_every == EXPLORE_EVERY  # the wait starts over
+
+
+def test_two_sides_that_measure_alike_do_not_flip_on_noise():
+    """Rates 1% apart, each step's measurement 10% noisy: the choice stays put between looks."""
+    import random
+
+    ctrl, rng, picks = AdaptiveSpeculation(), random.Random(0), []
+    for _ in range(600):
+        use = ctrl.use_spec(64)
+        picks.append(use)
+        rate = (1010 if use else 1000) * (1 + rng.uniform(-0.1, 0.1))
+        ctrl.record(64, use, 100, 100 / rate)
+    switches = sum(a != b for a, b in zip(picks, picks[1:]))
+    looks = len(_bursts(picks[2 * WARMUP_STEPS + 1:], not picks[-1]))
+    assert switches <= 2 * looks + 2, (switches, looks)
+    assert switches < 20

@@ -9,7 +9,8 @@ faster. Each side is tried WARMUP_STEPS times before the first choice, and the s
 again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
 change. Each look that confirms the choice doubles the wait before the next (up to
 EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
-steps of the slower side.
+steps of the slower side. The side in use keeps its place unless the other is SWITCH_MARGIN
+faster.
 
 Only steady-state steps count: the first step after a switch of side is not recorded. A
 speculative step after a plain one first waits for the plain step still in flight (overlap
@@ -33,6 +34,10 @@ WARMUP_STEPS = 3  # steps of each side per bucket before choosing
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side every this many
 EXPLORE_STEPS = 3  # the first of them is a switch, not recorded
 EXPLORE_MAX_EVERY = 1024
+# The other side must be this much faster to take over: where the two measure alike, flipping
+# on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec while
+# its two rates stood 7% apart and it switched back and forth).
+SWITCH_MARGIN = 0.05
 EMA_WEIGHT = 0.3  # weight of the newest step in a side's rate
 
 
@@ -56,6 +61,19 @@ class _Bucket:
     explore_spec: bool = False
     explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
     explored_from: Optional[bool] = None  # the choice before the look just run
+    spec_chosen: Optional[bool] = None  # the side chosen last (not counting looks)
+
+    def prefer_spec(self) -> bool:
+        """The faster side; the side chosen last keeps its place unless the other is faster
+        by SWITCH_MARGIN (each switch costs a slow step: see the module docstring)."""
+        spec, plain = self.spec.tok_s, self.decode.tok_s
+        if self.spec_chosen is None:
+            self.spec_chosen = spec >= plain
+        elif self.spec_chosen and plain > spec * (1 + SWITCH_MARGIN):
+            self.spec_chosen = False
+        elif not self.spec_chosen and spec > plain * (1 + SWITCH_MARGIN):
+            self.spec_chosen = True
+        return self.spec_chosen
 
 
 def bucket_of(batch_size: int) -> int:
@@ -81,7 +99,7 @@ class AdaptiveSpeculation:
             b.explore_left -= 1
             choice = b.explore_spec
         else:
-            choice = b.spec.tok_s >= b.decode.tok_s
+            choice = b.prefer_spec()
             if b.explored_from is not None:  # a look just ended: did it change the choice?
                 b.explore_every = (min(2 * b.explore_every, EXPLORE_MAX_EVERY)
                                    if choice == b.explored_from else EXPLORE_EVERY)
