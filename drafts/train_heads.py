@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from drafts.head_checkpoint import random_head, save_head
 from drafts.train_data import Features, choose_draft_vocab, length_batches
-from drafts.train_loop import LoopOptions, evaluate, fit
+from drafts.train_loop import LoopOptions, evaluate, fit, heldout_curve
 from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
 from specpcg.core import ForwardBatch
 
@@ -199,8 +199,9 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     accuracy = lambda b: head_accuracy(head, backend, rows(b), ttt_steps)  # noqa: E731
     initial = evaluate(head, eval_batches, accuracy)
     record = fit(head, [p for p in head.parameters() if p.requires_grad], train_batches,
-                 lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts)
-    record.update(initial_heldout_top1=initial,
+                 lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts,
+                 probe=lambda: evaluate(head, eval_batches, accuracy))
+    record.update(initial_heldout_top1=initial, heldout_top1_curve=heldout_curve(record),
                   heldout_top1=evaluate(head, eval_batches, accuracy),
                   draft_vocab_size=int(ids.shape[0]),
                   heldout_vocab_coverage=vocab_coverage(feats, split["heldout"], t2d))

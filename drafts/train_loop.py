@@ -97,20 +97,28 @@ def _forever_shuffled(n: int, seed: int):
         yield from torch.randperm(n, generator=gen).tolist()
 
 
-def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions) -> dict:
+PROBE_AT = (0.25, 0.5, 0.75)  # shares of the run where `probe` is called
+
+
+def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions, probe=None) -> dict:
     """Minimises `loss_fn(batch)` over `batches` (shuffled each epoch) until max_steps, or the
     time budget: the schedule runs on progress = max(step share, time share), so a budget cut
-    still ends with a decayed learning rate."""
+    still ends with a decayed learning rate. probe(): a held-out measure taken as the run
+    passes each share in PROBE_AT (whether more epochs still pay shows in the log)."""
     opt = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.95),
                             weight_decay=opts.weight_decay)
     max_steps = opts.max_steps or opts.max_epochs * len(batches)
     budget_s = max(opts.minutes * 60.0, 1e-3)
-    losses, t0 = [], time.perf_counter()
+    losses, t0, probes, probe_at = [], time.perf_counter(), [], list(PROBE_AT)
     bar = tqdm(total=max_steps, desc="train", unit="step", disable=not opts.show_progress)
     for step, j in zip(range(max_steps), _forever_shuffled(len(batches), opts.seed)):
         progress = max(step / max_steps, (time.perf_counter() - t0) / budget_s)
         if progress >= 1.0:
             break
+        if probe is not None and probe_at and progress >= probe_at[0]:
+            probe_at.pop(0)
+            probes.append({"step": step, "epoch": step / max(len(batches), 1),
+                           "value": probe()})
         for group in opt.param_groups:
             group["lr"] = opts.lr * lr_factor(progress, opts.warmup_frac)
         with autograd_ops(model), tf32_matmuls():
@@ -124,7 +132,13 @@ def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions) -> dict:
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
     return {"steps": len(losses), "epochs": len(losses) / max(len(batches), 1),
-            "train_s": time.perf_counter() - t0, "losses": losses}
+            "train_s": time.perf_counter() - t0, "losses": losses, "probes": probes}
+
+
+def heldout_curve(record: dict) -> list:
+    """fit's probes (held-out top-1 per draft step), popped from its record, for the log."""
+    return [{"step": p["step"], "epoch": round(p["epoch"], 3), "top1": p["value"]}
+            for p in record.pop("probes")]
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from drafts.train_data import Features, length_batches
-from drafts.train_loop import LoopOptions, evaluate, fit
+from drafts.train_loop import LoopOptions, evaluate, fit, heldout_curve
 from drafts.truncate import (CONFIG_NAME, WEIGHTS_NAME, config_from_hf_dir,
                              config_from_model_config, select_layers)
 from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
@@ -121,8 +121,10 @@ def train_standalone(target_path: str, feats: Features, split: dict, opts: LoopO
     accuracy = lambda b: standalone_accuracy(model, backend, rows(b))  # noqa: E731
     initial = evaluate(model, eval_batches, accuracy)
     record = fit(model, list(model.parameters()), train_batches,
-                 lambda b: standalone_loss(model, backend, rows(b)), opts)
+                 lambda b: standalone_loss(model, backend, rows(b)), opts,
+                 probe=lambda: evaluate(model, eval_batches, accuracy))
     record.update(initial_heldout_top1=initial, num_layers=num_layers,
+                  heldout_top1_curve=heldout_curve(record),
                   heldout_top1=evaluate(model, eval_batches, accuracy))
     save_standalone(model, draft_cfg, target_path, out_dir)
     return record
