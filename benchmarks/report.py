@@ -36,6 +36,14 @@ SECTIONS = [
      "python benchmarks/bench_step.py --model-path MODEL --algorithms none,EAGLE,EAGLE3,NEXTN"),
     ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
+    ("Trained drafts on held-out prompt sets", "drafts.jsonl", "bench_drafts",
+     "python benchmarks/bench_drafts.py --drafts EAGLE3=DIR --settings 7,1,8 3,1,4"),
+    ("Adaptive speculation vs pinned, against no-spec", "adaptive.jsonl", "bench_adaptive",
+     "python benchmarks/bench_adaptive.py [--model-path shape:llama-3-8b] [--drafts ALGO=DIR]"),
+    ("Deterministic inference: its throughput cost", "deterministic_cost.jsonl", None,
+     "python benchmarks/bench_deterministic.py --batches 1 16 64"),
+    ("The draft trainer's step", "train_step.jsonl", None,
+     "python benchmarks/bench_train_step.py"),
 ]
 # The first four name a cell (plain_table): a tree's spec_settings set it apart from the chain.
 MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "spec_settings", "num_questions",
@@ -45,6 +53,9 @@ ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_leng
                 "output_tokens", "seconds", "output_tok_s", "speedup")
 STEP_FIELDS = ("system", "setting", "random_heads", "triton_verify_kernel", "step_us",
                "tokens_per_step", "graph_gpu_us", "phases_us")
+DETERMINISTIC_FIELDS = ("model", "spec", "batch", "git", "default_tok_s", "deterministic_tok_s",
+                        "cost")
+TRAIN_STEP_FIELDS = ("variant", "device", "git", "steps", "ms_per_step", "tokens_per_s")
 NGRAM_FIELDS = ("batch_size", "context", "topk", "num_draft_tokens", "first_propose_ms",
                 "steady_propose_ms")
 
@@ -70,7 +81,8 @@ def section(title: str, file: str, module: str | None, command: str) -> str:
     records = common.read_jsonl(path)
     if module is None:
         keys = {"gsm8k_matrix.jsonl": MATRIX_FIELDS, "round_bs1.jsonl": ROUND_FIELDS,
-                "step.jsonl": STEP_FIELDS}.get(file, NGRAM_FIELDS)
+                "step.jsonl": STEP_FIELDS, "deterministic_cost.jsonl": DETERMINISTIC_FIELDS,
+                "train_step.jsonl": TRAIN_STEP_FIELDS}.get(file, NGRAM_FIELDS)
         table = plain_table(records, keys)
     else:
         bench = importlib.import_module(module)
