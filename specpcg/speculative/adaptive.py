@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
-EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side every this many
+EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
 EXPLORE_STEPS = 3  # the first of them is a switch, not recorded
 EXPLORE_MAX_EVERY = 1024
 # The other side must be this much faster to take over: where the two measure alike, flipping
-# on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec while
-# its two rates stood 7% apart and it switched back and forth).
+# on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec with
+# its two rates 7% apart and about half of its steps on each side).
 SWITCH_MARGIN = 0.05
 EMA_WEIGHT = 0.3  # weight of the newest step in a side's rate
 
