@@ -385,3 +385,23 @@ def test_cuda_graph_decode_replays_live_lengths():
 def test_cuda_flashinfer_bf16(mode, lens):
     _compare("cuda", torch.bfloat16, 64, lens, mode, atol=BF16_ATOL, num_pad_tokens=3,
              backend_name="flashinfer")
+
+
+@needs_cpu_triton
+def test_tree_rows_keep_the_pools_width_whatever_the_lengths(monkeypatch):
+    """The decode kernel's split count is fixed at compile time from its rows' width: tree
+    batches of short and long sequences must hand it rows of one width (no new compile)."""
+    from specpcg.attention import triton_kernels
+
+    widths, real = [], triton_kernels.decode_attention
+
+    def spy(q, k_buf, v_buf, out, req_to_token, *args, **kwargs):
+        widths.append(req_to_token.shape[1])
+        return real(q, k_buf, v_buf, out, req_to_token, *args, **kwargs)
+
+    monkeypatch.setattr(triton_kernels, "decode_attention", spy)
+    for lens in ([(6, 4), (12, 4)], [(150, 4)]):
+        _compare("cpu", torch.float32, 16, lens, ForwardMode.TARGET_VERIFY, atol=1e-4,
+                 tree_keys=4)
+    pool_width = _make_cache("cpu", torch.float32, 16).req_pool.req_to_token.shape[1]
+    assert widths and set(widths) == {pool_width}

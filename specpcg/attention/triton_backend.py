@@ -102,9 +102,13 @@ class TritonAttnBackend(AttentionBackend):
             raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, got "
                              f"mask {tuple(tree_mask.shape)} for {num_reqs} requests, stride {stride}")
         n = self._size_verify(num_reqs, width)
+        # NOTE: rows as wide as the pool's, whatever the batch's longest sequence: the decode
+        # kernel's split count is a compile-time constant of that width, so a width that grew
+        # with the sequences compiled the kernels again each time it crossed a split.
+        req_to_token = self.kv_cache.req_pool.req_to_token
         self._tree_rows, lens = triton_kernels.tree_path_rows(
-            self.kv_cache.req_pool.req_to_token, self._req_pool_indices[:num_reqs],
-            self._seq_lens[:num_reqs], tree_mask, max(batch.seq_lens_cpu))
+            req_to_token, self._req_pool_indices[:num_reqs], self._seq_lens[:num_reqs],
+            tree_mask, req_to_token.shape[1])
         torch.arange(n, dtype=torch.int32, device=self.device, out=self._verify_req[:n])
         self._verify_seq[:n].copy_(lens)
 
