@@ -20,9 +20,12 @@ import common
 
 common.add_repo_to_path()
 
-# (name, attention dtype, soft-label k, features on the CPU)
-VARIANTS = (("fp32-attn", torch.float32, 0, False), ("bf16-attn", "auto", 0, False),
-            ("bf16-attn+soft16", "auto", 16, False), ("bf16-attn+soft16+cpu-store", "auto", 16, True))
+# (name, attention dtype, soft-label k, features on the CPU, head MLP width or None)
+VARIANTS = (("fp32-attn", torch.float32, 0, False, None),
+            ("bf16-attn", "auto", 0, False, None),
+            ("bf16-attn+soft16", "auto", 16, False, None),
+            ("bf16-attn+soft16+cpu-store", "auto", 16, True, None),
+            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4 * 1536))
 
 
 def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
@@ -51,7 +54,7 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
         soft_logp=logp.to(store) if soft_k else None)
 
 
-def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, steps, num_seqs,
+def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, width, steps, num_seqs,
                 seed) -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
@@ -62,7 +65,7 @@ def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, steps, nu
     opts = LoopOptions(minutes=60.0, max_steps=steps, show_progress=False)
     with tempfile.TemporaryDirectory() as out:
         record = train_head("EAGLE3", target, cfg, feats, split, opts, 7, 8192, device, out,
-                            attention_dtype=attn_dtype)
+                            attention_dtype=attn_dtype, intermediate_size=width)
     tokens = sum(feats.seq_len(i) for i in split["train"]) * record["epochs"]
     line = {"bench": "train_step", "variant": name, "steps": record["steps"],
             "ms_per_step": 1e3 * record["train_s"] / max(record["steps"], 1),

@@ -3,7 +3,7 @@
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
         [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
         [--max-new-tokens 256] [--minutes 9.5] [--ttt-steps 7] [--draft-vocab-size 8192]
-        [--soft-label-k 16]
+        [--soft-label-k 16] [--head-intermediate-size 0]
         [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]
 
 Pipeline: prompts from the data sources (drafts.data: chat turns through the target's chat
@@ -75,6 +75,9 @@ class TrainOptions:
     num_layers: int = 4  # STANDALONE: the target's first K layers
     # Heads learn the target's top-k next-token distribution (0: its argmax alone).
     soft_label_k: int = 16
+    # The head layer's MLP width (0: the target's). At batch 1 a draft step is bound by kernel
+    # launches, not by the head's width, so a wider head costs little time there.
+    head_intermediate_size: int = 0
     device: str = "auto"
     seed: int = 0
     lr: float = 1e-3
@@ -101,9 +104,10 @@ class TrainOptions:
                 isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in aux))):
             raise ValueError(f"aux_layer_ids must be three distinct layer indices, got {aux!r}")
         opts = replace(opts, aux_layer_ids=tuple(aux))
-        k = opts.soft_label_k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"soft_label_k must be an integer >= 0, got {k!r}")
+        for name in ("soft_label_k", "head_intermediate_size"):
+            value = getattr(opts, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not opts.minutes > 0 or not 0 <= opts.heldout_frac < 1:
             raise ValueError(f"minutes must be > 0 and heldout_frac in [0, 1), got "
                              f"{opts.minutes!r} and {opts.heldout_frac!r}")
@@ -231,7 +235,8 @@ def _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, dev
     from drafts.train_heads import train_head
 
     return train_head(algorithm, model, target_cfg, feats, split, loop, o.ttt_steps,
-                      o.draft_vocab_size, device, out, aux_layer_ids)
+                      o.draft_vocab_size, device, out, aux_layer_ids,
+                      intermediate_size=o.head_intermediate_size or None)
 
 
 def _default_target() -> str:

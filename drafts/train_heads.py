@@ -157,12 +157,13 @@ def vocab_coverage(feats: Features, seq_ids: list, t2d: torch.Tensor) -> float:
 
 
 def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_size: int,
-             device, seed: int, aux_layer_ids: tuple = ()):
+             device, seed: int, aux_layer_ids: tuple = (), intermediate_size=None):
     """random_head, attached to the target; EAGLE3 keeps the most used target ids as its
     vocabulary and starts its LM head from the target's rows for them."""
     size = min(draft_vocab_size, target_cfg.vocab_size)
     head, spec = random_head(algorithm, target_cfg, device, torch.float32, seed=seed,
-                             draft_vocab_size=size, aux_layer_ids=aux_layer_ids)
+                             draft_vocab_size=size, aux_layer_ids=aux_layer_ids,
+                             intermediate_size=intermediate_size)
     head.attach_target(target)
     if hasattr(head, "set_d2t"):
         ids = choose_draft_vocab(feats, head.head_weight.shape[0], target_cfg.vocab_size)
@@ -177,12 +178,14 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
-               out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto") -> dict:
+               out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto",
+               intermediate_size=None) -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies.
-    attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32)."""
+    attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32);
+    intermediate_size: the head's MLP width (None: the target's)."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
-                          opts.seed, aux_layer_ids)
+                          opts.seed, aux_layer_ids, intermediate_size)
     t2d = torch.full((target_cfg.vocab_size,), -1, dtype=torch.long, device=device)
     ids = draft_vocab(head)
     t2d[ids] = torch.arange(ids.shape[0], device=device)

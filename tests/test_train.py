@@ -206,6 +206,21 @@ def test_eagle3_fuses_the_layers_it_was_trained_on(tiny, tmp_path):
     assert [o["output_ids"] for o in outs] == plain
 
 
+def test_a_wider_head_saves_its_width_and_the_engine_loads_it(tiny, tmp_path):
+    target, engine, prompts, plain = tiny
+    out = train_draft("EAGLE", target, prompts, str(tmp_path / "draft"), engine=engine,
+                      max_new_tokens=GREEDY["max_new_tokens"], max_steps=3, minutes=10,
+                      ttt_steps=2, head_intermediate_size=200, show_progress=False)
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert config["intermediate_size"] == 200  # the target's is 128
+    spec_engine = _engine(target, speculative_algorithm="EAGLE", speculative_draft_model_path=out)
+    outs = spec_engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in outs] == plain
+    with pytest.raises(ValueError, match="head_intermediate_size must be an integer >= 0"):
+        train_draft("EAGLE", target, prompts, str(tmp_path / "bad"), engine=engine,
+                    head_intermediate_size=-1)
+
+
 @pytest.mark.parametrize("aux", [(1, 1, 2), (0, 1), (0, 1, -2), [0, 1, True]])
 def test_bad_aux_layer_ids_are_refused(aux):
     from drafts.train import TrainOptions
