@@ -16,7 +16,11 @@ from specpcg import Engine
 pytestmark = pytest.mark.cuda
 NUM_PROMPTS, MAX_NEW_TOKENS = 40, 192
 OUT = os.environ.get("SPECPCG_DETERMINISTIC_OUT", "benchmarks/results/deterministic.jsonl")
-CELLS = [(algo, pcg) for algo in ("NGRAM", "EAGLE3") for pcg in (True, False)]
+CHAIN, TREE = (7, 1, 8), (5, 4, 8)
+# Chains with piecewise graphs on and off; trees with them on (a tree's verify and draft steps
+# run eagerly either way: piecewise graphs change only its prefill).
+CELLS = [(algo, CHAIN, pcg) for algo in ("NGRAM", "EAGLE3") for pcg in (True, False)] + [
+    (algo, TREE, True) for algo in ("NGRAM", "EAGLE3")]
 
 
 def _prompts(engine) -> list:
@@ -26,13 +30,17 @@ def _prompts(engine) -> list:
     return first_prompts(heldout_samples("gsm8k", NUM_PROMPTS), engine.tokenizer, NUM_PROMPTS)
 
 
-def _engine(deterministic: bool, algo=None, pcg=True) -> Engine:
+def _engine(deterministic: bool, algo=None, pcg=True, setting=CHAIN) -> Engine:
     kw = {}
+    if algo is not None:
+        steps, topk, tokens = setting
+        # Pinned: adaptive speculation could run a batch of 40 on plain steps alone.
+        kw = dict(speculative_num_steps=steps, speculative_eagle_topk=topk,
+                  speculative_num_draft_tokens=tokens, disable_adaptive_speculation=True)
     if algo == "EAGLE3":
         from drafts.train import ensure_draft
 
-        kw = dict(speculative_draft_model_path=ensure_draft("EAGLE3"), speculative_num_steps=7,
-                  speculative_eagle_topk=1, speculative_num_draft_tokens=8)
+        kw["speculative_draft_model_path"] = ensure_draft("EAGLE3")
     return Engine(enable_deterministic_inference=deterministic, speculative_algorithm=algo,
                   disable_piecewise_cuda_graph=not pcg, max_running_requests=64,
                   show_progress=False, **kw)
@@ -61,15 +69,17 @@ def _record(cell: dict) -> None:
         f.write(json.dumps(cell) + "\n")
 
 
-@pytest.mark.parametrize("algo,pcg", CELLS)
-def test_tokens_do_not_depend_on_the_batch(reference, algo, pcg):
+@pytest.mark.parametrize("algo,setting,pcg", CELLS,
+                         ids=[f"{a}-{'tree' if s == TREE else 'chain'}-pcg{int(p)}"
+                              for a, s, p in CELLS])
+def test_tokens_do_not_depend_on_the_batch(reference, algo, setting, pcg):
     deterministic, prompts, solo, batched = reference
-    engine = _engine(deterministic, algo, pcg)
+    engine = _engine(deterministic, algo, pcg, setting)
     spec_solo, spec_batched = _outputs(engine, prompts, False), _outputs(engine, prompts, True)
     engine.shutdown()
     same = lambda a, b: sum(x == y for x, y in zip(a, b))  # noqa: E731
     cell = {"bench": "deterministic", "deterministic": deterministic, "algorithm": algo,
-            "pcg": pcg, "num_prompts": len(prompts),
+            "setting": list(setting), "pcg": pcg, "num_prompts": len(prompts),
             "no_spec_batched_vs_solo": same(batched, solo),
             "spec_solo_vs_no_spec_solo": same(spec_solo, solo),
             "spec_batched_vs_no_spec_batched": same(spec_batched, batched),
