@@ -211,7 +211,9 @@ class _GpuBaselines:
 def _gpu_engine(algo, pcg: bool, backend: str, tree: bool = False) -> Engine:
     kw = {**GPU_ENGINE, "attention_backend": backend, "disable_piecewise_cuda_graph": not pcg}
     if algo is not None:
-        kw["speculative_algorithm"] = algo
+        # Pinned: each cell measures the speculative path (adaptive speculation could run
+        # some batch sizes on plain steps, which changes no token but skips what is tested).
+        kw.update(speculative_algorithm=algo, disable_adaptive_speculation=True)
     if tree:
         kw.update(GPU_TREE)
     if algo in ("STANDALONE", *HEAD_ALGORITHMS):
