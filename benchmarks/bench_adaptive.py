@@ -144,11 +144,9 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "adaptive.jsonl"))
     p.add_argument("--table-only", metavar="FILE", default=None)
     args = p.parse_args(argv)
-    if args.table_only:
-        common.render_results(args.table_only, render_table, render_plot)
-        return
-    run_all(args)
-    common.render_results(args.out, render_table, render_plot)
+    if not args.table_only:
+        run_all(args)
+    common.render_results(args.table_only or args.out, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -157,11 +157,9 @@ def main(argv=None) -> None:
     p.add_argument("--adaptive", action="store_true",
                    help="the engine's adaptive speculation (default: every step speculative)")
     a = p.parse_args(argv)
-    if a.table_only:
-        common.render_results(a.table_only, render_table, render_plot)
-        return
-    run_all(a)
-    common.render_results(a.out, render_table, render_plot)
+    if not a.table_only:
+        run_all(a)
+    common.render_results(a.table_only or a.out, render_table, render_plot)
 
 
 if __name__ == "__main__":

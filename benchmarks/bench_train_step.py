@@ -3,8 +3,9 @@ model's shape, per variant (attention dtype, soft labels, where the features are
 
 Features are random (no generation): the step time depends on the shapes, not on the values.
 Each variant draws its own sequence lengths, so every variant meets new batch shapes, as the
-first epoch of a real run does. Each variant runs the trainer's own loop (`drafts.train_heads.train_head`) for --steps steps;
-lines carry ms per step and tokens per second.
+first epoch of a real run does. Each variant runs the trainer's own loop
+(`drafts.train_heads.train_head`) for --steps steps; lines carry ms per step and tokens per
+second.
 
     python benchmarks/bench_train_step.py [--steps 40] [--out FILE]
 """
@@ -20,12 +21,12 @@ import common
 
 common.add_repo_to_path()
 
-# (name, attention dtype, soft-label k, features on the CPU, head MLP width or None)
-VARIANTS = (("fp32-attn", torch.float32, 0, False, None),
-            ("bf16-attn", "auto", 0, False, None),
-            ("bf16-attn+soft16", "auto", 16, False, None),
-            ("bf16-attn+soft16+cpu-store", "auto", 16, True, None),
-            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4 * 1536))
+# (name, attention dtype, soft-label k, features on the CPU, head MLP width / the target's)
+VARIANTS = (("fp32-attn", torch.float32, 0, False, 1),
+            ("bf16-attn", "auto", 0, False, 1),
+            ("bf16-attn+soft16", "auto", 16, False, 1),
+            ("bf16-attn+soft16+cpu-store", "auto", 16, True, 1),
+            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4))
 
 
 def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
@@ -54,8 +55,8 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
         soft_logp=logp.to(store) if soft_k else None)
 
 
-def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, width, steps, num_seqs,
-                seed) -> dict:
+def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, steps,
+                num_seqs, seed) -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
 
@@ -65,7 +66,8 @@ def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, width, st
     opts = LoopOptions(minutes=60.0, max_steps=steps, show_progress=False)
     with tempfile.TemporaryDirectory() as out:
         record = train_head("EAGLE3", target, cfg, feats, split, opts, 7, 8192, device, out,
-                            attention_dtype=attn_dtype, intermediate_size=width)
+                            attention_dtype=attn_dtype,
+                            intermediate_size=mlp_scale * cfg.intermediate_size)
     tokens = sum(feats.seq_len(i) for i in split["train"]) * record["epochs"]
     line = {"bench": "train_step", "variant": name, "steps": record["steps"],
             "ms_per_step": 1e3 * record["train_s"] / max(record["steps"], 1),

@@ -21,7 +21,6 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specpcg.attention.base import AttentionBackend

@@ -57,10 +57,9 @@ class _Bucket:
     spec: _Rate = field(default_factory=_Rate)
     decode: _Rate = field(default_factory=_Rate)
     since_explore: int = 0
-    explore_left: int = 0  # steps of an exploration still to run, on side `explore_spec`
-    explore_spec: bool = False
+    explore_left: int = 0  # steps of a look still to run, on the side other than explored_from
     explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
-    explored_from: Optional[bool] = None  # the choice before the look just run
+    explored_from: Optional[bool] = None  # the choice before the look in progress or just run
     spec_chosen: Optional[bool] = None  # the side chosen last (not counting looks)
 
     def prefer_spec(self) -> bool:
@@ -97,7 +96,7 @@ class AdaptiveSpeculation:
             choice = False
         elif b.explore_left:
             b.explore_left -= 1
-            choice = b.explore_spec
+            choice = not b.explored_from
         else:
             choice = b.prefer_spec()
             if b.explored_from is not None:  # a look just ended: did it change the choice?
@@ -106,7 +105,7 @@ class AdaptiveSpeculation:
                 b.explored_from = None
             b.since_explore += 1
             if b.since_explore >= b.explore_every:  # look at the other side again
-                b.since_explore, b.explored_from, b.explore_spec = 0, choice, not choice
+                b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
         return choice
