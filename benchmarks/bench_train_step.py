@@ -5,9 +5,10 @@ Features are random (no generation): the step time depends on the shapes, not on
 Each variant draws its own sequence lengths, so every variant meets new batch shapes, as the
 first epoch of a real run does. Each variant runs the trainer's own loop
 (`drafts.train_heads.train_head`) for --steps steps; lines carry ms per step and tokens per
-second.
+second. --profile FILE also runs the trainer's default variant under torch.profiler and writes
+its kernel table (where a step's time goes).
 
-    python benchmarks/bench_train_step.py [--steps 40] [--out FILE]
+    python benchmarks/bench_train_step.py [--steps 40] [--out FILE] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import common
 
 common.add_repo_to_path()
 
-# (name, attention dtype, soft-label k, features on the CPU, head MLP width / the target's)
-VARIANTS = (("fp32-attn", torch.float32, 0, False, 1),
-            ("bf16-attn", "auto", 0, False, 1),
-            ("bf16-attn+soft16", "auto", 16, False, 1),
-            ("bf16-attn+soft16+cpu-store", "auto", 16, True, 1),
-            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4))
+# (name, attention dtype, soft-label k, features on the CPU, head MLP width / the target's,
+# how TTT steps after the first attend); "bf16-attn+soft16" is the trainer's default.
+VARIANTS = (("fp32-attn", torch.float32, 0, False, 1, "diag"),
+            ("bf16-attn", "auto", 0, False, 1, "diag"),
+            ("bf16-attn+soft16", "auto", 16, False, 1, "diag"),
+            ("bf16-attn+soft16+ttt-mask", "auto", 16, False, 1, "mask"),
+            ("bf16-attn+soft16+cpu-store", "auto", 16, True, 1, "diag"),
+            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4, "diag"))
+DEFAULT_VARIANT = 2
 
 
 def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
@@ -55,7 +59,7 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
         soft_logp=logp.to(store) if soft_k else None)
 
 
-def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, steps,
+def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, ttt, steps,
                 num_seqs, seed) -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
@@ -67,12 +71,12 @@ def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale
     with tempfile.TemporaryDirectory() as out:
         record = train_head("EAGLE3", target, cfg, feats, split, opts, 7, 8192, device, out,
                             attention_dtype=attn_dtype,
-                            intermediate_size=mlp_scale * cfg.intermediate_size)
+                            intermediate_size=mlp_scale * cfg.intermediate_size, ttt=ttt)
     tokens = sum(feats.seq_len(i) for i in split["train"]) * record["epochs"]
     line = {"bench": "train_step", "variant": name, "steps": record["steps"],
             "ms_per_step": 1e3 * record["train_s"] / max(record["steps"], 1),
             "tokens_per_s": tokens / record["train_s"], "ttt_steps": 7,
-            "token_budget": opts.token_budget, "device": common.device_name(device)}
+            "token_budget": opts.token_budget, "ttt": ttt, "device": common.device_name(device)}
     print(f"[bench_train_step] {name:28s} {line['ms_per_step']:8.1f} ms/step "
           f"{line['tokens_per_s']:10.0f} tok/s", flush=True)
     return line
@@ -84,6 +88,8 @@ def main() -> None:
     p.add_argument("--num-seqs", type=int, default=400)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "train_step.jsonl"))
+    p.add_argument("--profile", default=None, help="also write the default variant's kernel "
+                   "table under torch.profiler to this file")
     args = p.parse_args()
     from specpcg.models.build import build_model, preset_config
 
@@ -94,6 +100,21 @@ def main() -> None:
              for seed, v in enumerate(VARIANTS)]
     meta = {"git": common.git_commit(), "time": common.now_iso(), **common.machine_info(device)}
     common.append_jsonl(args.out, [{**line, **meta} for line in lines])
+    if args.profile:
+        profile_variant(target, cfg, device, args.profile, min(args.steps, 10), args.num_seqs)
+
+
+def profile_variant(target, cfg, device, path: str, steps: int, num_seqs: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        run_variant(target, cfg, device, *VARIANTS[DEFAULT_VARIANT], steps, num_seqs, seed=99)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by=key, row_limit=60, max_name_column_width=90))
+    print(f"[bench_train_step] profile of {VARIANTS[DEFAULT_VARIANT][0]} -> {path}", flush=True)
 
 
 if __name__ == "__main__":

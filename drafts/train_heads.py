@@ -179,11 +179,12 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
                out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto",
-               intermediate_size=None) -> dict:
+               intermediate_size=None, ttt: str = "diag") -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies.
     attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32);
-    intermediate_size: the head's MLP width (None: the target's)."""
+    intermediate_size: the head's MLP width (None: the target's); ttt: how the dense backend
+    computes steps after the first (`specpcg.attention.dense`)."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
                           opts.seed, aux_layer_ids, intermediate_size)
     t2d = torch.full((target_cfg.vocab_size,), -1, dtype=torch.long, device=device)
@@ -194,7 +195,7 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     if attention_dtype == "auto":
         attention_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else None
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5,
-                               attention_dtype)
+                               attention_dtype, ttt)
     lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
     rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
     train_batches = length_batches(lens, split["train"], opts.token_budget)

@@ -101,7 +101,8 @@ def _reference_step(qs, ks, vs, lens, step):
     return torch.stack(out)
 
 
-def test_ttt_mask_gives_each_step_the_draft_cache_keys():
+@pytest.mark.parametrize("ttt", ["diag", "mask"])
+def test_ttt_steps_see_the_draft_cache_keys(ttt):
     assert ttt_mask(4, 2, CPU).int().tolist() == [
         [0, 0, 0, 0, 1, 0, 0, 0],  # p=0: no step-1 key (p - 1 < 0), its own step-2 key
         [1, 0, 0, 0, 0, 1, 0, 0],  # p=1: step-1 key 0, own key 1
@@ -111,7 +112,7 @@ def test_ttt_mask_gives_each_step_the_draft_cache_keys():
     gen = torch.Generator().manual_seed(1)
     qs, ks, vs = ([torch.randn(sum(lens), n * D, generator=gen) for _ in range(steps)]
                   for n in (H, HKV, HKV))
-    dense = DenseAttnBackend(H, HKV, D, D ** -0.5)
+    dense = DenseAttnBackend(H, HKV, D, D ** -0.5, ttt=ttt)
     batch = dense_batch(torch.ones(sum(lens), dtype=torch.long), lens)
     dense.init_forward_metadata(batch)
     with dense.unrolled():
@@ -119,6 +120,28 @@ def test_ttt_mask_gives_each_step_the_draft_cache_keys():
             got = dense.forward(qs[step - 1], ks[step - 1], vs[step - 1], 0, batch)
             torch.testing.assert_close(got, _reference_step(qs, ks, vs, lens, step),
                                        atol=1e-5, rtol=1e-5)
+
+
+def test_ttt_diag_and_mask_give_the_same_gradients():
+    lens, steps = [5, 9, 2], 5
+    gen = torch.Generator().manual_seed(7)
+    inputs = [[torch.randn(sum(lens), n * D, generator=gen) for _ in range(steps)]
+              for n in (H, HKV, HKV)]
+    batch = dense_batch(torch.ones(sum(lens), dtype=torch.long), lens)
+    grads = []
+    for ttt in ("diag", "mask"):
+        leaves = [[t.clone().requires_grad_(True) for t in ts] for ts in inputs]
+        dense = DenseAttnBackend(H, HKV, D, D ** -0.5, ttt=ttt)
+        dense.init_forward_metadata(batch)
+        with dense.unrolled():
+            total = sum((dense.forward(q, k, v, 0, batch) * (i + 1)).square().sum()
+                        for i, (q, k, v) in enumerate(zip(*leaves)))
+        total.backward()
+        grads.append([t.grad for ts in leaves for t in ts])
+    for got, want in zip(*grads):  # gradients reach 1e2: fp32 sums in two orders
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="ttt"):
+        DenseAttnBackend(H, HKV, D, D ** -0.5, ttt="flex")
 
 
 def test_autograd_attention_matches_the_model_forward():

@@ -12,6 +12,11 @@ left for the same layer. A query at position p of step k sees
 
 which is what a chain draft's KV cache holds when it runs step k at position p: the catch-up wrote
 the step-1 keys up to the root at p - k + 1, then each earlier draft step wrote one key.
+
+Two ways to compute a step k > 1 (`ttt`): "mask" runs one fused SDPA call over all k * L keys with
+that mask; "diag" scores the step-1 keys as one shifted-causal [L, L] product and each later step's
+single key per query as a row-wise dot product, then takes one softmax over the L + k - 1 columns.
+Both give the same attention; "diag" does L * (L + k - 1) work at step k where "mask" does k * L * L.
 """
 
 from __future__ import annotations
@@ -52,6 +57,42 @@ class PaddedLayout:
         return x.reshape(self.batch_size * self.max_len, *x.shape[2:])[self.rows]
 
 
+@lru_cache(maxsize=256)
+def shifted_causal(seq_len: int, shift: int, device: torch.device) -> torch.Tensor:
+    """[L, L] bool: key j is visible from query p when j <= p - shift."""
+    pos = torch.arange(seq_len, device=device)
+    return pos[None, :] <= pos[:, None] - shift
+
+
+def _shift(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x [bs, h, L, D] read at position p - shift (zeros before the start)."""
+    return F.pad(x, (0, 0, shift, 0))[:, :, :x.shape[2]] if shift else x
+
+
+def ttt_diag_attention(q: torch.Tensor, steps: list, scale: float, group: int) -> torch.Tensor:
+    """Step k = len(steps) of an unrolled draft (the module docstring's key set), by "diag".
+    q: [bs, H, L, D]; steps[i] = (k, v) [bs, Hkv, L, D] of step i + 1 -> [bs, H, L, D]."""
+    expand = (lambda t: t.repeat_interleave(group, dim=1)) if group > 1 else (lambda t: t)
+    step, length, device = len(steps), q.shape[2], q.device
+    k1, v1 = expand(steps[0][0]), expand(steps[0][1])
+    scores = [torch.matmul(q, k1.transpose(-1, -2)).float().masked_fill(
+        ~shifted_causal(length, step - 1, device), float("-inf"))]  # [bs, H, L, L]
+    values = []
+    before = torch.arange(length, device=device)  # query positions, for the shifted keys' start
+    for i in range(2, step + 1):  # step i's key sits at p - (step - i)
+        shift = step - i
+        ki, vi = (_shift(expand(t), shift) for t in steps[i - 1])
+        scores.append((q.float() * ki.float()).sum(-1, keepdim=True).masked_fill(
+            (before < shift)[:, None], float("-inf")))  # [bs, H, L, 1]
+        values.append(vi)
+    probs = torch.softmax(torch.cat(scores, dim=-1) * scale, dim=-1)
+    # NOTE: one split, not a slice per column block: each slice's backward would allocate and
+    # fill a zero tensor of the whole [bs, H, L, L + k - 1] probabilities.
+    main, diag = probs.split([length, step - 1], dim=-1)
+    out = torch.matmul(main.to(v1.dtype), v1)
+    return out + (diag.to(v1.dtype).unsqueeze(-1) * torch.stack(values, dim=3)).sum(3)
+
+
 @lru_cache(maxsize=64)
 def ttt_mask(seq_len: int, step: int, device: torch.device) -> torch.Tensor:
     """[L, step * L] bool: which keys of steps 1..step a step-`step` query at each position sees
@@ -66,8 +107,11 @@ class DenseAttnBackend(AttentionBackend):
     name = "dense"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 compute_dtype=None):
+                 compute_dtype=None, ttt: str = "diag"):
         super().__init__(None, num_heads, num_kv_heads, head_dim, scale)
+        if ttt not in ("diag", "mask"):
+            raise ValueError(f"ttt must be 'diag' or 'mask', got {ttt!r}")
+        self.ttt = ttt
         # None: attend in the inputs' dtype. The trainer passes bf16 on CUDA: its fp32 heads
         # would otherwise run the masked TTT attention (keys of every earlier step) in fp32.
         self.compute_dtype = compute_dtype
@@ -98,25 +142,32 @@ class DenseAttnBackend(AttentionBackend):
         q4 = self._heads(layout, q, self.num_heads)  # [bs, H, L, D]
         k4 = self._heads(layout, k, self.num_kv_heads)  # [bs, Hkv, L, D]
         v4 = self._heads(layout, v, self.num_kv_heads)
-        mask, keys, values = None, k4, v4
-        if self._steps is not None:
-            earlier = self._steps.setdefault(layer_id, [])
-            keys = torch.cat([*(pk for pk, _ in earlier), k4], dim=2)  # [bs, Hkv, step * L, D]
-            values = torch.cat([*(pv for _, pv in earlier), v4], dim=2)
-            mask = ttt_mask(layout.max_len, len(earlier) + 1, q.device)
-            earlier.append((k4, v4))
         group = self.num_heads // self.num_kv_heads
+        steps = [(k4, v4)]  # this layer's (k, v) of every step so far, this one last
+        if self._steps is not None:
+            steps = self._steps.setdefault(layer_id, [])
+            steps.append((k4, v4))
+        if len(steps) > 1 and self.ttt == "diag":
+            out = ttt_diag_attention(q4, steps, self.scale, group)
+        else:
+            out = self._sdpa(q4, steps, group)
+        # Padded rows only ever see keys at or before themselves: finite, then dropped here.
+        return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1).to(out_dtype)
+
+    def _sdpa(self, q4: torch.Tensor, steps: list, group: int) -> torch.Tensor:
+        """One fused SDPA call: causal for step 1, else over every step's keys, masked."""
+        keys = torch.cat([k for k, _ in steps], dim=2)  # [bs, Hkv, step * L, D]
+        values = torch.cat([v for _, v in steps], dim=2)
+        mask = ttt_mask(q4.shape[2], len(steps), q4.device) if len(steps) > 1 else None
         # NOTE: only flash attention (causal, half precision) takes unequal head counts; with
         # enable_gqa anything else runs SDPA's unfused math path, so repeat the KV heads then.
         gqa = group > 1 and mask is None and q4.dtype in (torch.bfloat16, torch.float16)
         if group > 1 and not gqa:
             keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
         with sdpa_kernel(FUSED_BACKENDS):
-            out = F.scaled_dot_product_attention(
+            return F.scaled_dot_product_attention(
                 q4, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                 enable_gqa=gqa)  # [bs, H, L, D]
-        # Padded rows only ever see keys at or before themselves: finite, then dropped here.
-        return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1).to(out_dtype)
 
     def _heads(self, layout: PaddedLayout, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         """[T, heads * D] packed -> [bs, heads, L, D] padded."""
