@@ -121,9 +121,12 @@ def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions, probe=No
                            "value": probe()})
         for group in opt.param_groups:
             group["lr"] = opts.lr * lr_factor(progress, opts.warmup_frac)
+        # NOTE: backward inside the TF32 block too: its matmuls (and the checkpointed logits'
+        # recompute) run after the forward returns, and ran as plain fp32 GEMMs, 45% of a step's
+        # GPU time on the H100 (benchmarks/results/train_profile_h100.txt).
         with autograd_ops(model), tf32_matmuls():
             loss = loss_fn(batches[j])
-        loss.backward()
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
