@@ -24,12 +24,12 @@ common.add_repo_to_path()
 
 # (name, attention dtype, soft-label k, features on the CPU, head MLP width / the target's,
 # how TTT steps after the first attend); "bf16-attn+soft16" is the trainer's default.
-VARIANTS = (("fp32-attn", torch.float32, 0, False, 1, "diag"),
-            ("bf16-attn", "auto", 0, False, 1, "diag"),
-            ("bf16-attn+soft16", "auto", 16, False, 1, "diag"),
-            ("bf16-attn+soft16+ttt-mask", "auto", 16, False, 1, "mask"),
-            ("bf16-attn+soft16+cpu-store", "auto", 16, True, 1, "diag"),
-            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4, "diag"))
+VARIANTS = (("fp32-attn", torch.float32, 0, False, 1, "mask"),
+            ("bf16-attn", "auto", 0, False, 1, "mask"),
+            ("bf16-attn+soft16", "auto", 16, False, 1, "mask"),
+            ("bf16-attn+soft16+ttt-diag", "auto", 16, False, 1, "diag"),
+            ("bf16-attn+soft16+cpu-store", "auto", 16, True, 1, "mask"),
+            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4, "mask"))
 DEFAULT_VARIANT = 2
 
 

@@ -179,7 +179,7 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
                out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto",
-               intermediate_size=None, ttt: str = "diag") -> dict:
+               intermediate_size=None, ttt: str = "mask") -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies.
     attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32);
