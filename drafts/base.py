@@ -42,6 +42,11 @@ class DraftWorker:
     def absorb(self, req, hidden: torch.Tensor) -> None:
         """Target hidden states of the request's next positions (prefill chunks), in order."""
 
+    def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
+        """A plain decode step's hidden states: row i is request i's next position."""
+        for i, req in enumerate(reqs):
+            self.absorb(req, hidden[i:i + 1])
+
     def release(self, req) -> None:
         """The request finished or was preempted: drop its draft state."""
 

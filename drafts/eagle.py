@@ -104,6 +104,13 @@ class HeadDraft(RoundDrafting, DraftWorker):
         # A copy: `hidden` may view a graph's output buffer that the next replay overwrites.
         self._state(req).pending.append(hidden.clone())
 
+    def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
+        # NOTE: one copy for the step and one split into views: a copy per request cost the
+        # host about 20 us each, which at batch 64 made a plain step (adaptive speculation's
+        # fallback) 0.73x as fast as the same step without a draft on the H100.
+        for req, row in zip(reqs, hidden.clone().split(1)):
+            self._state(req).pending.append(row)
+
     def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
         for i, (req, m) in enumerate(zip(reqs, accept_lens)):
             st = self._reqs[req.rid]

@@ -219,11 +219,10 @@ class Scheduler:
         if capture:
             batch.capture_hidden_mode, batch.aux_hidden_layers = draft.needs_hidden, draft.aux_layers
         out = self.runner.forward(batch)
-        hidden = draft.target_hidden(out) if capture else None
-        for i, req in enumerate(reqs):
+        if capture:
+            draft.absorb_rows(reqs, draft.target_hidden(out))
+        for req in reqs:
             req.num_cached += 1
-            if hidden is not None:
-                draft.absorb(req, hidden[i:i + 1])
         return out
 
     def _make_room_for_decode(self, tokens_per_request: int) -> None:
