@@ -46,6 +46,14 @@ class HeadRows:
     target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
     soft_ids: Optional[torch.Tensor] = None  # [R, k] draft-vocabulary ids (-1 outside it)
     soft_probs: Optional[torch.Tensor] = None  # [R, k] their target probabilities, summing to 1
+    host_pos: Optional[torch.Tensor] = None  # [R] positions p, on the host
+    host_acc: Optional[torch.Tensor] = None  # [R] acc_mask, on the host
+
+    def step_rows(self, k: int) -> torch.Tensor:
+        """The rows step k trains on (valid at step k, label in an answer), as device indices
+        built on the host: a boolean mask's indexing would wait for the device at every step."""
+        keep = (self.host_pos >= k - 1) & self.host_acc
+        return keep.nonzero().squeeze(1).to(self.labels.device)
 
 
 def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
@@ -55,15 +63,17 @@ def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
     lens = [feats.seq_len(i) - 1 for i in seq_ids]
     at = torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
                     for i, n in zip(seq_ids, lens)]).to(store)  # feature row of each head row
-    pos = torch.cat([torch.arange(n) for n in lens]).to(device)  # in the sequence
+    pos = torch.cat([torch.arange(n) for n in lens])  # in the sequence
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
-        torch.tensor(lens)).to(device)
+        torch.tensor(lens))
+    acc = pos + 2 >= prompt_lens
     return HeadRows(
         batch=dense_batch(feats.token_ids[at + 1].to(device), lens),
         hidden=feats.hidden[at].to(device, non_blocking=True),
         labels=t2d[feats.labels[at + 1].to(device)],
-        acc_mask=pos + 2 >= prompt_lens,
+        acc_mask=acc.to(device),
         target_next=feats.hidden[at + 1].to(device) if with_next else None,
+        host_pos=pos, host_acc=acc,
         **_soft_labels(feats, at + 1, t2d, device))
 
 
@@ -114,12 +124,12 @@ def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor, soft_ids=None,
 
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
-    for k, valid, out, nxt in unrolled_steps(head, backend, rows, num_steps):
+    for k, _, out, nxt in unrolled_steps(head, backend, rows, num_steps):
         # Only rows whose predicted token lies in an answer count: those are what the engine
         # drafts. Prompt rows (often human text the target would not have written) still feed
         # the head's attention context, but their labels would spend most of the gradient on
         # text never drafted (prompts hold about 60% of the tokens of chat data).
-        m = valid & rows.acc_mask
+        m = rows.step_rows(k)
         labels = rows.labels[m]
         # NOTE: recomputed in backward (checkpoint): each step's [rows, vocab] logits would
         # otherwise stay alive until the chain's backward (7 steps x a 49k vocabulary ran a
@@ -129,7 +139,7 @@ def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: floa
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
         if hidden_weight:
             diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[m].float(), reduction="none")
-            step_loss = step_loss + hidden_weight * diff.mean(-1).sum() / m.sum().clamp(min=1)
+            step_loss = step_loss + hidden_weight * diff.mean(-1).sum() / max(m.numel(), 1)
         total = total + STEP_DECAY ** (k - 1) * step_loss
     return total
 
@@ -137,10 +147,10 @@ def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: floa
 def head_accuracy(head, backend, rows: HeadRows, num_steps: int):
     """(correct [S], counted [S]) on answer rows; a label outside the draft vocabulary is a miss."""
     correct, counted = [], []
-    for _, valid, out, _ in unrolled_steps(head, backend, rows, num_steps):
-        m = valid & rows.acc_mask
+    for k, _, out, _ in unrolled_steps(head, backend, rows, num_steps):
+        m = rows.step_rows(k)
         correct.append((_logits(head, out[m]).argmax(-1) == rows.labels[m]).sum())
-        counted.append(m.sum())
+        counted.append(torch.tensor(m.numel(), device=out.device))
     return torch.stack(correct), torch.stack(counted)
 
 

@@ -47,9 +47,12 @@ class PaddedLayout:
 
     def __init__(self, seq_lens: list, device):
         self.batch_size, self.max_len = len(seq_lens), max(seq_lens)
-        lens = torch.tensor(seq_lens, device=device)
-        valid = torch.arange(self.max_len, device=device)[None, :] < lens[:, None]  # [bs, L]
-        self.rows = valid.flatten().nonzero().squeeze(1)  # [T]: padded row of each packed row
+        # The padded row of each packed row, [T], from the host's lengths (a mask's nonzero()
+        # would wait for the device at every forward).
+        lens = torch.tensor(seq_lens)
+        seq = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)  # each row's sequence
+        shift = torch.arange(len(seq_lens)) * self.max_len - (lens.cumsum(0) - lens)
+        self.rows = (shift[seq] + torch.arange(int(lens.sum()))).to(device)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         padded = x.new_zeros(self.batch_size * self.max_len, *x.shape[1:])
@@ -121,6 +124,8 @@ class DenseAttnBackend(AttentionBackend):
         self._steps = None  # inside unrolled(): layer_id -> [(k, v) padded] of earlier steps
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self._layout is not None and self._layout[0] is batch:
+            return  # the TTT steps of one batch share its layout
         assert all(s == e for s, e in zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)), \
             "the dense backend has no KV cache: every sequence must start at position 0"
         self._layout = (batch, PaddedLayout(batch.extend_seq_lens_cpu, batch.input_ids.device))
