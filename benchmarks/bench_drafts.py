@@ -128,8 +128,11 @@ def render_table(records: list) -> str:
         cols += [(f"{name} AL", lambda k, row=row: (row.get(k) or {}).get("accept_length")),
                  (f"bs1", lambda k, row=row: (row.get(k) or {}).get("speedup_bs1")),
                  (f"bs16", lambda k, row=row: (row.get(k) or {}).get("speedup_bs16"))]
-    return (f"{last['device']}, commit {last.get('git')}: accept length and speedup over "
-            f"no-spec\n\n" + common.column_table(systems_seen, cols))
+    # Each system's row is its latest line: runs of several commits can share the table.
+    cols.append(("commit", lambda k: next((row[k].get("git") for row in table.values()
+                                           if k in row), None)))
+    return (f"{last['device']}: accept length and speedup over no-spec (the latest run of "
+            f"each system)\n\n" + common.column_table(systems_seen, cols))
 
 
 def render_plot(records: list, png) -> None:

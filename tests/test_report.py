@@ -59,3 +59,18 @@ def test_headline_refuses_a_readme_without_markers(tmp_path):
     with pytest.raises(ValueError, match="markers"):
         headline.write_readme(readme, tmp_path)
     assert readme.read_text() == "no markers here\n"
+
+
+def test_drafts_table_names_each_rows_commit():
+    import bench_drafts
+
+    def line(system, al, git):
+        return {"bench": "drafts", "system": system, "prompt_set": "chat", "accept_length": al,
+                "speedup_bs1": 1.0, "speedup_bs16": 1.0, "git": git, "device": "gpu"}
+
+    table = bench_drafts.render_table([line("NGRAM 7,1,8", 2.0, "aaa"),
+                                       line("EAGLE3 7,1,8", 2.4, "bbb"),
+                                       line("EAGLE3 7,1,8", 2.5, "ccc")])
+    rows = {r.split("|")[1].strip(): r for r in table.splitlines() if r.startswith("| ")}
+    assert rows["NGRAM 7,1,8"].rstrip(" |").endswith("aaa")
+    assert "2.50" in rows["EAGLE3 7,1,8"] and rows["EAGLE3 7,1,8"].rstrip(" |").endswith("ccc")
