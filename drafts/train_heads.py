@@ -42,12 +42,11 @@ class HeadRows:
     batch: ForwardBatch  # input_ids: token p + 1; positions: p
     hidden: torch.Tensor  # [R, F] the target's features at p
     labels: torch.Tensor  # [R] draft-vocabulary id of the label at p + 1; -1 outside it
-    acc_mask: torch.Tensor  # [R] the predicted token lies in the answer (what gets drafted)
+    host_pos: torch.Tensor  # [R] positions p, on the host
+    host_acc: torch.Tensor  # [R] on the host: the predicted token lies in the answer (drafted)
     target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
     soft_ids: Optional[torch.Tensor] = None  # [R, k] draft-vocabulary ids (-1 outside it)
     soft_probs: Optional[torch.Tensor] = None  # [R, k] their target probabilities, summing to 1
-    host_pos: Optional[torch.Tensor] = None  # [R] positions p, on the host
-    host_acc: Optional[torch.Tensor] = None  # [R] acc_mask, on the host
 
     def step_rows(self, k: int) -> torch.Tensor:
         """The rows step k trains on (valid at step k, label in an answer), as device indices
@@ -66,14 +65,12 @@ def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
     pos = torch.cat([torch.arange(n) for n in lens])  # in the sequence
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
         torch.tensor(lens))
-    acc = pos + 2 >= prompt_lens
     return HeadRows(
         batch=dense_batch(feats.token_ids[at + 1].to(device), lens),
         hidden=feats.hidden[at].to(device, non_blocking=True),
         labels=t2d[feats.labels[at + 1].to(device)],
-        acc_mask=acc.to(device),
+        host_pos=pos, host_acc=pos + 2 >= prompt_lens,
         target_next=feats.hidden[at + 1].to(device) if with_next else None,
-        host_pos=pos, host_acc=acc,
         **_soft_labels(feats, at + 1, t2d, device))
 
 
