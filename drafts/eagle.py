@@ -254,8 +254,10 @@ class HeadDraft(RoundDrafting, DraftWorker):
         prefix and its own ancestors; returns logits [bs, K, V] and hidden [bs, K, H]."""
         bs, k = tokens.shape
         rows = [_Row(st.req_pool_idx, st.num_cached + (s - 1) * k) for st in states]
-        batch = self._batch(ForwardMode.DRAFT_EXTEND, rows, tokens.tolist(),
-                              branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
+        # Placeholder ids build the batch; the branches stay on the device (no host sync).
+        batch = self._batch(ForwardMode.DRAFT_EXTEND, rows, [[0] * k] * bs,
+                            branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
+        batch.input_ids = tokens.reshape(-1)
         base = to_device([st.num_cached for st in states], tokens.device)
         batch.positions = (base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous()
         batch.tree_mask = ancestors.contiguous()

@@ -124,11 +124,13 @@ class Engine:
         """What the target's graphs must capture for the active draft (invariant 4)."""
         if self.spec is None:
             return {}
-        # A tree's verify carries its mask, which no graph holds (the router sends it eager):
-        # verify graphs are captured for chains only.
-        verify = self.spec.num_draft_tokens if self.spec.is_chain else 0
+        # A tree's verify carries its mask: its graphs need a backend that builds node rows
+        # from a static mask; elsewhere trees verify eagerly.
+        tree = not self.spec.is_chain
+        graphs = not tree or self.attn_backend.supports_tree_graph
         return {"hidden_mode": self.draft.needs_hidden, "aux_layers": self.draft.aux_layers,
-                "num_verify_tokens": verify}
+                "num_verify_tokens": self.spec.num_draft_tokens if graphs else 0,
+                "verify_tree": tree and graphs}
 
     def _make_kv_cache(self, draft_bytes_per_slot: int = 0) -> KVCache:
         mc, cfg = self.model_config, self.config

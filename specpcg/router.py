@@ -29,6 +29,7 @@ class Refusal:
     INPUT_LOGPROBS = "input_logprobs"
     TOKENS_PER_REQUEST = "tokens_per_request_not_captured"
     TREE_MASK = "tree_mask_not_captured"
+    CHAIN_NOT_CAPTURED = "chain_verify_not_captured"  # verify graphs hold tree attention
 
 
 def hidden_refusal(batch: ForwardBatch, captured_mode, captured_aux: tuple):
@@ -59,8 +60,6 @@ class ForwardRouter:
 
     def choose(self, batch: ForwardBatch) -> tuple:
         """(runner name, None) for a graph, or ("eager", reason)."""
-        if batch.tree_mask is not None:  # graphs hold chain attention: a tree's mask is not in them
-            return EAGER, Refusal.TREE_MASK
         reason = Refusal.MODE_NOT_CAPTURED
         for name in self.candidates(batch.forward_mode):
             runner = self.runners[name]

@@ -161,6 +161,34 @@ def test_triton_tree_mask_matches_torch(mode, lens, keys, splits):
 
 
 @needs_cpu_triton
+def test_triton_tree_rows_stay_where_graphs_read_them():
+    """A tree verify graph reads the node rows' address: the first tree batch sizes a buffer
+    that later batches are copied into (same address, this batch's rows); a larger batch runs
+    on rows of its own and leaves the buffer where it was."""
+    from specpcg.attention import triton_kernels
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    cache = _make_cache("cpu", torch.float32, 16)
+    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
+
+    def tree_batch(lens, seed):
+        batch = _make_batch(cache, lens, ForwardMode.TARGET_VERIFY, seed=seed)
+        batch.tree_mask = _random_tree_mask(len(lens), lens[0][1], lens[0][1], "cpu", seed=seed)
+        backend.init_forward_metadata(batch)
+        want, _ = triton_kernels.tree_path_rows(
+            cache.req_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
+            batch.tree_mask, cache.req_pool.req_to_token.shape[1])
+        assert torch.equal(backend._tree_rows, want)
+        return backend._tree_rows.data_ptr()
+
+    first = tree_batch([(6, 4), (12, 4)], seed=0)
+    assert tree_batch([(20, 4)], seed=1) == first
+    assert tree_batch([(3, 4), (5, 4), (7, 4)], seed=2) != first
+    assert backend._tree_rows_buf.data_ptr() == first and backend._tree_rows_buf.shape[0] == 8
+    assert tree_batch([(9, 4), (2, 4)], seed=3) == first
+
+
+@needs_cpu_triton
 def test_triton_split_k_verify_zeroes_padding_rows():
     _compare("cpu", torch.float32, 16, [(9, 5), (30, 5)], ForwardMode.TARGET_VERIFY, atol=1e-4,
              num_pad_tokens=6, verify_kernel="split_k")

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.cuda
 NUM_PROMPTS, MAX_NEW_TOKENS = 40, 192
 OUT = os.environ.get("SPECPCG_DETERMINISTIC_OUT", "benchmarks/results/deterministic.jsonl")
 CHAIN, TREE = (7, 1, 8), (5, 4, 8)
-# Chains with piecewise graphs on and off; trees with them on (a tree's verify and draft steps
-# run eagerly either way: piecewise graphs change only its prefill).
+# Chains with piecewise graphs on and off; trees with them on (piecewise graphs change only a
+# tree's prefill: its verify replays a tree verify graph, its draft steps run eagerly).
 CELLS = [(algo, CHAIN, pcg) for algo in ("NGRAM", "EAGLE3") for pcg in (True, False)] + [
     (algo, TREE, True) for algo in ("NGRAM", "EAGLE3")]
 

@@ -93,6 +93,42 @@ def test_every_decode_and_verify_bucket_equals_eager(engine, width):
     assert kv["free_slots"] == kv["total_slots"]
 
 
+def _random_trees(bs: int, width: int, device):
+    """Trees of `width` nodes (node 0 the root), each node's parent an earlier node."""
+    from kernels.tree import tree_from_parents
+
+    gen = torch.Generator().manual_seed(bs)
+    parents = torch.full((bs, width), -1, dtype=torch.long)
+    for j in range(1, width):
+        parents[:, j] = torch.randint(0, j, (bs,), generator=gen)
+    tokens = torch.randint(3, 500, (bs, width), generator=gen)
+    return tree_from_parents(tokens.to(device), parents.to(device))
+
+
+def test_every_tree_verify_bucket_equals_eager(engine):
+    """Tree verify graphs (topk > 1): the static mask buffer and node rows give what the eager
+    tree verify gives, for every bucket, with padded requests attending as a chain."""
+    width = 6
+    runner = DecodeGraphRunner(engine.runner, engine.graphs.decode.buckets, engine.graphs.decode.hidden_mode,
+                               (), torch.cuda.graph_pool_handle(), num_verify_tokens=width,
+                               verify_tree=True, show_progress=False)
+    runner.capture()
+    for bs in runner.buckets:
+        real_bs = max(1, bs - 1)
+        reqs, batch = _decode_batch(engine, real_bs, width)
+        tree = _random_trees(real_bs, width, engine.device)
+        prefix = torch.tensor([r.num_cached for r in reqs], device=engine.device)
+        batch.input_ids = tree.draft_tokens.reshape(-1)
+        batch.positions = (prefix[:, None] + tree.depths).flatten()
+        batch.tree_mask = tree.tree_mask
+        assert runner.refusal(batch) is None
+        eager = engine.runner.forward(batch).all_logits
+        graph = runner.forward(batch).all_logits
+        diff = (graph - eager).abs().max().item()
+        assert diff < TOL, f"bs {bs}: max abs diff {diff}"
+        _release(engine, reqs)
+
+
 def _token_gap(engine, ids, a, b) -> float:
     """|logit(a) - logit(b)| after `ids`, from the eager path of `engine`, in bf16 ulps at the
     logits' magnitude (bf16 keeps 8 significant bits: near 30 its step is 0.125)."""

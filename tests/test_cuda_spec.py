@@ -40,10 +40,17 @@ def count_identical_check_near_ties(label, base, ref, outs, prompts) -> int:
     return same
 
 
-@pytest.mark.parametrize("algo", ["NGRAM", "STANDALONE"])
+TREE = {"speculative_num_steps": 5, "speculative_eagle_topk": 4,
+        "speculative_num_draft_tokens": 8}
+
+
+@pytest.mark.parametrize("algo", ["NGRAM", "STANDALONE", "NGRAM-tree"])
 def test_spec_bf16_matches_plain_except_near_ties(algo, prompts, plain):
+    """NGRAM-tree: trees verify through their own graphs (topk > 1), never eagerly."""
     base, ref = plain
     kw = {"speculative_draft_model_path": default_model_path()} if algo == "STANDALONE" else {}
+    if algo == "NGRAM-tree":
+        algo, kw = "NGRAM", TREE
     engine = Engine(device="cuda", max_total_tokens=32768, speculative_algorithm=algo, **kw)
     outs = engine.generate(prompt=prompts, sampling_params=PARAMS)
     same = count_identical_check_near_ties(algo, base, ref, outs, prompts)

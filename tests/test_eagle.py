@@ -55,11 +55,13 @@ def test_greedy_is_lossless_single_and_batched(world, plain, algo, setting):
     assert 0 in accepted and len(accepted) >= 3, accepted
     assert state["avg_spec_accept_length"] > 1.2
     _check_no_leak(engine)
-    if setting == "tree_triton":  # no graph holds a tree mask: the router says so by name
-        stats = {(s["mode"], s["reason"]) for s in engine.router.forward_stats()}
-        assert ("TARGET_VERIFY", "tree_mask_not_captured") in stats, stats
+    if setting == "tree_triton":  # no graphs on CPU: tree verifies run eagerly, by that reason
+        stats = {(s["mode"], s["runner"], s["reason"]) for s in engine.router.forward_stats()}
+        off = engine.graphs.decode_decision.reason
+        assert ("TARGET_VERIFY", "eager", off) in stats, stats
+        assert engine.graphs.decode is None and engine._graph_needs()["verify_tree"]
         draft = {(s["mode"], s["reason"]) for s in engine.draft.router.forward_stats()}
-        assert ("DRAFT_EXTEND", "tree_mask_not_captured") in draft, draft
+        assert ("DRAFT_EXTEND", "mode_not_captured") in draft, draft
     if setting == "chain":  # greedy chains run the round's bodies (eagerly here, no graphs)
         stats = {(s["mode"], s["runner"]): s["count"] for s in engine.draft.router.forward_stats()}
         assert stats.get(("DRAFT_EXTEND", "draft_round_eager"), 0) > 0, stats

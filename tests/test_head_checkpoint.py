@@ -349,7 +349,7 @@ def test_graph_needs_server_info_and_forward_stats(world, algo, monkeypatch):
     assert engine.draft.needs_hidden == CaptureHiddenMode.FULL
     assert engine.draft.aux_layers == aux
     assert calls["target"][1] == {"hidden_mode": CaptureHiddenMode.FULL, "aux_layers": aux,
-                                  "num_verify_tokens": 4}
+                                  "num_verify_tokens": 4, "verify_tree": False}
     # ... and the draft's never include piecewise graphs (invariant 5).
     draft_cfg, draft_kw = calls["draft"]
     assert draft_cfg.disable_piecewise_cuda_graph and not engine.draft.builds_piecewise
@@ -387,14 +387,18 @@ def test_graph_needs_server_info_and_forward_stats(world, algo, monkeypatch):
     assert {s["reason"] for s in draft_stats if s["mode"] == "DECODE"} == {NO_CUDA}
 
 
-def test_a_tree_engine_captures_no_verify_graph(world, monkeypatch):
-    """A tree's verify carries its mask, which graphs do not hold: the target's graphs are asked
-    for the draft's hidden states but for no verify width."""
+@pytest.mark.parametrize("backend,verify", [("torch", 0), ("triton", 6)])
+def test_a_tree_engine_captures_tree_verify_graphs_where_it_can(world, monkeypatch, backend,
+                                                                 verify):
+    """A tree's verify carries its mask: graphs hold it only on a backend that builds node rows
+    from a static mask (Triton); elsewhere no verify width is captured and trees run eagerly."""
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton backend on CPU needs the interpreter (TRITON_INTERPRET=1)")
     calls = {}
     real = engine_module.build_graphs
     monkeypatch.setattr(engine_module, "build_graphs", lambda cfg, runner, context_len, **kw:
                         calls.setdefault("target", kw) and real(cfg, runner, context_len, **kw))
     _engine(world.noisy, "EAGLE", world.heads["EAGLE"], speculative_eagle_topk=3,
-            speculative_num_steps=3, speculative_num_draft_tokens=6, attention_backend="torch")
+            speculative_num_steps=3, speculative_num_draft_tokens=6, attention_backend=backend)
     assert calls["target"] == {"hidden_mode": CaptureHiddenMode.FULL, "aux_layers": (),
-                               "num_verify_tokens": 0}
+                               "num_verify_tokens": verify, "verify_tree": bool(verify)}

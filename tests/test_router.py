@@ -34,9 +34,10 @@ def _piecewise(max_tokens=64, hidden=NULL, aux=()):
     return r
 
 
-def _decode(max_bs=8, hidden=NULL, verify=4, aux=()):
+def _decode(max_bs=8, hidden=NULL, verify=4, aux=(), tree=False):
     r = DecodeGraphRunner.__new__(DecodeGraphRunner)
     r.buckets, r.hidden_mode, r.aux_layers = [1, 2, 4, max_bs], hidden, aux
+    r.verify_tree = tree
     r.tokens_per_req = {ForwardMode.DECODE: 1}
     if verify:
         r.tokens_per_req[ForwardMode.TARGET_VERIFY] = verify
@@ -64,19 +65,32 @@ def test_router_guards(batch, expected):
     assert _router(_piecewise(), _decode()).choose(batch) == expected
 
 
-def test_tree_batches_never_replay_a_graph():
-    """A tree verify of the captured width would fit the verify graph, but the graph holds chain
-    attention: the router sends it eager and names why. The chain beside it still replays."""
-    router = _router(_piecewise(), _decode())
-    tree = _batch(ForwardMode.TARGET_VERIFY, [4, 4])
-    tree.tree_mask = torch.ones(2, 4, 4, dtype=torch.bool).tril()
-    assert router.choose(tree) == (EAGER, Refusal.TREE_MASK)
-    assert router.forward(tree) == "eager-out"
-    assert router.choose(_batch(ForwardMode.TARGET_VERIFY, [4, 4])) == ("decode_graph", None)
+def _tree_verify(ext_lens, keys=None):
+    width = ext_lens[0]
+    batch = _batch(ForwardMode.TARGET_VERIFY, ext_lens)
+    batch.tree_mask = torch.ones(len(ext_lens), width, keys or width, dtype=torch.bool).tril()
+    return batch
+
+
+def test_tree_verify_replays_only_a_tree_graph():
+    """A runner captured for chains refuses a tree (its graphs hold chain attention); a runner
+    captured for trees replays trees of its width and refuses chains and other shapes."""
+    chains = _router(_piecewise(), _decode())
+    assert chains.choose(_tree_verify([4, 4])) == (EAGER, Refusal.TREE_MASK)
+    assert chains.forward(_tree_verify([4, 4])) == "eager-out"
+    assert chains.choose(_batch(ForwardMode.TARGET_VERIFY, [4, 4])) == ("decode_graph", None)
+    trees = _router(_piecewise(), _decode(tree=True))
+    assert trees.choose(_tree_verify([4, 4])) == ("decode_graph", None)
+    assert trees.choose(_tree_verify([4] * 9)) == (EAGER, Refusal.TOO_MANY_REQUESTS)
+    assert trees.choose(_tree_verify([4, 4], keys=6)) == (EAGER, Refusal.TREE_MASK)
+    assert trees.choose(_batch(ForwardMode.TARGET_VERIFY, [4, 4])) == (
+        EAGER, Refusal.CHAIN_NOT_CAPTURED)
+    assert trees.choose(_batch(ForwardMode.DECODE, [1, 1])) == ("decode_graph", None)
+    # A draft's tree step is in a mode no graph captures, whatever it carries.
     step = _batch(ForwardMode.DRAFT_EXTEND, [3, 3])
     step.tree_mask = torch.ones(2, 3, 6, dtype=torch.bool)
-    assert router.choose(step) == (EAGER, Refusal.TREE_MASK)
-    stats = {(s["mode"], s["reason"]): s["count"] for s in router.forward_stats()}
+    assert trees.choose(step) == (EAGER, Refusal.MODE_NOT_CAPTURED)
+    stats = {(s["mode"], s["reason"]): s["count"] for s in chains.forward_stats()}
     assert stats == {("TARGET_VERIFY", "tree_mask_not_captured"): 1}
 
 

@@ -19,6 +19,7 @@ class AttentionBackend:
     supports_cuda_graph = False
     supports_row_stride = False  # ForwardBatch.req_row_stride (padded per-request rows)
     supports_tree_mask = False  # ForwardBatch.tree_mask (draft trees)
+    supports_tree_graph = False  # a tree's verify can replay a decode graph
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float):

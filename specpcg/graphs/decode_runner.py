@@ -3,6 +3,10 @@
 Attention is inside the graph, so the backend must keep its metadata in static buffers
 (`supports_cuda_graph`). Padded requests sit on the KV pool's padding row (all sink slots) and
 write their KV to the sink slot; their outputs are sliced away.
+
+An engine drafting trees (topk > 1) captures its TARGET_VERIFY graphs with tree attention: the
+live batch's masks are copied into a static [bs, N, N] buffer (padded requests get a chain's),
+and the backend builds each node's row from them before the replay (`supports_tree_graph`).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from specpcg.router import Refusal, hidden_refusal
 
 class DecodeGraphRunner:
     def __init__(self, model_runner, batch_buckets: list, hidden_mode: CaptureHiddenMode,
-                 aux_layers: tuple, pool, num_verify_tokens: int = 0, show_progress: bool = True):
-        """num_verify_tokens: tokens per request of TARGET_VERIFY graphs (0: none captured)."""
+                 aux_layers: tuple, pool, num_verify_tokens: int = 0, verify_tree: bool = False,
+                 show_progress: bool = True):
+        """num_verify_tokens: tokens per request of TARGET_VERIFY graphs (0: none captured).
+        verify_tree: those graphs verify draft trees (every verify then carries a tree mask)."""
         self.model_runner = model_runner
         self.buckets = sorted(batch_buckets)
         self.hidden_mode = hidden_mode
@@ -39,6 +45,12 @@ class DecodeGraphRunner:
         self.req_pool_indices = torch.zeros(self.buckets[-1], dtype=torch.long, device=dev)
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
+        self.verify_tree = bool(verify_tree and num_verify_tokens)
+        self.tree_mask = self.chain_mask = None
+        if self.verify_tree:  # [max_bs, N, N]; a chain's mask is what padded requests attend by
+            n = num_verify_tokens
+            self.chain_mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+            self.tree_mask = self.chain_mask.repeat(self.buckets[-1], 1, 1)
         self.graphs: dict = {}  # (mode, bs) -> CUDAGraph
         self.outputs: dict = {}
         self.cost = CaptureCost()
@@ -53,6 +65,12 @@ class DecodeGraphRunner:
             return Refusal.MODE_NOT_CAPTURED
         if any(n != width for n in batch.extend_seq_lens_cpu):
             return Refusal.TOKENS_PER_REQUEST
+        tree_graph = self.verify_tree and batch.forward_mode == ForwardMode.TARGET_VERIFY
+        if tree_graph and batch.tree_mask is None:
+            return Refusal.CHAIN_NOT_CAPTURED
+        if batch.tree_mask is not None and (
+                not tree_graph or tuple(batch.tree_mask.shape[1:]) != (width, width)):
+            return Refusal.TREE_MASK
         if batch.batch_size > self.max_bs:
             return Refusal.TOO_MANY_REQUESTS
         if batch.return_all_logits and batch.forward_mode == ForwardMode.DECODE:
@@ -75,6 +93,10 @@ class DecodeGraphRunner:
         padded.extend_seq_lens = self.extend_lens[:bs]
         padded.seq_lens_cpu = list(batch.seq_lens_cpu) + [width] * (bs - n)
         padded.extend_seq_lens_cpu = [width] * bs
+        if batch.tree_mask is not None:
+            self.tree_mask[:n].copy_(batch.tree_mask)
+            self.tree_mask[n:bs].copy_(self.chain_mask.expand(bs - n, width, width))
+            padded.tree_mask = self.tree_mask[:bs]
         return padded
 
     def capture(self) -> None:
@@ -101,6 +123,8 @@ class DecodeGraphRunner:
             capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers,
             input_hidden=None if self.inputs.input_hidden is None
             else self.inputs.input_hidden[:bs * width])
+        if self.verify_tree and mode == ForwardMode.TARGET_VERIFY:
+            dummy.tree_mask = self.chain_mask.expand(bs, width, width)
         batch = self._padded_batch(dummy, bs)
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(batch)
@@ -128,5 +152,6 @@ class DecodeGraphRunner:
     def info(self) -> dict:
         return {"batch_sizes": self.buckets,
                 "modes": {m.name: w for m, w in self.tokens_per_req.items()},
+                "verify_tree": self.verify_tree,
                 "hidden_mode": self.hidden_mode.name,
                 **self.cost.info()}
