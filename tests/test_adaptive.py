@@ -53,7 +53,8 @@ def test_tries_both_sides_then_runs_the_faster_and_looks_again_ever_less_often()
     # each confirming look doubles the wait: 32, 64, 128, ... steps between looks
     assert len(gaps) >= 2 and all(b > 1.9 * a for a, b in zip(gaps, gaps[1:]))
     info = ctrl.info()["16"]
-    assert info["spec_tok_s"] == pytest.approx(500) and info["decode_tok_s"] == pytest.approx(1000)
+    assert info["spec_tok_s_per_req"] == pytest.approx(500 / 16)
+    assert info["decode_tok_s_per_req"] == pytest.approx(1000 / 16)
     assert info["spec_steps"] == WARMUP_STEPS + EXPLORE_STEPS * len(looks)
 
 
@@ -64,7 +65,8 @@ def test_the_step_after_a_switch_is_not_counted():
     picks = _run(ctrl, 1, spec_rate=1000, decode_rate=620, steps=4 * EXPLORE_EVERY,
                  switch_cost=8.0)
     info = ctrl.info()["1"]
-    assert info["spec_tok_s"] == pytest.approx(1000) and info["decode_tok_s"] == pytest.approx(620)
+    assert info["spec_tok_s_per_req"] == pytest.approx(1000)
+    assert info["decode_tok_s_per_req"] == pytest.approx(620)
     assert picks[-EXPLORE_EVERY:].count(True) >= EXPLORE_EVERY - EXPLORE_STEPS
 
 
@@ -74,6 +76,19 @@ def test_each_batch_size_bucket_chooses_for_itself():
     _run(ctrl, 64, spec_rate=900, decode_rate=3000, steps=2 * WARMUP_STEPS + 2)
     assert ctrl.use_spec(1) and not ctrl.use_spec(64)
     assert ctrl.use_spec(48) is False  # 48 shares the 64 bucket
+
+
+def test_a_shrinking_batch_does_not_favour_the_side_measured_first():
+    """Requests finish as a batch runs, so speculation (warmed up first) is measured at 64
+    requests and plain steps at 40, in one bucket. Per request, plain steps are faster (100
+    against 80 tokens per second): the controller must choose them, though the speculative
+    steps emitted more tokens per second in all (64 x 80 > 40 x 100)."""
+    ctrl = AdaptiveSpeculation()
+    for _ in range(4 * WARMUP_STEPS):
+        use = ctrl.use_spec(64)
+        bs = 64 if use else 40
+        ctrl.record(bs, use, bs * (3 if use else 1), 3 / 80 if use else 1 / 100)
+    assert ctrl.use_spec(40) is False
 
 
 def test_the_choice_follows_a_change_in_speed():

@@ -19,6 +19,13 @@ speculative one starts with an empty pipeline. Counting those switches made spec
 batch 1 look 0.57x as fast as it runs (H100, EAGLE3: 563 tok/s measured against 995 pinned), so
 the engine chose plain decoding where speculating was 1.6x faster.
 
+Rates are per request (tokens per second per running request): a bucket spans batch sizes a
+factor of two apart, and as requests finish a batch shrinks through it, so the side measured
+first measured at the larger batch. Counting tokens of the whole batch made NGRAM and EAGLE3
+speculate at batch 64 (the warm-up speculates first) where plain steps ran 1.3x faster (H100:
+an NGRAM engine held to plain steps matched a no-spec engine, 14.5-16.2k against 14.7k tok/s,
+while the adaptive one ran 0.6-0.7x).
+
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
 draft (`DraftWorker.absorb`), which catches up on them at its next round.
@@ -112,21 +119,22 @@ class AdaptiveSpeculation:
 
     def record(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
         """A step of `batch_size` requests emitted `tokens` in `seconds` (host wall clock,
-        the device included: each step ends in the read of its tokens). The first step after
-        a switch of side is not counted (module docstring)."""
+        the device included: each step ends in the read of its tokens), kept as tokens per
+        second per request. The first step after a switch of side is not counted (module
+        docstring)."""
         switched, self._last_spec = self._last_spec is not None and spec != self._last_spec, spec
-        if seconds <= 0 or switched:
+        if seconds <= 0 or switched or batch_size <= 0:
             return
         b = self._buckets.setdefault(bucket_of(batch_size), _Bucket())
-        (b.spec if spec else b.decode).add(tokens / seconds)
+        (b.spec if spec else b.decode).add(tokens / seconds / batch_size)
 
     def info(self) -> dict:
-        """Per bucket: each side's measured tok/s and how many steps it ran."""
+        """Per bucket: each side's measured tok/s per request and how many steps it ran."""
         out = {}
         for key in sorted(self._buckets):
             b = self._buckets[key]
-            out[str(key)] = {"spec_tok_s": round(b.spec.tok_s, 1),
-                             "decode_tok_s": round(b.decode.tok_s, 1),
+            out[str(key)] = {"spec_tok_s_per_req": round(b.spec.tok_s, 2),
+                             "decode_tok_s_per_req": round(b.decode.tok_s, 2),
                              "spec_steps": self.chosen[(key, "spec")],
                              "decode_steps": self.chosen[(key, "decode")]}
         return out
