@@ -79,9 +79,11 @@ class HeadDraft(RoundDrafting, DraftWorker):
     def setup(self, ctx) -> None:
         spec = ctx.spec
         round_len = spec.topk * spec.num_steps  # a draft round's own tokens per request
+        # A tree step reads every branch's hidden state: its graphs keep all rows.
+        hidden = CaptureHiddenMode.LAST if spec.is_chain else CaptureHiddenMode.FULL
         self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(
-            self, ctx, CaptureHiddenMode.LAST,
-            extra_slots=ctx.config.max_running_requests * round_len)
+            self, ctx, hidden, extra_slots=ctx.config.max_running_requests * round_len,
+            tree=not spec.is_chain)
         if spec.is_chain and self.runner.attn_backend.supports_row_stride:
             width = ctx.model_config.hidden_size * max(1, len(self.aux_layers))
             self.round = build_round_runner(self.runner, self.graphs, ctx.config,

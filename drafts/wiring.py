@@ -12,9 +12,11 @@ from specpcg.model_runner import ModelRunner
 from specpcg.router import ForwardRouter
 
 
-def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots: int = 0):
+def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots: int = 0,
+                     tree: bool = False):
     """ctx: DraftContext with the target's kv_cache. extra_slots: room beyond the target's
-    slot count for a draft round's own tokens."""
+    slot count for a draft round's own tokens. tree: the draft's tree steps get graphs of their
+    own where the attention backend can replay trees (ctx.spec's topk and steps)."""
     mc, cfg = draft.model_cfg, ctx.config
     slots = ctx.kv_cache.total_slots + extra_slots
     pool = KVPool(slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, ctx.dtype, ctx.device)
@@ -24,8 +26,10 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
                                     mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
     runner = ModelRunner(draft.model, kv_cache, attn, ctx.device)
     # Invariant 5: a draft never builds piecewise graphs, whatever the engine's setting.
+    draft_tree = ((ctx.spec.topk, ctx.spec.num_steps) if tree and attn.supports_tree_graph
+                  else ())
     graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True), runner,
-                          ctx.context_len, hidden_mode=hidden_mode)
+                          ctx.context_len, hidden_mode=hidden_mode, draft_tree=draft_tree)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
     return kv_cache, runner, router, graphs

@@ -54,8 +54,8 @@ class ForwardRouter:
     def candidates(self, mode: ForwardMode) -> list:
         if mode == ForwardMode.EXTEND:
             return ["piecewise"]
-        if mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
-            return ["decode_graph"]
+        if mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND):
+            return ["decode_graph"]  # DRAFT_EXTEND: a head's tree steps, where captured
         return []
 
     def choose(self, batch: ForwardBatch) -> tuple:

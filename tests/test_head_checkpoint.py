@@ -394,11 +394,18 @@ def test_a_tree_engine_captures_tree_verify_graphs_where_it_can(world, monkeypat
     from a static mask (Triton); elsewhere no verify width is captured and trees run eagerly."""
     if backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton backend on CPU needs the interpreter (TRITON_INTERPRET=1)")
+    import drafts.wiring as wiring_module
+
     calls = {}
-    real = engine_module.build_graphs
-    monkeypatch.setattr(engine_module, "build_graphs", lambda cfg, runner, context_len, **kw:
-                        calls.setdefault("target", kw) and real(cfg, runner, context_len, **kw))
+    for name, module in (("target", engine_module), ("draft", wiring_module)):
+        real = module.build_graphs
+        monkeypatch.setattr(module, "build_graphs", lambda cfg, runner, ctx_len, _n=name,
+                            _real=real, **kw: calls.setdefault(_n, kw) and _real(cfg, runner,
+                                                                                 ctx_len, **kw))
     _engine(world.noisy, "EAGLE", world.heads["EAGLE"], speculative_eagle_topk=3,
             speculative_num_steps=3, speculative_num_draft_tokens=6, attention_backend=backend)
     assert calls["target"] == {"hidden_mode": CaptureHiddenMode.FULL, "aux_layers": (),
                                "num_verify_tokens": verify, "verify_tree": bool(verify)}
+    # The head's tree steps: graphs of their own where the backend can replay trees.
+    assert calls["draft"] == {"hidden_mode": CaptureHiddenMode.FULL,
+                              "draft_tree": (3, 3) if verify else ()}

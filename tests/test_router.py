@@ -37,7 +37,7 @@ def _piecewise(max_tokens=64, hidden=NULL, aux=()):
 def _decode(max_bs=8, hidden=NULL, verify=4, aux=(), tree=False):
     r = DecodeGraphRunner.__new__(DecodeGraphRunner)
     r.buckets, r.hidden_mode, r.aux_layers = [1, 2, 4, max_bs], hidden, aux
-    r.verify_tree = tree
+    r.tree_keys = {ForwardMode.TARGET_VERIFY: (verify,)} if tree else {}
     r.tokens_per_req = {ForwardMode.DECODE: 1}
     if verify:
         r.tokens_per_req[ForwardMode.TARGET_VERIFY] = verify

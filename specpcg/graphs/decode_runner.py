@@ -4,9 +4,10 @@ Attention is inside the graph, so the backend must keep its metadata in static b
 (`supports_cuda_graph`). Padded requests sit on the KV pool's padding row (all sink slots) and
 write their KV to the sink slot; their outputs are sliced away.
 
-An engine drafting trees (topk > 1) captures its TARGET_VERIFY graphs with tree attention: the
-live batch's masks are copied into a static [bs, N, N] buffer (padded requests get a chain's),
-and the backend builds each node's row from them before the replay (`supports_tree_graph`).
+An engine drafting trees (topk > 1) captures its TARGET_VERIFY graphs with tree attention, and
+a head drafting trees its tree steps (DRAFT_EXTEND, one graph per step's key count): the live
+batch's masks are copied into a static buffer (padded requests get a chain's), and the backend
+builds each node's row from them before the replay (`supports_tree_graph`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from specpcg.router import Refusal, hidden_refusal
 class DecodeGraphRunner:
     def __init__(self, model_runner, batch_buckets: list, hidden_mode: CaptureHiddenMode,
                  aux_layers: tuple, pool, num_verify_tokens: int = 0, verify_tree: bool = False,
-                 show_progress: bool = True):
+                 show_progress: bool = True, draft_tree: tuple = ()):
         """num_verify_tokens: tokens per request of TARGET_VERIFY graphs (0: none captured).
-        verify_tree: those graphs verify draft trees (every verify then carries a tree mask)."""
+        verify_tree: those graphs verify draft trees (every verify then carries a tree mask).
+        draft_tree: (topk, num_steps) of a head drafting trees: DRAFT_EXTEND graphs of its tree
+        steps, topk branches per request over topk * s tree keys at step s = 1 .. num_steps - 1."""
         self.model_runner = model_runner
         self.buckets = sorted(batch_buckets)
         self.hidden_mode = hidden_mode
@@ -35,8 +38,16 @@ class DecodeGraphRunner:
         self.pool = pool
         self.show_progress = show_progress
         self.tokens_per_req = {ForwardMode.DECODE: 1}
+        # mode -> the tree key counts its graphs hold; a mode listed here replays trees only.
+        self.tree_keys: dict = {}
         if num_verify_tokens:
             self.tokens_per_req[ForwardMode.TARGET_VERIFY] = num_verify_tokens
+            if verify_tree:
+                self.tree_keys[ForwardMode.TARGET_VERIFY] = (num_verify_tokens,)
+        if draft_tree and draft_tree[1] > 1:
+            topk, steps = draft_tree
+            self.tokens_per_req[ForwardMode.DRAFT_EXTEND] = topk
+            self.tree_keys[ForwardMode.DRAFT_EXTEND] = tuple(topk * s for s in range(1, steps))
         max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
         model = model_runner.model
         self.inputs = StaticInputs(max_tokens, model_runner.device,
@@ -45,13 +56,16 @@ class DecodeGraphRunner:
         self.req_pool_indices = torch.zeros(self.buckets[-1], dtype=torch.long, device=dev)
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
-        self.verify_tree = bool(verify_tree and num_verify_tokens)
-        self.tree_mask = self.chain_mask = None
-        if self.verify_tree:  # [max_bs, N, N]; a chain's mask is what padded requests attend by
-            n = num_verify_tokens
-            self.chain_mask = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-            self.tree_mask = self.chain_mask.repeat(self.buckets[-1], 1, 1)
-        self.graphs: dict = {}  # (mode, bs) -> CUDAGraph
+        # (mode, keys) -> [max_bs, width, keys]: the live masks are copied in; padded requests
+        # keep a chain over the last `width` keys (any valid mask would do: they are sliced away).
+        self.tree_masks, self.tree_pads = {}, {}
+        for mode, all_keys in self.tree_keys.items():
+            width = self.tokens_per_req[mode]
+            for keys in all_keys:
+                pad = torch.ones(width, keys, dtype=torch.bool, device=dev).tril(keys - width)
+                self.tree_pads[(mode, keys)] = pad
+                self.tree_masks[(mode, keys)] = pad.repeat(self.buckets[-1], 1, 1)
+        self.graphs: dict = {}  # (mode, tree keys or 0, bs) -> CUDAGraph
         self.outputs: dict = {}
         self.cost = CaptureCost()
 
@@ -59,17 +73,21 @@ class DecodeGraphRunner:
     def max_bs(self) -> int:
         return self.buckets[-1]
 
+    @property
+    def verify_tree(self) -> bool:
+        return ForwardMode.TARGET_VERIFY in self.tree_keys
+
     def refusal(self, batch: ForwardBatch):
         width = self.tokens_per_req.get(batch.forward_mode)
         if width is None:
             return Refusal.MODE_NOT_CAPTURED
         if any(n != width for n in batch.extend_seq_lens_cpu):
             return Refusal.TOKENS_PER_REQUEST
-        tree_graph = self.verify_tree and batch.forward_mode == ForwardMode.TARGET_VERIFY
-        if tree_graph and batch.tree_mask is None:
+        tree_keys = self.tree_keys.get(batch.forward_mode, ())
+        if tree_keys and batch.tree_mask is None:
             return Refusal.CHAIN_NOT_CAPTURED
-        if batch.tree_mask is not None and (
-                not tree_graph or tuple(batch.tree_mask.shape[1:]) != (width, width)):
+        if batch.tree_mask is not None and (batch.tree_mask.shape[1] != width
+                                            or batch.tree_mask.shape[2] not in tree_keys):
             return Refusal.TREE_MASK
         if batch.batch_size > self.max_bs:
             return Refusal.TOO_MANY_REQUESTS
@@ -77,61 +95,71 @@ class DecodeGraphRunner:
             return Refusal.INPUT_LOGPROBS
         return hidden_refusal(batch, self.hidden_mode, self.aux_layers)
 
+    @staticmethod
+    def _keys(batch: ForwardBatch) -> int:
+        return 0 if batch.tree_mask is None else batch.tree_mask.shape[2]
+
     def _padded_batch(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
         """The live batch padded to `bs` requests, over the static buffers."""
         width = self.tokens_per_req[batch.forward_mode]
+        keys = self._keys(batch)
+        pad_len = max(width, keys)  # a padded request's row holds at least its tree's keys
         n = batch.batch_size
         pad_row = self.model_runner.kv_cache.req_pool.pad_row
         self.req_pool_indices[:n].copy_(batch.req_pool_indices)
         self.req_pool_indices[n:bs].fill_(pad_row)
         self.seq_lens[:n].copy_(batch.seq_lens)
-        self.seq_lens[n:bs].fill_(width)
+        self.seq_lens[n:bs].fill_(pad_len)
         self.extend_lens[:bs].fill_(width)
         padded = self.inputs.load(batch, bs * width)
         padded.req_pool_indices = self.req_pool_indices[:bs]
         padded.seq_lens = self.seq_lens[:bs]
         padded.extend_seq_lens = self.extend_lens[:bs]
-        padded.seq_lens_cpu = list(batch.seq_lens_cpu) + [width] * (bs - n)
+        padded.seq_lens_cpu = list(batch.seq_lens_cpu) + [pad_len] * (bs - n)
         padded.extend_seq_lens_cpu = [width] * bs
-        if batch.tree_mask is not None:
-            self.tree_mask[:n].copy_(batch.tree_mask)
-            self.tree_mask[n:bs].copy_(self.chain_mask.expand(bs - n, width, width))
-            padded.tree_mask = self.tree_mask[:bs]
+        if keys:
+            shape = (batch.forward_mode, keys)
+            mask = self.tree_masks[shape]
+            mask[:n].copy_(batch.tree_mask)
+            mask[n:bs].copy_(self.tree_pads[shape].expand(bs - n, width, keys))
+            padded.tree_mask = mask[:bs]
         return padded
 
     def capture(self) -> None:
         from tqdm import tqdm
 
-        keys = [(m, bs) for m in self.tokens_per_req for bs in sorted(self.buckets, reverse=True)]
+        shapes = [(m, k) for m in self.tokens_per_req for k in self.tree_keys.get(m, (0,))]
+        keys = [(m, k, bs) for m, k in shapes for bs in sorted(self.buckets, reverse=True)]
         with self.cost.measure("decode graphs", len(keys)):
-            for mode, bs in tqdm(keys, desc="capturing decode graphs",
-                                 disable=not self.show_progress):
-                self._capture_one(mode, bs)
+            for mode, tree_keys, bs in tqdm(keys, desc="capturing decode graphs",
+                                            disable=not self.show_progress):
+                self._capture_one(mode, tree_keys, bs)
 
-    def _capture_one(self, mode: ForwardMode, bs: int) -> None:
+    def _capture_one(self, mode: ForwardMode, keys: int, bs: int) -> None:
         width = self.tokens_per_req[mode]
         pad_row = self.model_runner.kv_cache.req_pool.pad_row
         dev = self.model_runner.device
+        pad_len = max(width, keys)
         dummy = ForwardBatch(
             forward_mode=mode, input_ids=self.inputs.input_ids[:bs * width],
             positions=self.inputs.positions[:bs * width],
             out_cache_loc=self.inputs.out_cache_loc[:bs * width],
             req_pool_indices=torch.full((bs,), pad_row, dtype=torch.long, device=dev),
-            seq_lens=torch.full((bs,), width, dtype=torch.int32, device=dev),
+            seq_lens=torch.full((bs,), pad_len, dtype=torch.int32, device=dev),
             extend_seq_lens=torch.full((bs,), width, dtype=torch.int32, device=dev),
-            seq_lens_cpu=[width] * bs, extend_seq_lens_cpu=[width] * bs,
+            seq_lens_cpu=[pad_len] * bs, extend_seq_lens_cpu=[width] * bs,
             capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers,
             input_hidden=None if self.inputs.input_hidden is None
             else self.inputs.input_hidden[:bs * width])
-        if self.verify_tree and mode == ForwardMode.TARGET_VERIFY:
-            dummy.tree_mask = self.chain_mask.expand(bs, width, width)
+        if keys:
+            dummy.tree_mask = self.tree_pads[(mode, keys)].expand(bs, width, keys)
         batch = self._padded_batch(dummy, bs)
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(batch)
         with forward_context(ForwardContext(batch, attn, bs * width)):
-            graph, self.outputs[(mode, bs)] = warm_and_capture(lambda: self._body(batch),
-                                                               self.pool)
-        self.graphs[(mode, bs)] = graph
+            graph, self.outputs[(mode, keys, bs)] = warm_and_capture(
+                lambda: self._body(batch), self.pool)
+        self.graphs[(mode, keys, bs)] = graph
 
     def _body(self, batch: ForwardBatch):
         """The model and its LM head on every row: logits come out of the graph, which saves
@@ -145,13 +173,14 @@ class DecodeGraphRunner:
         padded = self._padded_batch(batch, bs)
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(padded)
-        self.graphs[(batch.forward_mode, bs)].replay()
-        hidden, aux, logits = self.outputs[(batch.forward_mode, bs)]
+        key = (batch.forward_mode, self._keys(batch), bs)
+        self.graphs[key].replay()
+        hidden, aux, logits = self.outputs[key]
         return self.model_runner.postprocess(hidden, list(aux), batch, logits)
 
     def info(self) -> dict:
         return {"batch_sizes": self.buckets,
                 "modes": {m.name: w for m, w in self.tokens_per_req.items()},
-                "verify_tree": self.verify_tree,
+                "tree_keys": {m.name: list(k) for m, k in self.tree_keys.items()},
                 "hidden_mode": self.hidden_mode.name,
                 **self.cost.info()}

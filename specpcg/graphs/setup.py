@@ -31,7 +31,7 @@ class GraphSet:
 def build_graphs(cfg, model_runner, context_len: int,
                  hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
                  aux_layers: tuple = (), num_verify_tokens: int = 0,
-                 verify_tree: bool = False) -> GraphSet:
+                 verify_tree: bool = False, draft_tree: tuple = ()) -> GraphSet:
     """hidden_mode / aux_layers: the most any forward of this engine will ask for (invariant 4)."""
     from specpcg.graphs.decode_runner import DecodeGraphRunner
     from specpcg.graphs.piecewise_runner import PiecewiseRunner
@@ -52,6 +52,6 @@ def build_graphs(cfg, model_runner, context_len: int,
         max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
         decode = DecodeGraphRunner(model_runner, decode_batch_buckets(max_bs), hidden_mode,
                                    aux_layers, pool, num_verify_tokens, verify_tree,
-                                   cfg.show_progress)
+                                   cfg.show_progress, draft_tree)
         decode.capture()
     return GraphSet(piecewise, decode, pcg_decision, dec_decision)
