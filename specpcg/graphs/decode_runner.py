@@ -1,4 +1,5 @@
-"""Full CUDA graphs for DECODE and TARGET_VERIFY: one graph per (mode, batch-size bucket).
+"""Full CUDA graphs for DECODE and TARGET_VERIFY (and a head's tree steps): one graph per
+(mode, tree key count, batch-size bucket).
 
 Attention is inside the graph, so the backend must keep its metadata in static buffers
 (`supports_cuda_graph`). Padded requests sit on the KV pool's padding row (all sink slots) and
@@ -11,7 +12,6 @@ builds each node's row from them before the replay (`supports_tree_graph`).
 """
 
 from __future__ import annotations
-
 
 import torch
 
