@@ -80,7 +80,11 @@ class Scheduler:
         if self.adaptive is None:
             return True
         if self._speculate is None:
-            self._speculate = self.adaptive.use_spec(len(self.running))
+            from specpcg.speculative.adaptive import Finish
+
+            # Nothing waiting: the running batch is all there is, so finishing it is the goal.
+            finish = None if self.waiting else Finish.of(self.running)
+            self._speculate = self.adaptive.use_spec(len(self.running), finish)
         return self._speculate
 
     def _guarded(self, carried: list, run) -> list:
