@@ -29,7 +29,9 @@ class Refusal:
     INPUT_LOGPROBS = "input_logprobs"
     TOKENS_PER_REQUEST = "tokens_per_request_not_captured"
     TREE_MASK = "tree_mask_not_captured"
-    CHAIN_NOT_CAPTURED = "chain_verify_not_captured"  # verify graphs hold tree attention
+    # A mode whose graphs hold tree attention (a tree engine's verify, a head's tree steps)
+    # got a batch without a tree mask.
+    CHAIN_NOT_CAPTURED = "chain_verify_not_captured"
 
 
 def hidden_refusal(batch: ForwardBatch, captured_mode, captured_aux: tuple):

@@ -17,6 +17,7 @@ import torch
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode, Request
 from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
+from specpcg.speculative.adaptive import Finish
 from specpcg.transfer import to_device
 
 logger = logging.getLogger("specpcg")
@@ -80,8 +81,6 @@ class Scheduler:
         if self.adaptive is None:
             return True
         if self._speculate is None:
-            from specpcg.speculative.adaptive import Finish
-
             # Nothing waiting: the running batch is all there is, so finishing it is the goal.
             finish = None if self.waiting else Finish.of(self.running)
             self._speculate = self.adaptive.use_spec(len(self.running), finish)

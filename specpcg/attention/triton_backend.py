@@ -19,7 +19,7 @@ class TritonAttnBackend(AttentionBackend):
     supports_row_stride = True
     supports_cuda_graph = True
     supports_tree_mask = True  # as split-K decode queries over per-node rows
-    supports_tree_graph = True  # a tree's node rows live in a static buffer (_tree_rows_buf)
+    supports_tree_graph = True  # a tree's node rows live in a static buffer (_tree_rows_out)
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  num_kv_splits=None, verify_kernel: str = "split_k"):
@@ -35,7 +35,7 @@ class TritonAttnBackend(AttentionBackend):
         self._verify_req = self._verify_seq = None
         self._verify_splits = 1
         self._tree_rows = None  # [bs * E, L] slots while a draft tree's batch runs
-        self._tree_rows_buf = None  # what graphs read _tree_rows from (see _static_tree_rows)
+        self._tree_rows_buf = None  # what graphs read _tree_rows from (see _tree_rows_out)
         self._verify_offsets: dict = {}  # width -> [width] int32: 1 - width .. 0
         assert num_heads % num_kv_heads == 0, "GQA needs num_heads to be a multiple of num_kv_heads"
         if num_kv_splits is not None and (num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1)):
@@ -109,25 +109,21 @@ class TritonAttnBackend(AttentionBackend):
         # kernel's split count is a compile-time constant of that width, so a width that grew
         # with the sequences compiled the kernels again each time it crossed a split.
         req_to_token = self.kv_cache.req_pool.req_to_token
-        rows, lens = triton_kernels.tree_path_rows(
+        self._tree_rows, lens = triton_kernels.tree_path_rows(
             req_to_token, self._req_pool_indices[:num_reqs], self._seq_lens[:num_reqs],
-            tree_mask, req_to_token.shape[1])
-        self._tree_rows = self._static_tree_rows(rows)
+            tree_mask, req_to_token.shape[1], out=self._tree_rows_out(n, req_to_token.shape[1]))
         torch.arange(n, dtype=torch.int32, device=self.device, out=self._verify_req[:n])
         self._verify_seq[:n].copy_(lens)
 
-    def _static_tree_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows copied into the buffer graphs read, or rows themselves when they do not fit.
-        NOTE: the first tree batch sizes the buffer for good: with graphs on that is a verify
-        graph's capture (largest bucket first), and a reallocation would leave every graph
-        captured before it reading freed memory. A larger batch runs eagerly on its own rows."""
+    def _tree_rows_out(self, n: int, width: int):
+        """Where n node rows are built: the buffer graphs read, or None (rows of their own)
+        when they do not fit. NOTE: the first tree batch sizes the buffer for good: with graphs
+        on that is a graph's capture (largest bucket first), and a reallocation would leave
+        every graph captured before it reading freed memory. A larger batch runs eagerly."""
         if self._tree_rows_buf is None:
-            self._tree_rows_buf = torch.empty_like(rows)
-        if self._tree_rows_buf.shape[0] < rows.shape[0]:
-            return rows
-        out = self._tree_rows_buf[:rows.shape[0]]
-        out.copy_(rows)
-        return out
+            self._tree_rows_buf = torch.empty(
+                n, width, dtype=self.kv_cache.req_pool.req_to_token.dtype, device=self.device)
+        return self._tree_rows_buf[:n] if self._tree_rows_buf.shape[0] >= n else None
 
     def _expand_verify(self, num_reqs: int, width: int) -> None:
         """Per-query request rows and key counts of num_reqs * width decode queries (the nodes'
