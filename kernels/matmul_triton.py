@@ -4,33 +4,53 @@ NOTE: every output element is computed by the same program shape, summing over K
 BLOCK_K steps and the same order, whatever M is. cuBLAS picks tile shapes and split-K by the
 problem size, so a row's result there changes with the number of rows beside it; here it
 cannot (enable_deterministic_inference uses this for every linear layer and the LM head).
+
+The tiling (N tile, K tile, K splits, warps, stages) is a function of the weight's shape and
+the device only (`tiling_for`), never of M: a weight with few output columns gets narrower N
+tiles or a split K so that a decode step still fills the GPU. With a split K, each split's
+partial sum lands in an fp32 workspace and a second kernel adds the splits in a fixed order.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_M, BLOCK_N, BLOCK_K = 64, 64, 64
+BLOCK_M = 64
+
+
+@dataclass(frozen=True)
+class Tiling:
+    block_n: int = 64
+    block_k: int = 64
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
 
 
 @triton.jit
 def _matmul_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
-    stride_xm, stride_wn, stride_ym,
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_wn, stride_ym, stride_ys,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m, mask_n = offs_m < M, offs_n < N
+    k_start = split * K_PER_SPLIT
+    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = (k0 + offs_k) < K
+    for k0 in range(k_start, k_end, BLOCK_K):
+        mask_k = (k0 + offs_k) < k_end
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :],
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [M, K]
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :],
@@ -38,21 +58,73 @@ def _matmul_kernel(
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+    y = y_ptr + split.to(tl.int64) * stride_ys
+    tl.store(y + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ps, stride_pm, stride_ym,
+                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    rows = offs_m[:, None].to(tl.int64) * stride_pm + offs_n[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # always split 0, 1, 2, ...: the order never changes
+        acc += tl.load(part_ptr + s * stride_ps + rows, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def tiling_for(n: int, k: int, device: torch.device) -> Tiling:
+    """The tiling for a weight [n, k] on `device`. NOTE: it must never read M."""
+    if device.type != "cuda":
+        return Tiling(num_stages=1)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return cuda_tiling(n, k, _sm_count(index))
+
+
+def cuda_tiling(n: int, k: int, sms: int) -> Tiling:
+    """One full wave of programs for a decode step (one M tile) on `sms` SMs: N tiles of 128, 64
+    or 32 columns, then K splits (each at least 1,024 deep, at most 8) until N tiles times
+    splits cover the SMs."""
+    block_n = next((b for b in (128, 64) if triton.cdiv(n, b) >= sms), 32)
+    split = 1
+    while triton.cdiv(n, block_n) * split < sms and k // (split * 2) >= 1024 and split < 8:
+        split *= 2
+    return Tiling(block_n=block_n, block_k=64, split_k=split, num_warps=4, num_stages=4)
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           out: torch.Tensor) -> None:
+           out: torch.Tensor, tiling: Tiling | None = None) -> None:
     """out [M, N] = x [M, K] @ weight [N, K].T (+ bias [N]); x and weight row-contiguous."""
     m, k = x.shape
     n = weight.shape[0]
     assert x.stride(1) == 1 and weight.stride(1) == 1 and out.stride(1) == 1
+    t = tiling or tiling_for(n, k, x.device)
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    k_per_split = triton.cdiv(triton.cdiv(k, t.block_k), t.split_k) * t.block_k
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, t.block_n), t.split_k)
+    split = t.split_k > 1
+    # [split_k, M, N] fp32 partial sums when K is split; the bias goes in after they are added
+    dest = torch.empty(t.split_k, m, n, dtype=torch.float32, device=x.device) if split else out
     _matmul_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, m, n, k,
-        x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, DOT_PRECISION=precision,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4,
-        num_stages=1 if x.device.type == "cpu" else 3)
+        x, weight, bias if bias is not None else weight, dest, m, n, k, k_per_split,
+        x.stride(0), weight.stride(0), dest.stride(-2), dest.stride(0) if split else 0,
+        HAS_BIAS=bias is not None and not split, DOT_PRECISION=precision,
+        BLOCK_M=BLOCK_M, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    if split:
+        _sum_splits_kernel[(triton.cdiv(m, 32), triton.cdiv(n, 64))](
+            dest, bias if bias is not None else weight, out, m, n,
+            dest.stride(0), dest.stride(1), out.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=t.split_k, BLOCK_M=32, BLOCK_N=64, num_warps=4)

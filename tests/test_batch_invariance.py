@@ -156,6 +156,60 @@ def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):
         assert torch.equal(part, full[rows]), rows
 
 
+@pytest.mark.parametrize("block_n,split_k", [(32, 1), (64, 2), (32, 3)])
+def test_every_tiling_keeps_a_row_the_same_whatever_rows_come_with_it(block_n, split_k):
+    """Narrow N tiles and split K (what big weights get on a GPU) keep the guarantee: the
+    splits are added in one fixed order, whatever M is."""
+    from kernels.dispatch import triton_module
+
+    mm = triton_module("matmul_triton")
+    tiling = mm.Tiling(block_n=block_n, block_k=32, split_k=split_k, num_stages=1)
+    gen = torch.Generator().manual_seed(10)
+    w, b = torch.randn(72, 200, generator=gen), torch.randn(72, generator=gen)
+    x = torch.randn(67, 200, generator=gen)
+
+    def run(rows):
+        out = torch.empty(len(rows), 72)
+        mm.matmul(x[rows].contiguous(), w, b, out, tiling)
+        return out
+
+    full = run(list(range(67)))
+    torch.testing.assert_close(full, torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    for rows in ([0], [3, 4, 5], list(range(64, 67))):
+        assert torch.equal(run(rows), full[rows]), rows
+
+
+def test_big_weights_get_a_full_wave_of_programs_and_small_ones_stay_whole():
+    from kernels.dispatch import triton_module
+
+    mm = triton_module("matmul_triton")
+    assert mm.tiling_for(4096, 4096, torch.device("cpu")) == mm.Tiling(num_stages=1)
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+        t = mm.cuda_tiling(n, k, sms=132)
+        assert -(-n // t.block_n) * t.split_k >= 132, (n, k, t)
+        assert k // t.split_k >= 1024
+    assert mm.cuda_tiling(128256, 4096, 132).block_n == 128
+    small = mm.cuda_tiling(576, 576, 132)  # too shallow to split: narrow tiles only
+    assert (small.block_n, small.split_k) == (32, 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 14336), (960, 576)])
+def test_cuda_the_rules_tiling_keeps_rows_alone(n, k):
+    """The tiling a real weight gets on this GPU (split K included) in bf16: a row's output is
+    bitwise the same alone, in 37 rows or in 200, and close to cuBLAS."""
+    from kernels.matmul import invariant_linear
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    w = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.02
+    x = torch.randn(200, k, device="cuda", generator=gen).to(torch.bfloat16)
+    full = invariant_linear(x, w)
+    torch.testing.assert_close(full.float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
+    for rows in ([0], list(range(37)), [5, 150, 199]):
+        assert torch.equal(invariant_linear(x[rows], w), full[rows]), rows
+
+
 def test_deterministic_mode_swaps_every_linear_and_keeps_the_tokens(tmp_path):
     """On CPU the swapped layers run the torch twin (the interpreter is too slow for a whole
     model): tokens stay the same; with the Triton kernel forced on for the LM head they still
