@@ -4,7 +4,8 @@ into speculative ones keeps every greedy token and hands its draft what it needs
 import pytest
 
 from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, PRIOR_VERIFIES,
-                                          WARMUP_STEPS, AdaptiveSpeculation, Finish, bucket_of)
+                                          WARMUP_STEPS, WINDOW, AdaptiveSpeculation, Finish,
+                                          bucket_of)
 from tests.eagle_world import (ALGOS, SETTINGS, _check_no_leak, _engine,  # noqa: F401
                                _exact_outputs_all_accepted, plain, world)
 
@@ -45,13 +46,18 @@ def test_tries_both_sides_then_runs_the_faster_and_looks_again_ever_less_often()
     # The first plain step is a switch, not counted: one more to warm that side up.
     warm = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 1)
     assert warm == [True] * WARMUP_STEPS + [False] * (WARMUP_STEPS + 1)
-    later = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=16 * EXPLORE_EVERY)
+    later = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=40 * EXPLORE_EVERY)
     looks = _bursts(later, True)
     assert [n for _, n in looks] == [EXPLORE_STEPS] * len(looks)
     assert looks[0][0] == EXPLORE_EVERY - 1
     gaps = [b[0] - a[0] for a, b in zip(looks, looks[1:])]
-    # each confirming look doubles the wait: 32, 64, 128, ... steps between looks
-    assert len(gaps) >= 2 and all(b > 1.9 * a for a, b in zip(gaps, gaps[1:]))
+    # Looks come every EXPLORE_EVERY steps until speculation's window is full (its warm-up
+    # steps and EXPLORE_STEPS - 1 counted steps per look); then each confirming look doubles
+    # the wait: 64, 128, 256, ... steps between looks.
+    fill = -(-(WINDOW - WARMUP_STEPS) // (EXPLORE_STEPS - 1))
+    assert gaps[:fill - 1] == [EXPLORE_EVERY + EXPLORE_STEPS - 1] * (fill - 1)
+    grown = gaps[fill - 1:]
+    assert len(grown) >= 3 and all(b > 1.9 * a for a, b in zip(grown, grown[1:])), gaps
     info = ctrl.info()["16"]
     assert info["spec_tok_s_per_req"] == pytest.approx(500 / 16)
     assert info["decode_tok_s_per_req"] == pytest.approx(1000 / 16)
@@ -232,7 +238,7 @@ def test_a_look_that_overturns_the_choice_resets_the_wait():
     from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY
 
     ctrl = AdaptiveSpeculation()
-    _run(ctrl, 8, spec_rate=300, decode_rate=900, steps=600)  # plain wins; looks grow rare
+    _run(ctrl, 8, spec_rate=300, decode_rate=900, steps=1500)  # plain wins; looks grow rare
     assert ctrl._buckets[8].explore_every > 4 * EXPLORE_EVERY
     # Speculation turns 3x faster than plain: the next look finds it and the engine switches.
     picks = []
@@ -257,4 +263,30 @@ def test_two_sides_that_measure_alike_do_not_flip_on_noise():
     switches = sum(a != b for a, b in zip(picks, picks[1:]))
     looks = len(_bursts(picks[2 * WARMUP_STEPS + 1:], not picks[-1]))
     assert switches <= 2 * looks + 2, (switches, looks)
-    assert switches < 20
+    assert looks <= 600 // EXPLORE_EVERY + 1
+
+
+def _noisy_run(seed: int, steps: int = 2000) -> float:
+    """Batch 1, NGRAM-like acceptance: half the verifies accept nothing, the others 1-7 drafts
+    (3 tokens a step on average, in 2 ms against 1 ms a plain token: speculation is 1.5x
+    faster). Returns the run's speed relative to plain steps only."""
+    import random
+
+    rnd, ctrl, tokens, seconds = random.Random(seed), AdaptiveSpeculation(), 0, 0.0
+    for _ in range(steps):
+        use = ctrl.use_spec(1)
+        emitted = (1 if rnd.random() < 0.5 else rnd.randint(2, 8)) if use else 1
+        took = (0.002 if use else 0.001) * rnd.uniform(0.9, 1.1)
+        ctrl.record(1, use, emitted, took)
+        tokens, seconds = tokens + emitted, seconds + took
+    return tokens / seconds / 1000
+
+
+def test_a_faster_but_noisy_side_is_not_shut_out_by_a_bad_streak():
+    """A side measured on a few unlucky steps must not lose for good: rates are ratios of sums
+    over a window, and the wait before the next look grows only once both windows are full.
+    (An average of per-step rates, frozen at the unlucky value, ran these at 1.10x on average,
+    1.02x at worst.)"""
+    speeds = [_noisy_run(seed) for seed in range(12)]
+    assert sum(speeds) / len(speeds) >= 1.3, speeds
+    assert min(speeds) >= 1.1, speeds

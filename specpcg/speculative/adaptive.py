@@ -35,6 +35,13 @@ steps nearly as slowly as a full one. So the engine compares the time to finish 
 length) of each request's own accept length so far. NGRAM at batch 64 (H100, 20d835f)
 measured 11% faster per request speculating, yet pinned speculation ran 0.81x no-spec.
 
+A side's rate is the ratio of its tokens to its seconds over its last WINDOW steps. An
+average of per-step rates, as before, let a noisy side lose for good: NGRAM accepts nothing on
+one verify and seven drafts on the next, and the side not chosen keeps the value it had when it
+lost, which is more often a low one. Simulated at batch 1 with speculation 1.5x faster on
+average, that controller ran 1.10x (1.02x at worst); with windows 1.39x (1.11x at worst).
+For the same reason the wait between looks grows only once the other side's window is full.
+
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
 draft (`DraftWorker.absorb`), which catches up on them at its next round.
@@ -42,7 +49,7 @@ draft (`DraftWorker.absorb`), which catches up on them at its next round.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,7 +61,11 @@ EXPLORE_MAX_EVERY = 1024
 # on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec with
 # its two rates 7% apart and about half of its steps on each side).
 SWITCH_MARGIN = 0.05
-EMA_WEIGHT = 0.3  # weight of the newest step in a side's rate
+WINDOW = 32  # recorded steps a side's rate is measured over
+# A look this many times off its side's window restarts that window: the speed has changed
+# (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
+# lucky looks cost a losing draft 2-5% in simulation).
+CHANGE_FACTOR = 4.0
 
 
 # A request's own accept length is shrunk toward the bucket's mean by this many verifies' worth:
@@ -62,23 +73,43 @@ EMA_WEIGHT = 0.3  # weight of the newest step in a side's rate
 PRIOR_VERIFIES = 4
 
 
-def _ema(old: float, new: float, first: bool) -> float:
-    return new if first else EMA_WEIGHT * new + (1 - EMA_WEIGHT) * old
-
-
 @dataclass
 class _Rate:
+    """A side's last WINDOW recorded steps. Its rate is their tokens over their seconds (a ratio
+    of sums, not an average of per-step ratios): see the module docstring."""
+    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     steps: int = 0
-    tok_s: float = 0.0  # tokens per second per request
-    step_s: float = 0.0  # seconds per step
-    per_req: float = 0.0  # tokens per request per step (a speculative step's accept length)
 
     def add(self, per_req: float, seconds: float) -> None:
-        first = self.steps == 0
-        self.tok_s = _ema(self.tok_s, per_req / seconds, first)
-        self.step_s = _ema(self.step_s, seconds, first)
-        self.per_req = _ema(self.per_req, per_req, first)
+        self.recent.append((per_req, seconds))
         self.steps += 1
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens per second per request."""
+        seconds = sum(s for _, s in self.recent)
+        return sum(t for t, _ in self.recent) / seconds if seconds > 0 else 0.0
+
+    def restart_if_changed(self, last: int) -> None:
+        """After a look: when its `last` steps ran CHANGE_FACTOR times slower or faster than the
+        window says, the side's speed has changed (other prompts), and only they are kept."""
+        if len(self.recent) <= last:
+            return
+        look = list(self.recent)[-last:]
+        seconds = sum(s for _, s in look)
+        rate = sum(t for t, _ in look) / seconds if seconds > 0 else 0.0
+        if not self.tok_s / CHANGE_FACTOR <= rate <= CHANGE_FACTOR * self.tok_s:
+            self.recent = deque(look, maxlen=WINDOW)
+
+    @property
+    def step_s(self) -> float:
+        """Seconds per step."""
+        return sum(s for _, s in self.recent) / len(self.recent) if self.recent else 0.0
+
+    @property
+    def per_req(self) -> float:
+        """Tokens per request per step (a speculative step's accept length)."""
+        return sum(t for t, _ in self.recent) / len(self.recent) if self.recent else 0.0
 
 
 @dataclass(frozen=True)
@@ -159,10 +190,16 @@ class AdaptiveSpeculation:
             b.explore_left -= 1
             choice = not b.explored_from
         else:
+            if b.explored_from is not None:  # a look just ended
+                (b.decode if b.explored_from else b.spec).restart_if_changed(EXPLORE_STEPS - 1)
             choice = b.prefer_spec(finish)
-            if b.explored_from is not None:  # a look just ended: did it change the choice?
-                b.explore_every = (min(2 * b.explore_every, EXPLORE_MAX_EVERY)
-                                   if choice == b.explored_from else EXPLORE_EVERY)
+            if b.explored_from is not None:  # did the look change the choice?
+                other = b.decode if choice else b.spec
+                # The wait grows only once the other side's window is full: a few noisy steps
+                # must not shut a side out for a thousand steps.
+                confirmed = choice == b.explored_from and len(other.recent) == WINDOW
+                b.explore_every = (min(2 * b.explore_every, EXPLORE_MAX_EVERY) if confirmed
+                                   else EXPLORE_EVERY)
                 b.explored_from = None
             b.since_explore += 1
             if b.since_explore >= b.explore_every:  # look at the other side again
