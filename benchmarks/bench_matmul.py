@@ -4,9 +4,9 @@
 
 Each line: one weight shape of a model, M rows, a tiling (or cuBLAS), microseconds per call.
 Calls are timed inside one CUDA graph that cycles through copies of the weight, so the weight
-comes from memory and not from L2, as in a decode step of a real model; `rule` marks the tiling
-`tiling_for` picks. The summary prints, per model and M, one step's linear layers summed:
-cuBLAS, the rule's tiling, and the best tiling of each layer.
+comes from memory and not from L2, as in a decode step of a real model; The table (and
+matmul.png) sums one step's linear layers per model and M: cuBLAS, the tiling `cuda_tiling`
+picks now, and the best tiling of each layer.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import itertools
 
 import torch
 
-from common import add_repo_to_path, append_jsonl, machine_info, now_iso, RESULTS_DIR
+from common import (RESULTS_DIR, add_repo_to_path, append_jsonl, fmt, grouped_bar_plot,
+                    machine_info, markdown_table, now_iso, render_results)
 
 add_repo_to_path()
 
@@ -63,7 +64,6 @@ def bench_shape(model: str, name: str, n: int, k: int, rows: list, out: list) ->
     dev = torch.device("cuda")
     copies = max(1, WORKING_SET // (n * k * 2))
     weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    rule = mm.tiling_for(n, k, dev)
     for m in rows:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
@@ -72,36 +72,53 @@ def bench_shape(model: str, name: str, n: int, k: int, rows: list, out: list) ->
         out.append({**base, "impl": "cublas", "us": us})
         for t in candidates(k):
             us = time_us(lambda a, w, t=t: mm.matmul(a, w, None, y, t), weights, x)
-            out.append({**base, "impl": "triton", "tiling": t.__dict__, "rule": t == rule,
-                        "us": us})
+            out.append({**base, "impl": "triton", "tiling": t.__dict__, "us": us})
         del x, y
     del weights
     torch.cuda.empty_cache()
 
 
-def summary(lines: list) -> None:
-    for model in sorted({l["model"] for l in lines}):
-        for m in sorted({l["m"] for l in lines}):
-            pick = [l for l in lines if l["model"] == model and l["m"] == m]
-            per = {}
-            for l in pick:
-                d = per.setdefault(l["layer"], {"best": float("inf")})
-                if l["impl"] == "cublas":
-                    d["cublas"] = l["us"]
-                else:
-                    d["best"] = min(d["best"], l["us"])
-                    if l["rule"]:
-                        d["rule"] = l["us"]
-            step = {key: sum(d[key] * (1 if layer == "lm_head" else LAYERS[model])
-                             for layer, d in per.items()) for key in ("cublas", "rule", "best")}
-            print(f"{model:>11} M={m:<4} step linears us: cublas {step['cublas']:9.1f}  "
-                  f"rule {step['rule']:9.1f} ({step['cublas'] / step['rule']:.2f}x)  "
-                  f"best {step['best']:9.1f} ({step['cublas'] / step['best']:.2f}x)")
-            for layer, d in per.items():
-                best = min((l for l in pick if l["layer"] == layer and l["impl"] == "triton"),
-                           key=lambda l: l["us"])
-                print(f"    {layer:8} cublas {d['cublas']:8.1f} rule {d['rule']:8.1f} "
-                      f"best {d['best']:8.1f} {best['tiling']}")
+def step_sums(lines: list) -> dict:
+    """(model, M) -> one step's linear layers summed (LM head once, the others per layer), in
+    us: cuBLAS, the current tiling rule (`cuda_tiling` at the run's SM count) and the best
+    tiling of each layer."""
+    out = {}
+    for l in lines:
+        key = (l["model"], l["m"])
+        d = out.setdefault(key, {}).setdefault(l["layer"], {"best": float("inf")})
+        if l["impl"] == "cublas":
+            d["cublas"] = l["us"]
+            continue
+        d["best"] = min(d["best"], l["us"])
+        # NOTE: lines before the "sms" field came from one H100 (132 SMs)
+        if mm.Tiling(**l["tiling"]) == mm.cuda_tiling(l["n"], l["k"], l.get("sms", 132)):
+            d["rule"] = l["us"]
+    return {key: {side: sum(d.get(side, float("nan")) * (1 if layer == "lm_head"
+                                                        else LAYERS[key[0]])
+                            for layer, d in per.items()) for side in ("cublas", "rule", "best")}
+            for key, per in out.items()}
+
+
+def render_table(records: list) -> str:
+    rows = []
+    for (model, m), t in sorted(step_sums([r for r in records if r.get("bench") == "matmul"]).items()):
+        rows.append([model, str(m), fmt(t["cublas"]), fmt(t["rule"]), fmt(t["best"]),
+                     fmt(t["cublas"] / t["rule"]), fmt(t["cublas"] / t["best"])])
+    return markdown_table(["model", "rows", "cuBLAS us", "rule us", "best us",
+                           "rule vs cuBLAS", "best vs cuBLAS"], rows)
+
+
+def render_plot(records: list, path) -> None:
+    sums = step_sums([r for r in records if r.get("bench") == "matmul"])
+    panels = []
+    for model in sorted({m for m, _ in sums}):
+        keys = sorted(k for k in sums if k[0] == model)
+        panels.append({"title": model, "ylabel": "speed vs cuBLAS (one step's linears)",
+                       "labels": [f"M={m}" for _, m in keys],
+                       "values": {side: [sums[k]["cublas"] / sums[k][side] for k in keys]
+                                  for side in ("rule", "best")}})
+    grouped_bar_plot(panels, ["rule", "best"], path,
+                     "batch-invariant matmul vs cuBLAS (bf16; above 1: faster)")
 
 
 def main() -> None:
@@ -109,15 +126,20 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 16, 64, 512])
     ap.add_argument("--out", default=str(RESULTS_DIR / "matmul.jsonl"))
+    ap.add_argument("--table-only", metavar="FILE", default=None)
     args = ap.parse_args()
+    if args.table_only:
+        return render_results(args.table_only, render_table, render_plot)
     lines = []
     for model in args.models:
         for name, n, k in SHAPES[model]:
             bench_shape(model, name, n, k, args.rows, lines)
             print(f"{model} {name} done", flush=True)
-    info = {**machine_info(torch.device("cuda")), "time": now_iso()}
+    dev = torch.device("cuda")
+    info = {**machine_info(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
+            "time": now_iso()}
     append_jsonl(args.out, [{**l, **info} for l in lines])
-    summary(lines)
+    render_results(args.out, render_table, render_plot)
 
 
 if __name__ == "__main__":

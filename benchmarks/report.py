@@ -42,6 +42,8 @@ SECTIONS = [
      "python benchmarks/bench_adaptive.py [--model-path shape:llama-3-8b] [--drafts ALGO=DIR]"),
     ("Deterministic inference: its throughput cost", "deterministic_cost.jsonl", None,
      "python benchmarks/bench_deterministic.py --batches 1 16 64"),
+    ("The batch-invariant matmul against cuBLAS", "matmul.jsonl", "bench_matmul",
+     "python benchmarks/bench_matmul.py"),
     ("The draft trainer's step", "train_step.jsonl", None,
      "python benchmarks/bench_train_step.py"),
 ]

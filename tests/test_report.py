@@ -74,3 +74,23 @@ def test_drafts_table_names_each_rows_commit():
     rows = {r.split("|")[1].strip(): r for r in table.splitlines() if r.startswith("| ")}
     assert rows["NGRAM 7,1,8"].rstrip(" |").endswith("aaa")
     assert "2.50" in rows["EAGLE3 7,1,8"] and rows["EAGLE3 7,1,8"].rstrip(" |").endswith("ccc")
+
+
+def test_matmul_table_sums_a_step_and_finds_the_current_rules_tiling():
+    pytest.importorskip("triton")
+    import bench_matmul
+    from kernels.matmul_triton import Tiling, cuda_tiling
+
+    lines = []
+    for layer, n, k in bench_matmul.SHAPES["default"]:
+        base = {"bench": "matmul", "model": "default", "layer": layer, "n": n, "k": k, "m": 1,
+                "sms": 132}
+        rule = cuda_tiling(n, k, 132)
+        other = Tiling(block_n=256 if rule.block_n != 256 else 16)
+        lines += [{**base, "impl": "cublas", "us": 10.0},
+                  {**base, "impl": "triton", "tiling": rule.__dict__, "us": 20.0},
+                  {**base, "impl": "triton", "tiling": other.__dict__, "us": 5.0}]
+    sums = bench_matmul.step_sums(lines)[("default", 1)]
+    assert sums == {"cublas": 1210.0, "rule": 2420.0, "best": 605.0}  # 4 x 30 layers + LM head
+    row = [r for r in bench_matmul.render_table(lines).splitlines() if r.startswith("| default")]
+    assert "| 0.50 | 2.00 |" in row[0]
