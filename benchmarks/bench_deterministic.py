@@ -2,12 +2,14 @@
 mode, in one run, at batch 1, 16 and 64, no-spec and speculative, on the default model and the
 8B shape (random weights).
 
-Speculative: EAGLE3 (the cached default draft, 7,1,8) on the default model; on the 8B shape,
+Speculative: EAGLE3 (7,1,8) on the default model, with --draft DIR or else the cached default
+draft (trained first on a miss: about ten minutes on one H100); on the 8B shape,
 which has no draft, NGRAM with synthetic acceptance (speculative_simulate_accept_prob, a
 benchmark-only mode). Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
 tok/s = batch * new tokens / wall time of the generate call (median of --repeats).
 
-    python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b] [--out FILE]
+    python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b] [--draft DIR]
+                                             [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ def spec_kwargs(model: str, spec: bool, args) -> dict:
     if model == BIG:
         return dict(speculative_algorithm="NGRAM", speculative_simulate_accept_prob=args.accept,
                     speculative_num_steps=7, speculative_num_draft_tokens=8)
-    from drafts.train import ensure_draft
+    if args.draft is None:
+        from drafts.train import ensure_draft
 
-    return dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=ensure_draft(
-        "EAGLE3"), speculative_num_steps=7, speculative_eagle_topk=1,
+        print("[bench_deterministic] no --draft: the default EAGLE3 draft (trained first if it "
+              "is not cached)", flush=True)
+        args.draft = ensure_draft("EAGLE3")
+    return dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=args.draft,
+                speculative_num_steps=7, speculative_eagle_topk=1,
         speculative_num_draft_tokens=8, **common.PINNED_SPEC)
 
 
@@ -86,6 +92,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--accept", type=float, default=0.7, help="8B shape: simulated acceptance")
     p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--draft", default=None, metavar="DIR", help="the default model's EAGLE3 draft")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "deterministic_cost.jsonl"))
     run(p.parse_args(argv))
 
