@@ -134,6 +134,18 @@ def offline_accept(hits: list, prompt_lens: list, steps_list: tuple) -> dict:
     return {f"{s},1,{s + 1}": w.record() for s, w in walks.items()}
 
 
+def offline_accept_by_source(hits: list, prompt_lens: list, sources: list,
+                             steps_list: tuple) -> dict:
+    """{source: offline_accept of that source's sequences}: a mixture's chat and math sets accept
+    very differently, and the engine is judged on each (drafts.evaluate)."""
+    out = {}
+    for name in sorted(set(sources)):
+        pick = [j for j, s in enumerate(sources) if s == name]
+        out[name] = offline_accept([hits[j] for j in pick], [prompt_lens[j] for j in pick],
+                                   steps_list)
+    return out
+
+
 def load_draft_model(algorithm: str, path: str, target, target_cfg, device, dtype):
     """The draft at `path` as the engine loads it (its dtype included)."""
     if algorithm == "STANDALONE":

@@ -35,7 +35,8 @@ import torch
 from drafts.data import DEFAULT_DATA, training_samples
 from drafts.distill import self_distill
 from drafts.heads import default_aux_layer_ids
-from drafts.offline import draft_hits, load_draft_model, offline_accept
+from drafts.offline import (draft_hits, load_draft_model, offline_accept,
+                            offline_accept_by_source)
 from drafts.train_data import extract_features, shared_answers
 from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
@@ -197,23 +198,28 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     record = _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device,
                     out, aux)
     times["train_s"] = record.pop("train_s")
-    record.update(_offline(algorithm, out, model, target_cfg, feats, split, device, dtype))
+    sources = seqs.sources or ["ids"] * len(seqs.token_ids)
+    record.update(_offline(algorithm, out, model, target_cfg, feats, split, sources, device,
+                           dtype))
     times["total_s"] = time.perf_counter() - t0
     record["data"] = data if isinstance(data, str) else "token ids"
     _write_log(out, algorithm, target_path, o, seqs, split, record, times, device)
     return out
 
 
-def _offline(algorithm, out, model, target_cfg, feats, split, device, dtype) -> dict:
+def _offline(algorithm, out, model, target_cfg, feats, split, sources, device, dtype) -> dict:
     """The saved draft's chains simulated on the held-out sequences (drafts.offline), loaded
-    in the engine's dtype as the engine loads it."""
+    in the engine's dtype as the engine loads it; overall and per data source."""
     draft = load_draft_model(algorithm, out, model, target_cfg, device, dtype)
     ids = split["heldout"]
     hits = draft_hits(algorithm, draft, feats, ids, max(OFFLINE_CHAIN_STEPS), device)
-    chains = offline_accept(hits, [feats.prompt_lens[i] for i in ids], OFFLINE_CHAIN_STEPS)
+    lens = [feats.prompt_lens[i] for i in ids]
+    chains = offline_accept(hits, lens, OFFLINE_CHAIN_STEPS)
     default = f"{DEFAULT_NUM_STEPS},1,{DEFAULT_NUM_STEPS + 1}"
     return {"offline_accept_length": chains[default]["accept_length"],
-            "offline_accept": chains}
+            "offline_accept": chains,
+            "offline_accept_by_source": offline_accept_by_source(
+                hits, lens, [sources[i] for i in ids], OFFLINE_CHAIN_STEPS)}
 
 
 def _loop_minutes(o: TrainOptions, elapsed_s: float) -> float:
@@ -265,6 +271,9 @@ def _write_log(out, algorithm, target_path, o, seqs, split, record, times, devic
         acc += f"; draft vocabulary covers {log['heldout_vocab_coverage']:.3f} of held-out labels"
     acc += "; offline accept length: " + ", ".join(
         f"({k}) {r['accept_length']:.2f}" for k, r in log["offline_accept"].items())
+    acc += " (by source: " + ", ".join(
+        f"{name} " + " / ".join(f"{r['accept_length']:.2f}" for r in chains.values())
+        for name, chains in log["offline_accept_by_source"].items()) + ")"
     print(f"[drafts.train] {algorithm}: {log['num_sequences']} sequences "
           f"({log['prompt_tokens']} prompt + {log['answer_tokens']} answer tokens); "
           f"{log['steps']} steps, {log['epochs']:.2f} epochs; loss {log['initial_loss']} -> "

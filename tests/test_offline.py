@@ -71,3 +71,19 @@ def test_offline_chains_verify_as_often_as_the_engine(algorithm, tiny, tmp_path)
             assert sorted(d for d in diff if d) in ([], [-1, 1]), (algorithm, steps, diff)
             accepted += sum(w.histogram[1:])
     assert accepted > 0  # the comparison covered accepted drafts, not only misses
+
+
+def test_by_source_splits_the_sequences_and_keeps_every_verify():
+    from drafts.offline import offline_accept, offline_accept_by_source
+
+    gen = torch.Generator().manual_seed(3)
+    hits = [torch.rand(7, n, generator=gen) < 0.7 for n in (30, 41, 25, 50)]
+    lens = [5, 9, 4, 12]
+    sources = ["chat", "math", "chat", "math"]
+    by = offline_accept_by_source(hits, lens, sources, (3, 7))
+    assert set(by) == {"chat", "math"}
+    assert by["chat"] == offline_accept([hits[0], hits[2]], [5, 4], (3, 7))
+    whole = offline_accept(hits, lens, (3, 7))
+    for key in whole:
+        assert sum(by[s][key]["verifies"] for s in by) == whole[key]["verifies"]
+        assert sum(by[s][key]["tokens"] for s in by) == whole[key]["tokens"]

@@ -193,6 +193,7 @@ def test_trained_draft_learns_loads_and_beats_its_start(algorithm, tiny, tmp_pat
         1 if algorithm == "STANDALONE" else 3)
     assert set(log["offline_accept"]) == {"3,1,4", "7,1,8"}
     assert log["offline_accept_length"] == log["offline_accept"]["3,1,4"]["accept_length"] >= 1
+    assert log["offline_accept_by_source"] == {"ids": log["offline_accept"]}  # one source here
     assert log["final_loss"] < 0.7 * log["initial_loss"], log["loss_curve"]
     curve = log["heldout_top1_curve"]  # held-out top-1 at a quarter, half and 3/4 of the run
     assert [p["step"] for p in curve] == [20, 40, 60]
