@@ -17,7 +17,7 @@ import itertools
 import torch
 
 from common import (RESULTS_DIR, add_repo_to_path, append_jsonl, fmt, grouped_bar_plot,
-                    machine_info, markdown_table, now_iso, render_results)
+                    machine_info, markdown_table, now_iso, render_results, replay_us)
 
 add_repo_to_path()
 
@@ -50,14 +50,7 @@ def time_us(call, weights: list, x: torch.Tensor, replays: int = 5) -> float:
     with torch.cuda.graph(graph):
         for w in weights:
             call(x, w)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * len(weights))
+    return replay_us(graph, replays) / len(weights)
 
 
 def bench_shape(model: str, name: str, n: int, k: int, rows: list, out: list) -> None:
@@ -73,7 +66,6 @@ def bench_shape(model: str, name: str, n: int, k: int, rows: list, out: list) ->
         for t in candidates(k):
             us = time_us(lambda a, w, t=t: mm.matmul(a, w, None, y, t), weights, x)
             out.append({**base, "impl": "triton", "tiling": t.__dict__, "us": us})
-        del x, y
     del weights
     torch.cuda.empty_cache()
 

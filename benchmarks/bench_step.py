@@ -91,30 +91,26 @@ def graph_gpu_us(engine, replays: int = 50) -> dict:
     """GPU time of one replay of each batch-1 graph a step uses (the target's decode / verify
     graph, the draft round's catch-up and chain), replayed back to back between CUDA events.
     Run after every request finished: the replays write KV only into free slots."""
-    import torch
-
     if engine.device.type != "cuda":
         return {}
+    return {name: round(common.replay_us(graph, replays), 1)
+            for name, graph in batch1_graphs(engine).items()}
+
+
+def batch1_graphs(engine) -> dict:
+    """name -> each batch-1 graph of the target's decode runner (a tree's verify by its key
+    count) and of the draft round."""
     graphs = {}
     decode = engine.router.runners.get("decode_graph")
-    for (mode, bs), graph in (decode.graphs.items() if decode else ()):
+    for (mode, tree_keys, bs), graph in (decode.graphs.items() if decode else ()):
         if bs == 1:
-            graphs[f"target_{mode.name.lower()}"] = graph
+            suffix = f"_tree{tree_keys}" if tree_keys else ""
+            graphs[f"target_{mode.name.lower()}{suffix}"] = graph
     rnd = getattr(engine.draft, "round", None)
     for (kind, bs), graph in (rnd.graphs.items() if rnd else ()):
         if bs == 1:
             graphs[f"draft_{kind}"] = graph
-    out = {}
-    for name, graph in graphs.items():
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        out[name] = round(start.elapsed_time(end) / replays * 1e3, 1)
-    return out
+    return graphs
 
 
 def verify_count(engine) -> int:

@@ -50,6 +50,18 @@ def timed(fn: Callable, device: torch.device):
     return result, time.perf_counter() - t0
 
 
+def replay_us(graph, replays: int) -> float:
+    """GPU microseconds per replay of a captured CUDA graph (one warm-up replay first)."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
 def median(values: Iterable[float]) -> float:
     return float(statistics.median(list(values)))
 

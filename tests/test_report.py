@@ -94,3 +94,21 @@ def test_matmul_table_sums_a_step_and_finds_the_current_rules_tiling():
     assert sums == {"cublas": 1210.0, "rule": 2420.0, "best": 605.0}  # 4 x 30 layers + LM head
     row = [r for r in bench_matmul.render_table(lines).splitlines() if r.startswith("| default")]
     assert "| 0.50 | 2.00 |" in row[0]
+
+
+def test_bench_step_names_the_batch1_graphs_of_chain_and_tree_runners():
+    """Decode graphs are keyed (mode, tree keys, batch size); the round's (kind, batch size)."""
+    from types import SimpleNamespace
+
+    import bench_step
+    from specpcg.core import ForwardMode
+
+    decode = SimpleNamespace(graphs={(ForwardMode.DECODE, 0, 1): "d1",
+                                     (ForwardMode.DECODE, 0, 2): "d2",
+                                     (ForwardMode.TARGET_VERIFY, 8, 1): "v1"})
+    engine = SimpleNamespace(router=SimpleNamespace(runners={"decode_graph": decode}),
+                             draft=SimpleNamespace(round=SimpleNamespace(
+                                 graphs={("chain", 1): "c1", ("chain", 4): "c4"})))
+    assert bench_step.batch1_graphs(engine) == {"target_decode": "d1",
+                                                "target_target_verify_tree8": "v1",
+                                                "draft_chain": "c1"}

@@ -73,6 +73,12 @@ CHANGE_FACTOR = 4.0
 PRIOR_VERIFIES = 4
 
 
+def _ratio(steps) -> float:
+    """Tokens over seconds of (tokens, seconds) steps."""
+    seconds = sum(s for _, s in steps)
+    return sum(t for t, _ in steps) / seconds if seconds > 0 else 0.0
+
+
 @dataclass
 class _Rate:
     """A side's last WINDOW recorded steps. Its rate is their tokens over their seconds (a ratio
@@ -87,8 +93,7 @@ class _Rate:
     @property
     def tok_s(self) -> float:
         """Tokens per second per request."""
-        seconds = sum(s for _, s in self.recent)
-        return sum(t for t, _ in self.recent) / seconds if seconds > 0 else 0.0
+        return _ratio(self.recent)
 
     def restart_if_changed(self, last: int) -> None:
         """After a look: when its `last` steps ran CHANGE_FACTOR times slower or faster than the
@@ -96,9 +101,7 @@ class _Rate:
         if len(self.recent) <= last:
             return
         look = list(self.recent)[-last:]
-        seconds = sum(s for _, s in look)
-        rate = sum(t for t, _ in look) / seconds if seconds > 0 else 0.0
-        if not self.tok_s / CHANGE_FACTOR <= rate <= CHANGE_FACTOR * self.tok_s:
+        if not self.tok_s / CHANGE_FACTOR <= _ratio(look) <= CHANGE_FACTOR * self.tok_s:
             self.recent = deque(look, maxlen=WINDOW)
 
     @property
