@@ -98,7 +98,18 @@ def self_distill(engine, samples: list, max_new_tokens: int, max_turns: int = 1,
                 ask(conv, turn + 1)
     bar.close()
     done = [(c, p, a) for c in convs for p, a in c.turns]
+    turns = [t for c in convs for t in range(len(c.turns))]
     if not done:
         raise ValueError(f"no sample fits max_prompt_tokens={max_prompt_tokens}")
+    groups = {}
     return Sequences([p + a for _, p, a in done], [len(p) for _, p, a in done],
-                     [getattr(c.sample, "source", "ids") for c, _, _ in done])
+                     [getattr(c.sample, "source", "ids") for c, _, _ in done],
+                     [groups.setdefault(_opening(c.sample), len(groups)) for c, _, _ in done],
+                     turns)
+
+
+def _opening(sample):
+    """What identifies a conversation: its first user turn, its text, or its ids."""
+    if isinstance(sample, list):
+        return tuple(sample)
+    return sample.user_turns[0].strip() if sample.is_chat else sample.text

@@ -28,6 +28,11 @@ class Sequences:
     token_ids: list  # per sequence: its last prompt + the target's greedy answer to it
     prompt_lens: list
     sources: list = dataclasses.field(default_factory=list)  # per sequence: its source's name
+    # Per sequence: its conversation's number, one per distinct opening prompt. A chat's turns
+    # (turn 2 holds turn 1 and its answer) and repeated prompts share one, so a held-out split
+    # by group never trains on what it measures.
+    groups: list = dataclasses.field(default_factory=list)
+    turns: list = dataclasses.field(default_factory=list)  # per sequence: 0 for a first turn
 
     @property
     def num_answer_tokens(self) -> int:

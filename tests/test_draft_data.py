@@ -74,6 +74,18 @@ def test_sharegpt_holds_out_its_last_records(tmp_path):
     assert not {s.user_turns for s in train} & {s.user_turns for s in held}
 
 
+def test_training_keeps_a_repeated_prompt_once_and_none_that_opens_a_held_out_chat(tmp_path):
+    convs = [{"conversations": [{"from": "human", "value": v}]}
+             for v in ["continue", "q1", "continue ", "q2", "q1", "q9", "q9", "continue"]]
+    path = tmp_path / "chats.json"
+    path.write_text(_array(convs))
+    src = ShareGpt(str(path), heldout_records=2)
+    # Held out: the last two ("q9", "continue"); training: each other opening once, and
+    # neither "continue" (whatever its spaces) nor "q9".
+    assert [s.user_turns[0] for s in src.heldout()] == ["q9", "continue"]
+    assert [s.user_turns[0] for s in src.train()] == ["q1", "q2"]
+
+
 def test_user_turns_reads_both_row_kinds_and_rejects_others():
     openai = {"messages": [{"role": "system", "content": "be brief"},
                            {"role": "user", "content": "hi"},
@@ -196,6 +208,19 @@ def test_self_distill_trains_on_every_turn_and_ends_a_chat_at_a_long_turn():
                               [ord(c) for c in "plain"] + [5, 7, 7]]
     assert seqs.prompt_lens == [len(turn1), len(turn2), 5]
     assert seqs.sources == ["chat", "chat", "text"]
+    assert seqs.groups == [0, 0, 1]  # a chat's turns are one group
+    assert seqs.turns == [0, 1, 0]
+
+
+def test_self_distill_groups_repeated_openings_together():
+    from drafts.data.base import Sample
+    from drafts.distill import self_distill
+
+    samples = [Sample(user_turns=("hi",)), Sample(user_turns=("yo",)),
+               Sample(user_turns=(" hi", "more"))]
+    seqs = self_distill(_EchoEngine(), samples, max_new_tokens=3, max_turns=2)
+    assert len(seqs.token_ids) == 4
+    assert seqs.groups == [0, 1, 0, 0]
 
 
 class _OneAtATimeEngine(_EchoEngine):

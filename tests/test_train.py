@@ -456,3 +456,26 @@ def test_dense_attention_on_half_inputs_groups_kv_heads_like_the_fp32_path():
     got = dense.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0, batch)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_the_held_out_split_keeps_each_group_on_one_side():
+    from drafts.train import _split
+
+    groups = [0, 0, 1, 2, 2, 2, 3, 4, 4, 5]
+    for seed in range(5):
+        split = _split(len(groups), 0.3, seed, groups)
+        held, train = set(split["heldout"]), set(split["train"])
+        assert held and train and held | train == set(range(10)) and not held & train
+        assert not {groups[i] for i in held} & {groups[i] for i in train}
+    # Without groups every sequence is its own: exactly the fraction asked for.
+    assert len(_split(20, 0.25, 0)["heldout"]) == 5
+
+
+def test_offline_figures_report_a_chats_later_turns_apart():
+    from drafts.train import _source_labels
+    from drafts.train_data import Sequences
+
+    seqs = Sequences([[1, 2], [1, 2, 3], [4, 5]], [1, 2, 1], ["sharegpt", "sharegpt", "gsm8k"],
+                     [0, 0, 1], [0, 1, 0])
+    assert _source_labels(seqs) == ["sharegpt", "sharegpt turn 2+", "gsm8k"]
+    assert _source_labels(Sequences([[1, 2]], [1])) == ["ids"]

