@@ -10,7 +10,8 @@ target's hidden states, which replace the draft's own guesses at those positions
   feeding back the head's own output hidden state;
 - tree (topk K): each step feeds the K best branches at once under a tree mask, expands each
   by its top K, keeps the K best by cumulative log-probability (EAGLE-2), and `build_tree`
-  keeps the num_draft_tokens - 1 best nodes.
+  keeps the num_draft_tokens - 1 best nodes; every step and the selection replay as one graph
+  (drafts/tree_round.py).
 
 After verify the head's KV is cut back to the catch-up's end: the draft steps' KV is dropped.
 """
@@ -27,7 +28,7 @@ from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.wiring import build_round_runner, wire_draft_model
-from kernels.tree import build_tree
+from specpcg.graphs.draft_runner import RoundRow
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 
@@ -66,7 +67,9 @@ class HeadDraft(RoundDrafting, DraftWorker):
         # Our target records the residual stream *entering* a layer: layer i's output enters i+1.
         self.aux_layers = tuple(sorted(i + 1 for i in head_spec.aux_layer_ids))
         self.kv_cache = self.runner = self.router = self.graphs = None
-        self.round = None  # DraftGraphRunner: a chain round's catch-up and steps, a graph each
+        self.round = None  # DraftGraphRunner: a round's catch-up, then its steps, a graph each
+        self.tree_round = None  # drafts.tree_round.TreeRound: a tree round's steps
+        self.spec = None
         self._reqs: dict = {}  # rid -> _HeadReq
 
     @property
@@ -77,17 +80,31 @@ class HeadDraft(RoundDrafting, DraftWorker):
         return KVPool.bytes_per_slot(1, mc.num_kv_heads, mc.head_dim, self.model.head_weight.dtype)
 
     def setup(self, ctx) -> None:
-        spec = ctx.spec
+        spec = self.spec = ctx.spec
         round_len = spec.topk * spec.num_steps  # a draft round's own tokens per request
         # A tree step reads every branch's hidden state: its graphs keep all rows.
         hidden = CaptureHiddenMode.LAST if spec.is_chain else CaptureHiddenMode.FULL
         self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(
             self, ctx, hidden, extra_slots=ctx.config.max_running_requests * round_len,
             tree=not spec.is_chain)
-        if spec.is_chain and self.runner.attn_backend.supports_row_stride:
+        if self.runner.attn_backend.supports_row_stride:
             width = ctx.model_config.hidden_size * max(1, len(self.aux_layers))
-            self.round = build_round_runner(self.runner, self.graphs, ctx.config,
-                                            spec.num_steps, width)
+            # A tree's round: its catch-up (the accepted path's rows sit among the verify's
+            # num_draft_tokens rows a request), then every tree step in one graph.
+            if spec.is_chain:
+                self.round = build_round_runner(self.runner, self.graphs, ctx.config,
+                                                spec.num_steps, width)
+            else:
+                self.round = build_round_runner(
+                    self.runner, self.graphs, ctx.config, 1, width, width=spec.num_draft_tokens,
+                    round_slots=spec.topk * (spec.num_steps - 1), add_kinds=self._add_tree)
+
+    def _add_tree(self, rnd) -> None:
+        from drafts.tree_round import TreeRound
+
+        spec = self.spec
+        self.tree_round = TreeRound(self.model, rnd, spec.topk, spec.num_steps,
+                                    spec.num_draft_tokens)
 
     def info(self) -> dict:
         return {"name": self.name, "aux_layer_ids": list(self.head_spec.aux_layer_ids),
@@ -156,14 +173,17 @@ class HeadDraft(RoundDrafting, DraftWorker):
     def propose(self, reqs: list, spec) -> Proposal:
         states = [self._state(r) for r in reqs]
         if not spec.is_chain:
-            logits, hidden = self._eager_catch_up(reqs, states)
+            bs = self.round.bucket(len(reqs)) if self.tree_round is not None else None
+            if bs is not None:
+                return self._propose_tree_round(reqs, states, bs)
+            logits, hidden = self._round_catch_up(reqs, states)
             return self._propose_tree(states, roots_of(reqs, logits.device), logits, hidden, spec)
         return self._propose_chain(reqs, states, spec)
 
     # -- RoundDrafting hooks -------------------------------------------------------------------
     def _catch_up_plan(self, reqs: list, states: list):
         """The graph's catch-up needs every request's pending rows to be one verify's path
-        (a chain verify is num_steps + 1 rows a request: the round's width)."""
+        (a verify's rows a request are the round's width)."""
         first = states[0].verified
         if first is None:
             return None
@@ -218,38 +238,38 @@ class HeadDraft(RoundDrafting, DraftWorker):
 
     # -- trees ---------------------------------------------------------------------------------
     def _propose_tree(self, states, root, logits, hidden, spec) -> Proposal:
-        """EAGLE-2 expansion; proposals are a deterministic function of the context, so
-        sampled requests verify target-only (no draft probabilities needed)."""
-        bs, k, steps = len(states), spec.topk, spec.num_steps
-        dev = logits.device
-        cand_tokens = torch.zeros(bs, steps, k, k, dtype=torch.long, device=dev)
-        cand_scores = torch.full((bs, steps, k, k), float("-inf"), device=dev)
-        branch_parents = torch.zeros(bs, steps, k, dtype=torch.long, device=dev)
-        top = logits.log_softmax(-1).topk(k, dim=-1)  # the root's children: step 0
-        cand_tokens[:, 0, 0], cand_scores[:, 0, 0] = top.indices, top.values
-        tokens, scores = top.indices, top.values  # [bs, K]: the branches fed next
-        branch_hidden = hidden[:, None].expand(bs, k, hidden.shape[-1])
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bs, k, k)
-        ancestors = eye  # [bs, K, fed so far]: which fed nodes each branch sees
-        if steps > 1:
-            branch_parents[:, 1] = torch.arange(k, device=dev)
-        for s in range(1, steps):
-            step_logits, step_hidden = self._tree_step(states, tokens, branch_hidden, ancestors, s)
-            top = step_logits.log_softmax(-1).topk(k, dim=-1)  # [bs, K, K]
-            cand_tokens[:, s] = top.indices
-            cand_scores[:, s] = scores[:, :, None] + top.values
-            if s + 1 == steps:
-                break
-            best = cand_scores[:, s].reshape(bs, k * k).topk(k, dim=-1)
-            branch_parents[:, s + 1] = best.indices
-            parent = best.indices // k  # [bs, K] which branch each new branch grew from
-            tokens = cand_tokens[:, s].reshape(bs, k * k).gather(1, best.indices)
-            scores = best.values
-            branch_hidden = step_hidden.gather(1, parent[..., None].expand(-1, -1, hidden.shape[-1]))
-            seen = ancestors.gather(1, parent[..., None].expand(-1, -1, ancestors.shape[-1]))
-            ancestors = torch.cat([seen, eye], dim=-1)
-        tree = build_tree(root, cand_tokens, cand_scores, branch_parents, spec.num_draft_tokens)
+        """EAGLE-2 expansion, one eager tree step at a time; proposals are a deterministic
+        function of the context, so sampled requests verify target-only (no draft
+        probabilities needed)."""
+        from drafts.tree_round import expand_tree, root_children
+
+        tokens, scores = root_children(logits, spec.topk)
+        tree = expand_tree(root, tokens, scores, hidden, spec.num_steps, spec.num_draft_tokens,
+                           lambda *a: self._tree_step(states, *a))
         return Proposal(draft_tokens=tree.draft_tokens, parents=tree.parents)
+
+    def _propose_tree_round(self, reqs: list, states: list, bs: int) -> Proposal:
+        """The tree round: the catch-up (its graph where the plan fits, else eager), then every
+        tree step in the round's 'tree' graph."""
+        rnd, tr = self.round, self.tree_round
+        plan = self._catch_up_plan(reqs, states)
+        if plan is None:
+            logits, hidden = self._eager_catch_up(reqs, states)
+        ids = plan.ids if plan else [[] for _ in reqs]
+        verify_rows = plan.verify_rows if plan and plan.verify_rows else [0] * len(reqs)
+        # One allocation for the catch-up's and the tree steps' slots: one req_to_token write.
+        slots = self.kv_cache.extend_many([st.req_pool_idx for st in states],
+                                          [len(x) + tr.round_slots for x in ids])
+        rows = [RoundRow(x, st.num_cached, sl[:len(x)], st.req_pool_idx, vr, req.last_id)
+                for req, st, x, sl, vr in zip(reqs, states, ids, slots, verify_rows)]
+        rnd.load(bs, rows, [sl[len(x):] for sl, x in zip(slots, ids)],
+                 plan.verify_hidden if plan else None)
+        if plan is not None:
+            logits, hidden = self._graph_catch_up(states, [len(x) for x in ids], bs)
+        tokens, parents = tr.run(bs, logits, hidden, [st.num_cached for st in states])
+        self.router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason,
+                          self.spec.num_steps - 1)
+        return Proposal(draft_tokens=tokens, parents=parents)
 
     def _tree_step(self, states, tokens, branch_hidden, ancestors, s: int):
         """Feeds step s's K branches per request at position base + s - 1, each seeing the

@@ -36,17 +36,24 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
 
 
 def build_round_runner(runner, graphs, cfg, num_steps: int, target_hidden_size: int = 0,
-                       width: int = 0):
-    """A chain draft's round graphs over the same batch buckets as its decode graphs (captured
-    into their pool), or, without decode graphs, the same bodies run eagerly. width: the most
-    tokens a request's catch-up feeds (0: num_steps + 1, all a verify can accept)."""
+                       width: int = 0, round_slots: int = 0, add_kinds=None):
+    """A draft's round graphs over the same batch buckets as its decode graphs (captured into
+    their pool), or, without decode graphs, the same bodies run eagerly. width: the most
+    tokens a request's catch-up feeds (0: num_steps + 1, all a chain verify can accept);
+    round_slots: see DraftGraphRunner; add_kinds(rnd): adds the draft's own kinds before
+    capture."""
     from specpcg.graphs.draft_runner import DraftGraphRunner
 
     decode = graphs.decode
+    kw = dict(width=width, round_slots=round_slots)
     if decode is None:
-        return DraftGraphRunner(runner, [cfg.max_running_requests], num_steps, target_hidden_size,
-                                width=width, eager_reason=graphs.decode_decision.reason)
-    rnd = DraftGraphRunner(runner, decode.buckets, num_steps, target_hidden_size, width=width,
-                           pool=decode.pool, show_progress=cfg.show_progress)
-    rnd.capture()
+        rnd = DraftGraphRunner(runner, [cfg.max_running_requests], num_steps, target_hidden_size,
+                               eager_reason=graphs.decode_decision.reason, **kw)
+    else:
+        rnd = DraftGraphRunner(runner, decode.buckets, num_steps, target_hidden_size,
+                               pool=decode.pool, show_progress=cfg.show_progress, **kw)
+    if add_kinds is not None:
+        add_kinds(rnd)
+    if decode is not None:
+        rnd.capture()
     return rnd

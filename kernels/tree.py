@@ -178,9 +178,10 @@ def _flatten_candidates(cand_tokens, cand_scores, branch_parents):
     grid = topk * topk
     tokens = torch.cat([cand_tokens[:, 0, 0], cand_tokens[:, 1:].reshape(bs, -1)], dim=1)
     scores = torch.cat([cand_scores[:, 0, 0], cand_scores[:, 1:].reshape(bs, -1)], dim=1)
-    # Flat offset of step t's first candidate: 0 for t = 0, K + (t - 1) K^2 after.
-    step_offsets = [0 if t == 0 else topk + (t - 1) * grid for t in range(num_steps - 1)]
-    offsets = torch.tensor(step_offsets, dtype=torch.int64, device=cand_tokens.device)
+    # Flat offset of step t's first candidate: 0 for t = 0, K + (t - 1) K^2 after. Built on
+    # the device (no host-to-device copy), so a CUDA graph can capture the whole selection.
+    t = torch.arange(num_steps - 1, dtype=torch.int64, device=cand_tokens.device)
+    offsets = torch.where(t == 0, 0, topk + (t - 1) * grid)
     later = branch_parents[:, 1:].to(torch.int64) + offsets[None, :, None]  # [bs, S - 1, K]
     later = later.repeat_interleave(topk, dim=2).reshape(bs, -1)  # one per candidate
     root_children = torch.full((bs, topk), -1, dtype=torch.int64, device=later.device)

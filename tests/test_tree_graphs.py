@@ -16,6 +16,7 @@ import specpcg.engine as engine_module
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.decode_runner import DecodeGraphRunner
+from specpcg.graphs.draft_runner import DraftGraphRunner
 from specpcg.graphs.policy import GraphDecision
 from specpcg.graphs.setup import GraphSet
 from specpcg.router import Refusal
@@ -54,6 +55,8 @@ def _eager_replay_graphs(cfg, runner, context_len, hidden_mode=None, aux_layers=
 def test_tree_verify_and_tree_steps_replay_padded(world, plain, monkeypatch, algo):
     monkeypatch.setattr(engine_module, "build_graphs", _eager_replay_graphs)
     monkeypatch.setattr(wiring_module, "build_graphs", _eager_replay_graphs)
+    # The round's catch-up body runs uncaptured, padded to its bucket, as its graph would.
+    monkeypatch.setattr(DraftGraphRunner, "capture", lambda self: None)
     head = world.heads[algo] if algo != "NGRAM" else None
     engine = _engine(world.noisy, algo, head, **{**SETTINGS["tree"], "attention_backend": "triton"})
     outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
@@ -65,10 +68,12 @@ def test_tree_verify_and_tree_steps_replay_padded(world, plain, monkeypatch, alg
     assert any(bs > 1 for _, _, bs in verifies)  # batched verifies, padded to their bucket
     stats = {(s["mode"], s["runner"]) for s in engine.router.forward_stats()}
     assert ("TARGET_VERIFY", "eager") not in stats, stats
-    if algo == "EAGLE3":  # every tree step s = 1 .. steps - 1 has a graph of topk * s keys
-        steps = engine.draft.graphs.decode.replays
-        keys = {k[1] for k in steps if k[0] == "DRAFT_EXTEND"}
-        assert keys == {spec.topk * s for s in range(1, spec.num_steps)}, steps
+    if algo == "EAGLE3":  # the catch-up and every tree step run in the head's round
+        draft = {(s["mode"], s["runner"]): s["count"] for s in engine.draft.router.forward_stats()}
+        rounds = engine.draft.round
+        assert set(rounds.extra) == {"tree"} and rounds.width == spec.num_draft_tokens
+        assert draft.get(("DRAFT_EXTEND", "draft_round_graph"), 0) > 0, draft
+        assert not [k for k in engine.draft.graphs.decode.replays if k[0] == "DRAFT_EXTEND"]
 
 
 @needs_interpreter
@@ -102,7 +107,7 @@ def test_a_tree_shape_not_captured_is_refused(world):
 @pytest.mark.cuda
 @pytest.mark.parametrize("algo", ["EAGLE3", "EAGLE"])
 def test_cuda_tree_graphs_keep_every_token(world, algo):
-    """The real graphs (fp32, TF32 off): a head's tree steps and the target's tree verifies
+    """The real graphs (fp32, TF32 off): a head's tree rounds and the target's tree verifies
     replay CUDA graphs, and greedy tokens equal plain decoding's on the same GPU."""
     from specpcg import Engine
 
@@ -124,5 +129,7 @@ def test_cuda_tree_graphs_keep_every_token(world, algo):
     target = {(s["mode"], s["runner"]) for s in engine.router.forward_stats()}
     assert ("TARGET_VERIFY", "decode_graph") in target and ("TARGET_VERIFY", "eager") not in target
     draft = {(s["mode"], s["runner"]): s["count"] for s in engine.draft.router.forward_stats()}
-    assert draft.get(("DRAFT_EXTEND", "decode_graph"), 0) > 0, draft
+    # Every tree step and the catch-up on a verify replay the head's round graphs.
+    assert draft.get(("DRAFT_EXTEND", "draft_round_graph"), 0) > 0, draft
+    assert ("DRAFT_EXTEND", "decode_graph") not in draft, draft
     engine.shutdown()

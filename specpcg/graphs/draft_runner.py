@@ -8,8 +8,9 @@ step j-1 inside the graph; positions, slots and request rows arrive in one packe
 copy per round.
 
 - Catch-up: request i's accepted tokens sit at rows i*W .. i*W+len_i-1 (W = num_steps + 1, the
-  most a chain verify can accept, bonus included); padding rows write their KV to the sink slot,
-  so one capture serves every accept length. Returns the last real row's logits and hidden state.
+  most a chain verify can accept, bonus included; a tree's W is its verify's num_draft_tokens);
+  padding rows write their KV to the sink slot, so one capture serves every accept length.
+  Returns the last real row's logits and hidden state.
 - Chain: num_steps - 1 greedy DECODE steps (sampled requests draw from per-request generators on
   the host, so they take the per-step path); returns the [bs, steps] draft tokens.
 
@@ -95,11 +96,12 @@ class DraftRoundBuffers:
 class DraftGraphRunner:
     def __init__(self, model_runner, buckets: list, num_steps: int, target_hidden_size: int,
                  width: int = 0, pool=None, eager_reason: Optional[str] = None,
-                 show_progress: bool = True):
+                 show_progress: bool = True, round_slots: int = 0):
         """num_steps: the spec's steps (chain DECODE steps = num_steps - 1); target_hidden_size:
         width of the target rows a head reads (0: a model draft, no hidden states); width: the
         catch-up's rows per request (0: num_steps + 1); eager_reason: set when there are no
-        CUDA graphs (why): the bodies run eagerly."""
+        CUDA graphs (why): the bodies run eagerly; round_slots: KV slots a request's round
+        steps write (0: one per chain step), laid out step-major in views()["chain"]."""
         self.model_runner, self.model = model_runner, model_runner.model
         self.buckets = sorted(buckets)
         self.steps = num_steps - 1
@@ -107,11 +109,20 @@ class DraftGraphRunner:
         self.is_head = bool(target_hidden_size)
         self.pool, self.eager_reason, self.show_progress = pool, eager_reason, show_progress
         hidden = self.model.hidden_in_size if self.is_head else 0
-        self.buf = DraftRoundBuffers(self.buckets[-1], self.width, self.steps, target_hidden_size,
-                                     hidden, self.model.head_weight.dtype, model_runner.device)
+        self.buf = DraftRoundBuffers(self.buckets[-1], self.width, round_slots or self.steps,
+                                     target_hidden_size, hidden, self.model.head_weight.dtype,
+                                     model_runner.device)
         self.graphs: dict = {}  # (kind, bs) -> CUDAGraph
         self.outputs: dict = {}
+        self.extra: dict = {}  # kind -> body(bs, seq_lens_cpu): a draft's own round graphs
         self.cost = CaptureCost()
+
+    def add_kind(self, kind: str, body) -> None:
+        """A graph of the draft's own per bucket, captured with the others: body(bs,
+        seq_lens_cpu) reads the round's buffers (views, hidden0) and returns tensors."""
+        if self.graphs:
+            raise RuntimeError(f"add the {kind!r} round before capture")
+        self.extra[kind] = body
 
     @property
     def max_bs(self) -> int:
@@ -129,6 +140,10 @@ class DraftGraphRunner:
         return pick_bucket(self.buckets, n)
 
     # -- bodies: what a graph captures, or what runs eagerly without graphs --------------------
+    def forward(self, batch: ForwardBatch):
+        """The draft model's body on `batch` (attention planned here: in a graph, too)."""
+        return self._forward(batch)
+
     def _forward(self, batch: ForwardBatch):
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(batch)
@@ -177,7 +192,7 @@ class DraftGraphRunner:
     def capture(self) -> None:
         from tqdm import tqdm
 
-        kinds = ["catch_up"] + (["chain"] if self.steps > 0 else [])
+        kinds = ["catch_up"] + (["chain"] if self.steps > 0 else []) + list(self.extra)
         keys = [(k, bs) for bs in sorted(self.buckets, reverse=True) for k in kinds]
         pad_row = self.model_runner.kv_cache.req_pool.pad_row
         with self.cost.measure("draft round graphs", len(keys)):
@@ -190,6 +205,8 @@ class DraftGraphRunner:
     def _body(self, kind: str, bs: int, seq_lens_cpu: list, lens_cpu: list):
         if kind == "catch_up":
             return self._catch_up_body(bs, seq_lens_cpu, lens_cpu)
+        if kind in self.extra:
+            return self.extra[kind](bs, seq_lens_cpu)
         return self._chain_body(bs, seq_lens_cpu)
 
     def _capture_one(self, kind: str, bs: int) -> None:
@@ -224,6 +241,11 @@ class DraftGraphRunner:
         if hidden0 is not None:
             self.buf.hidden0[:n].copy_(hidden0)
         return self._run("chain", bs, first_seq_lens + [1] * (bs - n), None)
+
+    def run(self, kind: str, bs: int, seq_lens_cpu: list):
+        """After `load`: an added kind's outputs (its graph's buffers: copy what must outlive
+        the next replay)."""
+        return self._run(kind, bs, seq_lens_cpu, None)
 
     def _run(self, kind: str, bs: int, seq_lens_cpu: list, lens_cpu):
         graph = self.graphs.get((kind, bs))

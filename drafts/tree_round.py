@@ -1,0 +1,112 @@
+"""A head's EAGLE-2 tree: the expansion (shared by the eager path and the graph), and the tree
+round that replays every tree step and the tree's selection as one CUDA graph.
+
+Eagerly each tree step is a batch built on the host, an attention plan and a decode-graph
+replay, about a millisecond of host work per step at batch 1; in the round graph a step reads
+the branches, their hidden states and their ancestry straight from the step before, and the
+attention plan of each step (the node rows of triton_kernels.tree_path_rows) is built on the
+device inside the graph. The host sends positions, slots and request rows once per round
+(DraftGraphRunner.load).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.tree import build_tree
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+
+
+def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_tokens: int,
+                step):
+    """EAGLE-2 expansion. root [bs]: the last committed tokens; top_tokens, top_scores [bs, K]:
+    the root's K best children and their log-probs; hidden [bs, H]: the draft's hidden state at
+    the root; step(tokens [bs, K], branch_hidden [bs, K, H], ancestors [bs, K, fed], s) feeds
+    step s's K branches and returns (logits [bs, K, V], hidden [bs, K, H]). Returns the Tree of
+    the num_draft_tokens best-scored nodes (kernels.tree.build_tree). Device ops only."""
+    bs, k = top_tokens.shape
+    dev = top_tokens.device
+    cand_tokens = torch.zeros(bs, num_steps, k, k, dtype=torch.long, device=dev)
+    cand_scores = torch.full((bs, num_steps, k, k), float("-inf"), device=dev)
+    branch_parents = torch.zeros(bs, num_steps, k, dtype=torch.long, device=dev)
+    cand_tokens[:, 0, 0], cand_scores[:, 0, 0] = top_tokens, top_scores
+    tokens, scores = top_tokens, top_scores  # [bs, K]: the branches fed next
+    branch_hidden = hidden[:, None].expand(bs, k, hidden.shape[-1])
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bs, k, k)
+    ancestors = eye  # [bs, K, fed so far]: which fed nodes each branch sees
+    if num_steps > 1:
+        branch_parents[:, 1] = torch.arange(k, device=dev)
+    for s in range(1, num_steps):
+        step_logits, step_hidden = step(tokens, branch_hidden, ancestors, s)
+        top = step_logits.log_softmax(-1).topk(k, dim=-1)  # [bs, K, K]
+        cand_tokens[:, s] = top.indices
+        cand_scores[:, s] = scores[:, :, None] + top.values
+        if s + 1 == num_steps:
+            break
+        best = cand_scores[:, s].reshape(bs, k * k).topk(k, dim=-1)
+        branch_parents[:, s + 1] = best.indices
+        parent = best.indices // k  # [bs, K] which branch each new branch grew from
+        tokens = cand_tokens[:, s].reshape(bs, k * k).gather(1, best.indices)
+        scores = best.values
+        branch_hidden = step_hidden.gather(1, parent[..., None].expand(-1, -1, hidden.shape[-1]))
+        seen = ancestors.gather(1, parent[..., None].expand(-1, -1, ancestors.shape[-1]))
+        ancestors = torch.cat([seen, eye], dim=-1)
+    return build_tree(root, cand_tokens, cand_scores, branch_parents, num_draft_tokens)
+
+
+def root_children(logits: torch.Tensor, k: int):
+    """The root's K best children and their log-probs: ([bs, K], [bs, K])."""
+    top = logits.log_softmax(-1).topk(k, dim=-1)
+    return top.indices, top.values
+
+
+class TreeRound:
+    """The 'tree' kind of a head's round runner: tree steps 1 .. num_steps - 1 and the node
+    selection. Request i's step-s branches write their KV to round slots (s - 1) * K .. s * K - 1
+    (views()["chain"], step-major), at columns base + (s - 1) * K .. of its req_to_token row,
+    exactly where the eager steps put them."""
+
+    def __init__(self, model, rnd, topk: int, num_steps: int, num_draft_tokens: int):
+        self.model, self.rnd = model, rnd
+        self.topk, self.num_steps, self.num_draft_tokens = topk, num_steps, num_draft_tokens
+        dev = rnd.buf.ints.device
+        self.top_tokens = torch.zeros(rnd.max_bs, topk, dtype=torch.long, device=dev)
+        self.top_scores = torch.zeros(rnd.max_bs, topk, dtype=torch.float32, device=dev)
+        rnd.add_kind("tree", self._body)
+
+    @property
+    def round_slots(self) -> int:
+        return self.topk * (self.num_steps - 1)
+
+    def _body(self, bs: int, base_cpu: list):
+        v, k = self.rnd.buf.views(bs), self.topk
+        base, slots, rows = v["seq_lens"], v["chain"], v["rows"]
+        widths = torch.full((bs,), k, dtype=torch.long, device=base.device)
+
+        def step(tokens, branch_hidden, ancestors, s: int):
+            batch = ForwardBatch(
+                forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=tokens.reshape(-1),
+                positions=(base[:, None] + (s - 1)).expand(bs, k).reshape(-1),
+                out_cache_loc=slots[(s - 1) * k:s * k].t().reshape(-1),
+                req_pool_indices=rows, seq_lens=base + s * k, extend_seq_lens=widths,
+                seq_lens_cpu=[n + s * k for n in base_cpu], extend_seq_lens_cpu=[k] * bs,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                input_hidden=branch_hidden.reshape(bs * k, -1), tree_mask=ancestors.contiguous())
+            out, aux = self.rnd.forward(batch)
+            logits = self.model.compute_logits(out)
+            return logits.view(bs, k, -1), aux[0].view(bs, k, -1)
+
+        tree = expand_tree(v["roots"], self.top_tokens[:bs], self.top_scores[:bs],
+                           self.rnd.buf.hidden0[:bs], self.num_steps, self.num_draft_tokens, step)
+        return tree.draft_tokens, tree.parents
+
+    def run(self, bs: int, logits, hidden, base_cpu: list):
+        """After the round's load and catch-up: (draft_tokens, parents) [n, N] of the n real
+        requests, from the root logits [n, V] and hidden states [n, H] the catch-up gave."""
+        n = logits.shape[0]
+        tokens, scores = root_children(logits, self.topk)
+        self.top_tokens[:n].copy_(tokens)
+        self.top_scores[:n].copy_(scores)
+        self.rnd.buf.hidden0[:n].copy_(hidden)
+        draft_tokens, parents = self.rnd.run("tree", bs, base_cpu + [1] * (bs - n))
+        return draft_tokens[:n].clone(), parents[:n].clone()
