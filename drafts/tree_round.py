@@ -86,8 +86,8 @@ class TreeRound:
         def step(tokens, branch_hidden, ancestors, s: int):
             batch = ForwardBatch(
                 forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=tokens.reshape(-1),
-                positions=(base[:, None] + (s - 1)).expand(bs, k).reshape(-1),
-                out_cache_loc=slots[(s - 1) * k:s * k].t().reshape(-1),
+                positions=(base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous(),
+                out_cache_loc=slots[(s - 1) * k:s * k].t().reshape(-1).contiguous(),
                 req_pool_indices=rows, seq_lens=base + s * k, extend_seq_lens=widths,
                 seq_lens_cpu=[n + s * k for n in base_cpu], extend_seq_lens_cpu=[k] * bs,
                 capture_hidden_mode=CaptureHiddenMode.FULL,
