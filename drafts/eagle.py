@@ -176,7 +176,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
             bs = self.round.bucket(len(reqs)) if self.tree_round is not None else None
             if bs is not None:
                 return self._propose_tree_round(reqs, states, bs)
-            logits, hidden = self._round_catch_up(reqs, states)
+            logits, hidden = self._eager_catch_up(reqs, states)  # no round, or no bucket
             return self._propose_tree(states, roots_of(reqs, logits.device), logits, hidden, spec)
         return self._propose_chain(reqs, states, spec)
 

@@ -70,22 +70,6 @@ class RoundDrafting:
         self._chained(states, rnd.steps)
         return Proposal(draft_tokens=torch.cat([root[:, None], token0[:, None], tokens[:n]], 1))
 
-    def _round_catch_up(self, reqs: list, states: list):
-        """The catch-up alone (a tree's round): (logits [bs, V], hidden [bs, H] or None) at each
-        request's last accepted token, from the round's graph where the plan fits it."""
-        rnd = self.round
-        bs = rnd.bucket(len(reqs)) if rnd is not None else None
-        plan = self._catch_up_plan(reqs, states) if bs is not None else None
-        if plan is None:
-            return self._eager_catch_up(reqs, states)
-        lens = [len(x) for x in plan.ids]
-        slots = self.kv_cache.extend_many([st.req_pool_idx for st in states], lens)
-        verify_rows = plan.verify_rows or [0] * len(reqs)
-        rows = [RoundRow(x, st.num_cached, sl, st.req_pool_idx, vr, req.last_id)
-                for req, st, x, sl, vr in zip(reqs, states, plan.ids, slots, verify_rows)]
-        rnd.load(bs, rows, None, plan.verify_hidden)
-        return self._graph_catch_up(states, lens, bs)
-
     def _chained(self, states: list, num_steps: int) -> None:
         """After the chain graph fed num_steps drafts per request (their KV is in place)."""
 
