@@ -71,7 +71,10 @@ class Engine:
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device,
                                   before_forward=self.tp.before_forward if self.tp else None)
         self.spec_decoder = self._setup_spec() if self.spec else None
-        self.graphs = build_graphs(cfg, self.runner, self.context_len, **self._graph_needs())
+        needs = self._graph_needs()
+        if self.tp is not None:
+            self.tp.build_graphs(self.context_len, needs)
+        self.graphs = build_graphs(cfg, self.runner, self.context_len, **needs)
         self.router = ForwardRouter(self.runner, self.graphs.piecewise, self.graphs.decode,
                                     self.graphs.disabled_reasons())
         if self.spec_decoder is not None:

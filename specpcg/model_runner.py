@@ -11,8 +11,8 @@ from specpcg.forward_context import ForwardContext, forward_context
 class ModelRunner:
     def __init__(self, model, kv_cache, attn_backend, device: torch.device,
                  before_forward=None):
-        """before_forward(batch): called before every forward (tensor parallelism sends the
-        batch to the other ranks there)."""
+        """before_forward(batch, route="eager"): called before every forward, with the graph
+        runner's name when the router replays one (parallel ranks mirror it there)."""
         self.model = model
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend

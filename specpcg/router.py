@@ -79,6 +79,9 @@ class ForwardRouter:
         if name == EAGER:
             self._log_once(batch.forward_mode, reason)
             return self.eager_runner.forward(batch)
+        announce = getattr(self.eager_runner, "before_forward", None)
+        if announce is not None:  # parallel ranks replay the same graph
+            announce(batch, name)
         return self.runners[name].forward(batch)
 
     def count(self, mode: str, runner: str, reason=None, n: int = 1) -> None:

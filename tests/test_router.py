@@ -135,15 +135,17 @@ def _cfg(**kw):
     ({}, "cpu", False, "no CUDA device (device is cpu)"),
     ({"disable_piecewise_cuda_graph": True}, "cuda", False, "disable_piecewise_cuda_graph is set"),
     ({"disable_cuda_graph": True}, "cuda", False, "disable_cuda_graph is set"),
-    ({"pp_size": 2}, "cuda", False,
-     "tensor or pipeline parallelism: the other ranks capture no graphs yet"),
+    # Piecewise graphs stay on under pipeline and tensor parallelism: every rank captures
+    # them in lockstep, with the stage exchanges and collectives between segments.
+    ({"pp_size": 2}, "cuda", True, "enabled by default on CUDA"),
+    ({"tp_size": 2, "pp_size": 2}, "cuda", True, "enabled by default on CUDA"),
     ({"piecewise_cuda_graph_max_tokens": 2}, "cuda", False,
      "piecewise_cuda_graph_max_tokens=2 is below the smallest bucket (4 tokens)"),
     ({"piecewise_cuda_graph_max_tokens": 2, "enforce_piecewise_cuda_graph": True}, "cuda", True,
      "enforced by enforce_piecewise_cuda_graph"),
     ({"enforce_piecewise_cuda_graph": True}, "cpu", False, "no CUDA device (device is cpu)"),
-    ({"tp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", False,
-     "tensor or pipeline parallelism: the other ranks capture no graphs yet"),
+    ({"tp_size": 2, "enforce_piecewise_cuda_graph": True}, "cuda", True,
+     "enforced by enforce_piecewise_cuda_graph"),
 ])
 def test_piecewise_rules(kw, device, enabled, reason):
     decision = decide_piecewise(_cfg(**kw), device)
@@ -156,8 +158,10 @@ def test_decode_graph_rules():
     assert not off.enabled and "'torch' cannot be captured" in off.reason
     assert decide_decode_graph(_cfg(disable_cuda_graph=True), "cuda", "triton", True).reason == \
         "disable_cuda_graph is set"
-    assert decide_decode_graph(_cfg(tp_size=2), "cuda", "triton", True).reason == \
-        "tensor or pipeline parallelism: the other ranks capture no graphs yet"
+    for kw in ({"tp_size": 2}, {"pp_size": 2}):
+        off = decide_decode_graph(_cfg(**kw), "cuda", "triton", True)
+        assert not off.enabled and off.reason.startswith("tensor or pipeline parallelism: "
+                                                         "collectives and stage exchanges")
 
 
 def test_engine_on_cpu_reports_graphs_off_and_counts_eager(tmp_path):

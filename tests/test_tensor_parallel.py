@@ -206,3 +206,61 @@ def test_micro_batches_cut_whole_requests_into_balanced_groups():
     part = sub_batch(b, 2, 4, 8, 16)
     assert part.input_ids.tolist() == list(range(8, 16)) and part.seq_lens_cpu == [4, 4]
     assert part.req_pool_indices.tolist() == [2, 3] and part.num_tokens == 8
+
+
+class _Calls:
+    """Stands in for a rank's runner and piecewise graphs: records what was run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, batch):
+        self.calls.append(("forward", batch))
+
+    def replay_body(self, batch):
+        self.calls.append(("replay_body", batch))
+
+
+def test_other_ranks_run_each_forward_the_way_rank_0_runs_it(monkeypatch):
+    """A piecewise replay on rank 0 is a replay on every rank (a later pipeline stage stops at
+    the body: its outputs went on inside the replay); an eager forward is eager everywhere; a
+    route a rank cannot mirror ends that rank with the reason, never a silent other path."""
+    from types import SimpleNamespace
+
+    import specpcg.distributed.worker as worker
+
+    stages = []
+    monkeypatch.setattr(worker, "_run_stage", lambda runner, batch, like: stages.append(batch))
+    runner, pcg = _Calls(), _Calls()
+    graphs = SimpleNamespace(piecewise=pcg)
+    worker.mirror(runner, graphs, "b1", "piecewise", False, None)
+    worker.mirror(runner, graphs, "b2", "piecewise", True, None)
+    worker.mirror(runner, graphs, "b3", "eager", False, None)
+    worker.mirror(runner, graphs, "b4", "eager", True, None)
+    assert pcg.calls == [("forward", "b1"), ("replay_body", "b2")]
+    assert runner.calls == [("forward", "b3")] and stages == ["b4"]
+    with pytest.raises(RuntimeError, match="did not capture"):
+        worker.mirror(runner, SimpleNamespace(piecewise=None), "b5", "piecewise", False, None)
+    with pytest.raises(RuntimeError, match="'decode_graph'"):
+        worker.mirror(runner, graphs, "b6", "decode_graph", False, None)
+
+
+def test_the_router_tells_the_other_ranks_which_graph_it_replays():
+    from specpcg.core import ForwardMode
+    from specpcg.router import ForwardRouter
+
+    told = []
+
+    class Runner(_Calls):
+        def before_forward(self, batch, route="eager"):
+            told.append((batch.forward_mode, route))
+
+    class Piecewise(_Calls):
+        def refusal(self, batch):
+            return None
+
+    from types import SimpleNamespace
+    router = ForwardRouter(Runner(), Piecewise(), None, {"decode_graph": "off"})
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
+    router.forward(batch)
+    assert told == [(ForwardMode.EXTEND, "piecewise")]

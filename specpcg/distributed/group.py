@@ -8,6 +8,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from specpcg.graphs.breakable import eager_break
+
 
 def free_init_addr() -> str:
     with socket.socket() as s:
@@ -46,9 +48,10 @@ def init_tp_groups(tp: int, pp: int) -> None:
             _TP_GROUP = group
 
 
+@eager_break
 def all_reduce_(x: torch.Tensor) -> torch.Tensor:
     """Sums `x` over the tensor-parallel ranks, in place (row-parallel layers,
-    vocab-parallel embedding)."""
+    vocab-parallel embedding). A graph break: piecewise graphs run it between segments."""
     dist.all_reduce(x, group=_TP_GROUP)
     return x
 

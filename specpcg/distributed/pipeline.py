@@ -4,11 +4,15 @@ Rank 0 is stage 0 and more: it schedules, embeds, runs its layers, and gets the 
 residual stream back to apply the final norm and the LM head (which it holds), so sampling and
 every draft stay on rank 0 as under tensor parallelism. Stage s receives (hidden, residual, the
 aux-layer states so far) from stage s - 1, runs its layers and sends the same on; the states
-travel as one [2 + num_aux, tokens, hidden] tensor whose size every rank knows from the batch.
+travel as one [tokens, 2 + num_aux, hidden] tensor whose size every rank knows from the batch.
 
 Micro-batches: a forward of several requests is cut into up to pp_size groups of whole requests
 (micro_batches), and each stage sends a group on as soon as it is done, so stage s works on
 group g + 1 while stage s + 1 works on group g. Every rank cuts the batch the same way.
+
+Piecewise graphs: every stage captures its part of the forward for each bucket, in lockstep
+(worker.py), with the receives and sends as eager breaks; a graph is captured for one request,
+so a replayed prefill goes as one micro-batch.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch.distributed as dist
 from specpcg.core import ForwardBatch
 from specpcg.distributed.group import return_group
 from specpcg.forward_context import get_forward_context
+from specpcg.graphs.breakable import eager_break, is_capturing
 
 from specpcg.models.llama import LlamaForCausalLM
 
@@ -43,13 +48,38 @@ def _aux_before(aux_layers, index: int) -> int:
 
 
 def _pack(hidden, residual, aux) -> torch.Tensor:
-    return torch.stack([hidden, residual, *aux]).contiguous()  # [2 + A, T, H]
+    # Tokens first: a piecewise graph stages a break's tensors by their first dimension.
+    return torch.stack([hidden, residual, *aux], dim=1)  # [T, 2 + A, H]
 
 
 def _recv(num_aux: int, num_tokens: int, like: torch.Tensor, src: int, group=None) -> tuple:
-    buf = like.new_empty(2 + num_aux, num_tokens, like.shape[-1])
+    buf = _recv_into(like.new_empty(num_tokens, 2 + num_aux, like.shape[-1]), src, group)
+    # Contiguous copies: the layers' fused kernels read rows of H in a row.
+    return buf[:, 0].contiguous(), buf[:, 1].contiguous(), [buf[:, 2 + j].contiguous()
+                                                            for j in range(num_aux)]
+
+
+@eager_break
+def _recv_into(buf: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """Receives a stage's states into `buf`. A graph break: a piecewise graph runs it between
+    segments (so do the sends, _send_now)."""
     dist.recv(buf, src=src, group=group)
-    return buf[0], buf[1], list(buf[2:])
+    return buf
+
+
+@eager_break
+def _send_now(packed: torch.Tensor, dst: int, group=None) -> None:
+    dist.isend(packed, dst=dst, group=group).wait()
+
+
+def _send(packed: torch.Tensor, dst: int, sends: list, group=None) -> None:
+    """Sends `packed` on. Eagerly the send stays in flight (`sends`, waited for at the end of
+    the forward) so the next micro-batch overlaps it; in a capture it is a break of its own
+    (one micro-batch: a graph is captured for one request)."""
+    if is_capturing():
+        _send_now(packed, dst, group)
+    else:
+        sends.append(_isend(packed, dst, group))
 
 
 def micro_batches(batch: ForwardBatch, groups: int) -> list:
@@ -133,7 +163,12 @@ class PipelineStage(LlamaForCausalLM):
 
     def forward(self, input_ids, positions, aux_layers: tuple = ()):
         """Rank 0: the whole pipeline's forward (stage 0, the others, the final norm), one
-        micro-batch after another, each sent on as soon as stage 0 is done with it."""
+        micro-batch after another, each sent on as soon as stage 0 is done with it. A later
+        stage's rank runs its own part (run_stage): that is what its piecewise graphs capture;
+        its outputs went on to the next stage, so it returns none."""
+        if self.stage > 0:
+            self.run_stage(positions, aux_layers, self.model.embed_tokens.weight)
+            return positions.new_empty(0), []
         embedded = self.model.embed_tokens(input_ids)
         batch, sends = get_forward_context().batch, []
         groups = micro_batches(batch, self.pp)
@@ -142,7 +177,7 @@ class PipelineStage(LlamaForCausalLM):
                 aux = []
                 hidden, residual = self._layers(positions[t0:t1], embedded[t0:t1], None,
                                                 aux_layers, aux)
-            sends.append(_isend(_pack(hidden, residual, aux), self._rank_of(1)))
+            _send(_pack(hidden, residual, aux), self._rank_of(1), sends)
         n = sum(1 for i in aux_layers if i <= self.total)
         parts = [_recv(n, t1 - t0, embedded, self._rank_of(self.pp - 1), return_group())
                  for _, _, t0, t1 in groups]
@@ -163,9 +198,8 @@ class PipelineStage(LlamaForCausalLM):
                 hidden, residual = self._layers(positions[t0:t1], hidden, residual, aux_layers,
                                                 aux)
             last = self.stage == self.pp - 1
-            sends.append(_isend(_pack(hidden, residual, aux),
-                                self._rank_of((self.stage + 1) % self.pp),
-                                return_group() if last else None))
+            _send(_pack(hidden, residual, aux), self._rank_of((self.stage + 1) % self.pp), sends,
+                  return_group() if last else None)
         _wait(sends)
 
 

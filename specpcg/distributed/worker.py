@@ -2,7 +2,8 @@
 1.. run the same forward on their shards in lockstep, so the collectives inside it meet.
 
 Rank 0 alone schedules, samples and decides acceptance (so no rank can disagree); the others
-only mirror its forwards. Each forward's message holds the batch and the req_to_token rows it
+only mirror its forwards, each the way rank 0 runs it (eager, or a piecewise graph that every
+rank captured in lockstep). Each forward's message holds the batch and the req_to_token rows it
 reads (KV data never moves between slots, so the rows are all a rank needs to mirror the cache).
 A rank that dies makes the next step fail on rank 0 with its rank and exit code.
 """
@@ -78,6 +79,7 @@ def load_shard(cfg, rank: int, device, dtype):
 
 def worker_main(cfg, rank: int, init_addr: str) -> None:
     from specpcg.attention import create_attention_backend
+    from specpcg.graphs.setup import build_graphs
     from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
     from specpcg.model_runner import ModelRunner
 
@@ -98,17 +100,38 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
                                     local.num_kv_heads, local.head_dim, local.head_dim ** -0.5)
     runner = ModelRunner(model, kv, attn, device)
     like = next(model.parameters())
+    graphs = None
     while True:
         msg = _receive()
         if msg is None:
             break
-        batch, rows, table = msg
+        if msg[0] == "graphs":  # rank 0 captures now: capture the same, collective by collective
+            _, context_len, needs = msg
+            graphs = build_graphs(replace(cfg, show_progress=False), runner, context_len,
+                                  **needs)
+            continue
+        _, batch, rows, table, route = msg
         kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
-        if rank >= cfg.tp_size:  # a later pipeline stage
-            _run_stage(runner, batch, like)
-        else:
-            runner.forward(batch)
+        mirror(runner, graphs, batch, route, rank >= cfg.tp_size, like)
     dist.destroy_process_group()
+
+
+def mirror(runner, graphs, batch, route: str, later_stage: bool, like) -> None:
+    """Runs rank 0's forward of `batch` the way rank 0 runs it (`route`: the router's choice),
+    so the collectives of a graph's breaks and of an eager forward meet their twins."""
+    if route == "piecewise":
+        if graphs is None or graphs.piecewise is None:
+            raise RuntimeError("rank 0 replayed a piecewise graph that this rank did not capture")
+        if later_stage:
+            graphs.piecewise.replay_body(batch)
+        else:
+            graphs.piecewise.forward(batch)
+    elif route != "eager":
+        raise RuntimeError(f"rank 0 ran {route!r}, which the other ranks cannot mirror")
+    elif later_stage:  # a later pipeline stage
+        _run_stage(runner, batch, like)
+    else:
+        runner.forward(batch)
 
 
 @torch.inference_mode()
@@ -140,14 +163,20 @@ class TPDriver:
         self._send({"total_slots": kv_cache.total_slots, "rows": table.shape[0],
                     "context_len": table.shape[1]})
 
-    def before_forward(self, batch) -> None:
-        """Sends `batch` and its requests' req_to_token rows to every other rank."""
+    def before_forward(self, batch, route: str = "eager") -> None:
+        """Sends `batch`, its requests' req_to_token rows and how rank 0 runs it (`route`: a
+        graph runner's name or "eager") to every other rank."""
         bs = batch.batch_size
         rows = batch.req_pool_indices[:bs].cpu()
         width = max(batch.seq_lens_cpu[:bs], default=0)
         table = self.kv_cache.req_pool.req_to_token[rows.to(
             self.kv_cache.req_pool.req_to_token.device), :width].cpu()
-        self._send((batch, rows, table))
+        self._send(("forward", batch, rows, table, route))
+
+    def build_graphs(self, context_len: int, needs: dict) -> None:
+        """Before rank 0 captures: every rank builds the same graphs (build_graphs' arguments)
+        and captures them in the same order, so each capture's collectives meet."""
+        self._send(("graphs", context_len, needs))
 
     def _send(self, msg) -> None:
         self.check_alive()

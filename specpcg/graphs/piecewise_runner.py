@@ -126,14 +126,20 @@ class PiecewiseRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch):
+        hidden, aux = self.replay_body(batch)
+        return self.model_runner.postprocess(hidden, list(aux), batch)
+
+    @torch.inference_mode()
+    def replay_body(self, batch: ForwardBatch):
+        """The body's replay alone: (hidden, aux) of the bucket, padded rows included (a later
+        pipeline stage stops here: its outputs went on to the next stage inside the replay)."""
         n = pick_bucket(self.buckets, batch.num_tokens)
         padded = self.inputs.load(batch, n)
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(padded)
         with forward_context(ForwardContext(padded, attn, batch.num_tokens)):
             self.graphs[n].replay()
-        hidden, aux = self.outputs[n]
-        return self.model_runner.postprocess(hidden, list(aux), batch)
+        return self.outputs[n]
 
     def info(self) -> dict:
         return {"num_buckets": len(self.graphs), "max_tokens": self.max_tokens,

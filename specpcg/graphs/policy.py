@@ -22,9 +22,13 @@ class GraphDecision:
         return {"enabled": self.enabled, "reason": self.reason}
 
 
-# Ranks 1.. mirror rank 0's eager forwards; they capture no graphs of their own yet, so a
-# replay on rank 0 alone would leave them waiting.
-TP_REASON = "tensor or pipeline parallelism: the other ranks capture no graphs yet"
+# Under tensor or pipeline parallelism every rank captures the same piecewise graphs in
+# lockstep, with the collectives and the stage exchanges as eager breaks between segments (a
+# torch.distributed collective captured inside a graph would replay without its host-side
+# bookkeeping, and the ranks would stop agreeing on which one is in flight). A full decode
+# graph has no breaks, so it cannot hold them.
+TP_DECODE_REASON = ("tensor or pipeline parallelism: collectives and stage exchanges run "
+                    "between graph segments, and a full decode graph has none")
 
 
 def _piecewise_auto_rules(cfg) -> list:
@@ -43,8 +47,6 @@ def decide_piecewise(cfg, device_type: str) -> GraphDecision:
         return _log(GraphDecision(False, "disable_cuda_graph is set"), "piecewise")
     if device_type != "cuda":
         return _log(GraphDecision(False, f"no CUDA device (device is {device_type})"), "piecewise")
-    if cfg.tp_size > 1 or cfg.pp_size > 1:  # not a rule to enforce away: ranks would hang
-        return _log(GraphDecision(False, TP_REASON), "piecewise")
     if cfg.enforce_piecewise_cuda_graph:
         return _log(GraphDecision(True, "enforced by enforce_piecewise_cuda_graph"), "piecewise")
     for condition, reason in _piecewise_auto_rules(cfg):
@@ -60,7 +62,7 @@ def decide_decode_graph(cfg, device_type: str, attn_backend_name: str,
     if device_type != "cuda":
         return _log(GraphDecision(False, f"no CUDA device (device is {device_type})"), "decode")
     if cfg.tp_size > 1 or cfg.pp_size > 1:
-        return _log(GraphDecision(False, TP_REASON), "decode")
+        return _log(GraphDecision(False, TP_DECODE_REASON), "decode")
     if not attn_supports_graph:
         # Piecewise graphs keep attention eager, so only full decode graphs need this.
         return _log(GraphDecision(False, f"attention backend {attn_backend_name!r} cannot be "
