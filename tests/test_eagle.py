@@ -300,3 +300,34 @@ def test_default_model_gsm8k_eagle3_random_head_is_lossless(tmp_path, monkeypatc
         _check_spec_meta(out["meta_info"], 4)
     assert engine.get_server_info()["speculative"]["draft"]["aux_layer_ids"] == [1, 14, 26]
     _check_no_leak(engine)
+
+
+@pytest.mark.parametrize("algo", ["EAGLE", "EAGLE3"])
+def test_the_tree_round_proposes_what_the_eager_tree_steps_propose(world, algo, monkeypatch):
+    """The tree round's body (what its graph captures) and the eager tree steps draft the same
+    trees: the same tokens out, and every request accepts the same counts in the same order."""
+    from drafts.eagle import HeadDraft
+
+    def run(eager: bool):
+        engine = _engine(world.noisy, algo, world.heads[algo], **SETTINGS["tree"])
+        if eager:
+            engine.draft.tree_round = None
+        proposals = []
+        propose = HeadDraft.propose
+
+        def record(self, reqs, spec):
+            p = propose(self, reqs, spec)
+            proposals.append((p.draft_tokens.tolist(), p.parents.tolist()))
+            return p
+
+        with monkeypatch.context() as m:
+            m.setattr(HeadDraft, "propose", record)
+            outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+        stats = {(s["mode"], s["runner"]) for s in engine.draft.router.forward_stats()}
+        return [o["output_ids"] for o in outs], proposals, stats
+
+    got, rounds, stats = run(eager=False)
+    want, eager, eager_stats = run(eager=True)
+    assert ("DRAFT_EXTEND", "draft_round_eager") in stats  # the round's bodies ran
+    assert ("DRAFT_EXTEND", "draft_round_eager") not in eager_stats
+    assert got == want and rounds == eager and len(rounds) > 3
