@@ -28,7 +28,6 @@ from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.wiring import build_round_runner, wire_draft_model
-from specpcg.graphs.draft_runner import RoundRow
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 
@@ -69,7 +68,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self.kv_cache = self.runner = self.router = self.graphs = None
         self.round = None  # DraftGraphRunner: a round's catch-up, then its steps, a graph each
         self.tree_round = None  # drafts.tree_round.TreeRound: a tree round's steps
-        self.spec = None
         self._reqs: dict = {}  # rid -> _HeadReq
 
     @property
@@ -80,7 +78,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         return KVPool.bytes_per_slot(1, mc.num_kv_heads, mc.head_dim, self.model.head_weight.dtype)
 
     def setup(self, ctx) -> None:
-        spec = self.spec = ctx.spec
+        spec = ctx.spec
         round_len = spec.topk * spec.num_steps  # a draft round's own tokens per request
         # A tree step reads every branch's hidden state: its graphs keep all rows.
         hidden = CaptureHiddenMode.LAST if spec.is_chain else CaptureHiddenMode.FULL
@@ -97,12 +95,12 @@ class HeadDraft(RoundDrafting, DraftWorker):
             else:
                 self.round = build_round_runner(
                     self.runner, self.graphs, ctx.config, 1, width, width=spec.num_draft_tokens,
-                    round_slots=spec.topk * (spec.num_steps - 1), add_kinds=self._add_tree)
+                    round_slots=spec.topk * (spec.num_steps - 1),
+                    add_kinds=lambda rnd: self._add_tree(rnd, spec))
 
-    def _add_tree(self, rnd) -> None:
+    def _add_tree(self, rnd, spec) -> None:
         from drafts.tree_round import TreeRound
 
-        spec = self.spec
         self.tree_round = TreeRound(self.model, rnd, spec.topk, spec.num_steps,
                                     spec.num_draft_tokens)
 
@@ -251,24 +249,16 @@ class HeadDraft(RoundDrafting, DraftWorker):
     def _propose_tree_round(self, reqs: list, states: list, bs: int) -> Proposal:
         """The tree round: the catch-up (its graph where the plan fits, else eager), then every
         tree step in the round's 'tree' graph."""
-        rnd, tr = self.round, self.tree_round
+        tr = self.tree_round
         plan = self._catch_up_plan(reqs, states)
         if plan is None:
             logits, hidden = self._eager_catch_up(reqs, states)
-        ids = plan.ids if plan else [[] for _ in reqs]
-        verify_rows = plan.verify_rows if plan and plan.verify_rows else [0] * len(reqs)
-        # One allocation for the catch-up's and the tree steps' slots: one req_to_token write.
-        slots = self.kv_cache.extend_many([st.req_pool_idx for st in states],
-                                          [len(x) + tr.round_slots for x in ids])
-        rows = [RoundRow(x, st.num_cached, sl[:len(x)], st.req_pool_idx, vr, req.last_id)
-                for req, st, x, sl, vr in zip(reqs, states, ids, slots, verify_rows)]
-        rnd.load(bs, rows, [sl[len(x):] for sl, x in zip(slots, ids)],
-                 plan.verify_hidden if plan else None)
-        if plan is not None:
-            logits, hidden = self._graph_catch_up(states, [len(x) for x in ids], bs)
+        _, caught = self._load_round(reqs, states, bs, plan, tr.round_slots)
+        if caught is not None:
+            logits, hidden = caught
         tokens, parents = tr.run(bs, logits, hidden, [st.num_cached for st in states])
-        self.router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason,
-                          self.spec.num_steps - 1)
+        self.router.count("DRAFT_EXTEND", self.round.runner_name, self.round.eager_reason,
+                          tr.num_steps - 1)
         return Proposal(draft_tokens=tokens, parents=parents)
 
     def _tree_step(self, states, tokens, branch_hidden, ancestors, s: int):

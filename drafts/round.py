@@ -1,6 +1,6 @@
 """A draft's round on its round runner (specpcg/graphs/draft_runner.py): the catch-up on what
-the last verify accepted, then (a chain) every greedy draft step, one graph replay each. A head's
-tree round is the catch-up alone: its tree steps replay the decode graphs' tree keys.
+the last verify accepted, then every greedy draft step of a chain (or, for a head's tree, every
+tree step: drafts/tree_round.py), one graph replay each.
 
 What stays eager, and why:
 - a catch-up that does not fit the round's fixed width (a new request's prompt), or, for heads,
@@ -50,18 +50,9 @@ class RoundDrafting:
             if not greedy:
                 return self._propose_steps(reqs, states, spec, logits, hidden)
         n = len(reqs)
-        ids = plan.ids if plan else [[] for _ in reqs]
-        verify_rows = plan.verify_rows if plan and plan.verify_rows else [0] * n
-        chain = rnd.steps if greedy else 0
-        # One allocation for the catch-up's and the chain's slots: one req_to_token write.
-        slots = self.kv_cache.extend_many([st.req_pool_idx for st in states],
-                                          [len(x) + chain for x in ids])
-        rows = [RoundRow(x, st.num_cached, sl[:len(x)], st.req_pool_idx, vr, req.last_id)
-                for req, st, x, sl, vr in zip(reqs, states, ids, slots, verify_rows)]
-        chain_slots = [sl[len(x):] for sl, x in zip(slots, ids)] if greedy else None
-        root = rnd.load(bs, rows, chain_slots, plan.verify_hidden if plan else None).clone()
-        if plan is not None:
-            logits, hidden = self._graph_catch_up(states, [len(x) for x in ids], bs)
+        root, caught = self._load_round(reqs, states, bs, plan, rnd.steps if greedy else 0)
+        if caught is not None:
+            logits, hidden = caught
         if not greedy:
             return self._propose_steps(reqs, states, spec, logits, hidden, root)
         token0 = logits.argmax(-1)
@@ -69,6 +60,23 @@ class RoundDrafting:
         self.router.count("DECODE", rnd.runner_name, rnd.eager_reason, rnd.steps)
         self._chained(states, rnd.steps)
         return Proposal(draft_tokens=torch.cat([root[:, None], token0[:, None], tokens[:n]], 1))
+
+    def _load_round(self, reqs: list, states: list, bs: int, plan, step_slots: int):
+        """Loads a round into the runner: the catch-up's rows (`plan`; None when it ran
+        eagerly) and `step_slots` KV slots a request for the round's steps, allocated with the
+        catch-up's in one go (one req_to_token write). Returns (the requests' root tokens,
+        the graph catch-up's (logits, hidden) or None)."""
+        ids = plan.ids if plan else [[] for _ in reqs]
+        verify_rows = plan.verify_rows if plan and plan.verify_rows else [0] * len(reqs)
+        slots = self.kv_cache.extend_many([st.req_pool_idx for st in states],
+                                          [len(x) + step_slots for x in ids])
+        rows = [RoundRow(x, st.num_cached, sl[:len(x)], st.req_pool_idx, vr, req.last_id)
+                for req, st, x, sl, vr in zip(reqs, states, ids, slots, verify_rows)]
+        steps = [sl[len(x):] for sl, x in zip(slots, ids)] if step_slots else None
+        root = self.round.load(bs, rows, steps, plan.verify_hidden if plan else None).clone()
+        if plan is None:
+            return root, None
+        return root, self._graph_catch_up(states, [len(x) for x in ids], bs)
 
     def _chained(self, states: list, num_steps: int) -> None:
         """After the chain graph fed num_steps drafts per request (their KV is in place)."""

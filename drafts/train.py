@@ -37,7 +37,7 @@ from drafts.distill import self_distill
 from drafts.heads import default_aux_layer_ids
 from drafts.offline import (draft_hits, load_draft_model, offline_accept,
                             offline_accept_by_source)
-from drafts.train_data import extract_features, shared_answers
+from drafts.train_data import extract_features, heldout_split, shared_answers, source_labels
 from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
@@ -132,27 +132,6 @@ def _make_engine(target: Optional[str], o: TrainOptions):
     return Engine(**kw)
 
 
-def _split(num_seqs: int, heldout_frac: float, seed: int, groups=None) -> dict:
-    """About heldout_frac of the sequences held out, whole groups at a time (a conversation's
-    turns and repeated prompts stay on one side); every sequence its own group without
-    `groups`. At least one sequence on each side."""
-    groups = groups or list(range(num_seqs))
-    members = {}
-    for i, g in enumerate(groups):
-        members.setdefault(g, []).append(i)
-    keys = list(members)
-    order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(seed)).tolist()
-    k = min(max(round(num_seqs * heldout_frac), 1 if heldout_frac else 0), num_seqs - 1)
-    heldout = []
-    for j in order:
-        if len(heldout) >= k:
-            break
-        if len(heldout) + len(members[keys[j]]) < num_seqs:
-            heldout += members[keys[j]]
-    held = set(heldout)
-    return {"heldout": sorted(held), "train": [i for i in range(num_seqs) if i not in held]}
-
-
 def _aux_layer_ids(o: TrainOptions, num_layers: int) -> tuple:
     ids = o.aux_layer_ids or default_aux_layer_ids(num_layers)
     if any(i >= num_layers for i in ids):
@@ -207,13 +186,13 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
                              show_progress=o.show_progress,
                              soft_k=o.soft_label_k if algorithm != "STANDALONE" else 0)
     times["features_s"] = time.perf_counter() - t0 - times["generate_s"]
-    split = _split(feats.num_seqs, o.heldout_frac, o.seed, seqs.groups)
+    split = heldout_split(feats.num_seqs, o.heldout_frac, o.seed, seqs.groups)
     os.makedirs(out, exist_ok=True)
     loop = o.loop(_loop_minutes(o, time.perf_counter() - t0))
     record = _train(algorithm, target_path, model, target_cfg, feats, split, o, loop, device,
                     out, aux)
     times["train_s"] = record.pop("train_s")
-    sources = _source_labels(seqs)
+    sources = source_labels(seqs)
     record.update(_offline(algorithm, out, model, target_cfg, feats, split, sources, device,
                            dtype))
     times["total_s"] = time.perf_counter() - t0
@@ -235,15 +214,6 @@ def _offline(algorithm, out, model, target_cfg, feats, split, sources, device, d
             "offline_accept": chains,
             "offline_accept_by_source": offline_accept_by_source(
                 hits, lens, [sources[i] for i in ids], OFFLINE_CHAIN_STEPS)}
-
-
-def _source_labels(seqs) -> list:
-    """Per sequence, what the offline figures are reported by: its source, with a chat's later
-    turns apart from its first (a later turn reads the target's earlier answer and often repeats
-    it, so it accepts more than the first turns the benchmarks send)."""
-    sources = seqs.sources or ["ids"] * len(seqs.token_ids)
-    turns = seqs.turns or [0] * len(sources)
-    return [s if t == 0 else f"{s} turn 2+" for s, t in zip(sources, turns)]
 
 
 def _loop_minutes(o: TrainOptions, elapsed_s: float) -> float:

@@ -9,7 +9,6 @@ themselves (up to bf16 near-ties between the engine and the dense forward).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -37,6 +36,36 @@ class Sequences:
     @property
     def num_answer_tokens(self) -> int:
         return sum(len(t) - p for t, p in zip(self.token_ids, self.prompt_lens))
+
+
+def heldout_split(num_seqs: int, heldout_frac: float, seed: int, groups=None) -> dict:
+    """About heldout_frac of the sequences held out, whole groups at a time (a conversation's
+    turns and repeated prompts stay on one side); every sequence its own group without
+    `groups`. At least one sequence on each side."""
+    groups = groups or list(range(num_seqs))
+    members = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    keys = list(members)
+    order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(seed)).tolist()
+    k = min(max(round(num_seqs * heldout_frac), 1 if heldout_frac else 0), num_seqs - 1)
+    heldout = []
+    for j in order:
+        if len(heldout) >= k:
+            break
+        if len(heldout) + len(members[keys[j]]) < num_seqs:
+            heldout += members[keys[j]]
+    held = set(heldout)
+    return {"heldout": sorted(held), "train": [i for i in range(num_seqs) if i not in held]}
+
+
+def source_labels(seqs) -> list:
+    """Per sequence, what the offline figures are reported by: its source, with a chat's later
+    turns apart from its first (a later turn reads the target's earlier answer and often repeats
+    it, so it accepts more than the first turns the benchmarks send)."""
+    sources = seqs.sources or ["ids"] * len(seqs.token_ids)
+    turns = seqs.turns or [0] * len(sources)
+    return [s if t == 0 else f"{s} turn 2+" for s, t in zip(sources, turns)]
 
 
 def shared_answers(path: str, make) -> Sequences:

@@ -76,7 +76,8 @@ class TreeRound:
 
     @property
     def round_slots(self) -> int:
-        return self.topk * (self.num_steps - 1)
+        """KV slots a request's tree steps write: the round runner was sized for them."""
+        return self.rnd.buf.steps
 
     def _body(self, bs: int, base_cpu: list):
         v, k = self.rnd.buf.views(bs), self.topk

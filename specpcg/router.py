@@ -48,6 +48,8 @@ class ForwardRouter:
         """eager_runner: ModelRunner. piecewise / decode: graph runners or None, in which case
         `disabled_reasons[name]` says why (reported as the fallback reason)."""
         self.eager_runner = eager_runner
+        # Tensor / pipeline parallelism: tells the other ranks which graph a forward replays.
+        self._announce = getattr(eager_runner, "before_forward", None)
         self.runners = {"piecewise": piecewise, "decode_graph": decode}
         self.disabled_reasons = dict(disabled_reasons or {})
         self.stats: Counter = Counter()
@@ -79,9 +81,8 @@ class ForwardRouter:
         if name == EAGER:
             self._log_once(batch.forward_mode, reason)
             return self.eager_runner.forward(batch)
-        announce = getattr(self.eager_runner, "before_forward", None)
-        if announce is not None:  # parallel ranks replay the same graph
-            announce(batch, name)
+        if self._announce is not None:  # parallel ranks replay the same graph
+            self._announce(batch, name)
         return self.runners[name].forward(batch)
 
     def count(self, mode: str, runner: str, reason=None, n: int = 1) -> None:

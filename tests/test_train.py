@@ -459,7 +459,7 @@ def test_dense_attention_on_half_inputs_groups_kv_heads_like_the_fp32_path():
 
 
 def test_the_held_out_split_keeps_each_group_on_one_side():
-    from drafts.train import _split
+    from drafts.train_data import heldout_split as _split
 
     groups = [0, 0, 1, 2, 2, 2, 3, 4, 4, 5]
     for seed in range(5):
@@ -472,7 +472,7 @@ def test_the_held_out_split_keeps_each_group_on_one_side():
 
 
 def test_offline_figures_report_a_chats_later_turns_apart():
-    from drafts.train import _source_labels
+    from drafts.train_data import source_labels as _source_labels
     from drafts.train_data import Sequences
 
     seqs = Sequences([[1, 2], [1, 2, 3], [4, 5]], [1, 2, 1], ["sharegpt", "sharegpt", "gsm8k"],

@@ -142,9 +142,6 @@ class DraftGraphRunner:
     # -- bodies: what a graph captures, or what runs eagerly without graphs --------------------
     def forward(self, batch: ForwardBatch):
         """The draft model's body on `batch` (attention planned here: in a graph, too)."""
-        return self._forward(batch)
-
-    def _forward(self, batch: ForwardBatch):
         attn = self.model_runner.attn_backend
         attn.init_forward_metadata(batch)
         with forward_context(ForwardContext(batch, attn, batch.num_tokens)):
@@ -161,7 +158,7 @@ class DraftGraphRunner:
             out_cache_loc=v["slots"], req_pool_indices=v["rows"], seq_lens=v["seq_lens"],
             extend_seq_lens=v["lens"], seq_lens_cpu=seq_lens_cpu, extend_seq_lens_cpu=lens_cpu,
             capture_hidden_mode=CaptureHiddenMode.FULL, input_hidden=hidden, req_row_stride=w)
-        out, aux = self._forward(batch)
+        out, aux = self.forward(batch)
         last = torch.arange(bs, device=v["lens"].device) * w + v["lens"] - 1  # [bs]
         logits = self.model.compute_logits(out[last])
         return logits, (aux[0][last] if self.is_head else None)
@@ -182,7 +179,7 @@ class DraftGraphRunner:
                 extend_seq_lens=ones, seq_lens_cpu=[n + j + 1 for n in first_seq_lens],
                 extend_seq_lens_cpu=[1] * bs, capture_hidden_mode=CaptureHiddenMode.LAST,
                 input_hidden=hidden)
-            out, aux = self._forward(batch)
+            out, aux = self.forward(batch)
             token = self.model.greedy_tokens(out)
             hidden = aux[0] if self.is_head else None
             tokens.append(token)
