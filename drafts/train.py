@@ -120,7 +120,7 @@ class TrainOptions:
                            seed=self.seed, show_progress=self.show_progress)
 
 
-def _make_engine(target: Optional[str], o: TrainOptions):
+def _make_engine(target: Optional[str], o: TrainOptions, **overrides):
     from specpcg import Engine
     from specpcg.config import EngineConfig
 
@@ -129,7 +129,7 @@ def _make_engine(target: Optional[str], o: TrainOptions):
         # A bounded KV cache (not a share of free memory): drafts can train side by side.
         kw.update(max_running_requests=GEN_BATCH_CUDA, cuda_graph_max_bs=GEN_BATCH_CUDA,
                   max_total_tokens=GEN_BATCH_CUDA * GEN_TOKENS_PER_REQUEST)
-    return Engine(**kw)
+    return Engine(**{**kw, **overrides})
 
 
 def _aux_layer_ids(o: TrainOptions, num_layers: int) -> tuple:

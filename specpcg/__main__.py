@@ -30,6 +30,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="this machine (0 runs the engine; others run their ranks)")
     p.add_argument("--mem-fraction-static", type=float, default=0.8)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
+    p.add_argument("--min-prefill-requests", type=int, default=1,
+                   help="while a batch decodes, admit new requests only this many at a time "
+                        "(offline throughput; 1: at once)")
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-piecewise-cuda-graph", action="store_true")
     p.add_argument("--enable-deterministic-inference", action="store_true",
@@ -59,7 +62,8 @@ def _engine_kwargs(args) -> dict:
              "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
              "speculative_num_draft_tokens", "max_total_tokens", "disable_cuda_graph",
              "disable_piecewise_cuda_graph", "max_running_requests", "mem_fraction_static",
-             "chunked_prefill_size", "enable_deterministic_inference", "tp_size",
+             "chunked_prefill_size", "min_prefill_requests", "enable_deterministic_inference",
+             "tp_size",
              "pp_size", "dist_init_addr", "nnodes", "node_rank", "disable_adaptive_speculation",
              "disable_overlap_schedule")
     return {name: getattr(args, name) for name in names}

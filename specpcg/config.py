@@ -37,6 +37,11 @@ class EngineConfig:
     max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768
     max_running_requests: int = 64
     chunked_prefill_size: int = 2048  # token budget of one prefill forward
+    # While a batch decodes, a prefill admits new requests only once it can admit this many
+    # (or all that wait). Each prefill step stalls every running request for one forward, so
+    # admitting requests one by one as slots free up costs offline generation about half its
+    # throughput; 1 (admit at once) keeps time to first token lowest when serving.
+    min_prefill_requests: int = 1
     random_seed: int = 0
     speculative_algorithm: Optional[str] = None
     speculative_draft_model_path: Optional[str] = None
@@ -114,7 +119,8 @@ class EngineConfig:
         if p is not None and algo is None:
             raise ValueError(f"speculative_simulate_accept_prob={p!r} needs a "
                              f"speculative_algorithm")
-        for name in ("max_running_requests", "chunked_prefill_size", "cuda_graph_max_bs",
+        for name in ("max_running_requests", "chunked_prefill_size", "min_prefill_requests",
+                     "cuda_graph_max_bs",
                      "piecewise_cuda_graph_max_tokens"):
             _check_positive_int(name, getattr(self, name))
         for name in ("max_total_tokens", "context_length", "speculative_num_steps",

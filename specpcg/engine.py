@@ -86,7 +86,8 @@ class Engine:
         self.scheduler = Scheduler(self.router, self.kv_cache, self.stop_checker,
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
                                    self.spec_decoder, overlap=not cfg.disable_overlap_schedule,
-                                   adaptive=self._adaptive())
+                                   adaptive=self._adaptive(),
+                                   min_prefill_requests=cfg.min_prefill_requests)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
 
     def _load_parallel_shard(self, cfg):

@@ -26,17 +26,19 @@ logger = logging.getLogger("specpcg")
 class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
-                 overlap: bool = False, adaptive=None):
+                 overlap: bool = False, adaptive=None, min_prefill_requests: int = 1):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
         overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
         adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
-        plain decode steps by running-batch size (None: always speculative)."""
+        plain decode steps by running-batch size (None: always speculative).
+        min_prefill_requests: see EngineConfig."""
         self.runner = runner
         self.spec = spec
         self.kv_cache = kv_cache
         self.stop_checker = stop_checker
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size
+        self.min_prefill_requests = min_prefill_requests
         self.device = device
         self.waiting: deque = deque()
         self.running: list = []
@@ -119,8 +121,17 @@ class Scheduler:
         self.running = [r for r in self.running if r is not req]
 
     # -- prefill -------------------------------------------------------------------------------
+    def _admission_waits(self) -> bool:
+        """Whether new requests wait for more free slots (a prompt mid-chunk never waits)."""
+        if not self.running or not self.waiting or self.waiting[0].req_pool_idx is not None:
+            return False
+        free = self.max_running_requests - len(self.running)
+        return free < min(self.min_prefill_requests, len(self.waiting))
+
     def _schedule_prefill(self) -> list:
         budget, picked = self.chunked_prefill_size, []
+        if self._admission_waits():
+            return picked
         while self.waiting and budget > 0:
             req = self.waiting[0]
             new_row = req.req_pool_idx is None

@@ -1,5 +1,6 @@
 """Continuous batching, chunked prefill, preemption and slot accounting on a tiny model (CPU)."""
 
+import pytest
 import torch
 
 from tests.tiny_models import tiny_engine
@@ -53,6 +54,28 @@ def test_max_running_requests_caps_batch(tiny_path):
     out = engine.generate(input_ids=prompts, sampling_params=GREEDY)
     assert max(seen) <= 3
     assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+
+
+def test_min_prefill_requests_batches_admissions(tiny_path):
+    """New requests wait until 4 slots are free (or all that wait fit), and tokens do not change."""
+    prompts = _prompts(11, seed=3)
+    params = [{**GREEDY, "max_new_tokens": 3 + 2 * i} for i in range(11)]  # staggered finishes
+    ref = _engine(tiny_path).generate(input_ids=prompts, sampling_params=params)
+    engine = _engine(tiny_path, max_running_requests=6, min_prefill_requests=4)
+    sched, admitted = engine.scheduler, []
+    run = sched._run_prefill
+
+    def spy(picked):
+        admitted.append((len(sched.running), sum(r.num_cached == 0 for r, _ in picked)))
+        return run(picked)
+
+    sched._run_prefill = spy
+    out = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+    later = [new for running, new in admitted if running > 0]  # admitted while a batch decodes
+    assert sum(later) == 11 - 6 and all(new >= 4 for new in later[:-1]), admitted
+    with pytest.raises(ValueError, match="min_prefill_requests"):
+        _engine(tiny_path, min_prefill_requests=0)
 
 
 def test_hundred_requests_leave_no_slot(tiny_path):
