@@ -23,18 +23,18 @@ import common
 common.add_repo_to_path()
 
 # (name, attention dtype, soft-label k, features on the CPU, head MLP width / the target's,
-# how TTT steps after the first attend); "bf16-attn+soft16" is the trainer's default.
-VARIANTS = (("fp32-attn", torch.float32, 0, False, 1, "mask"),
-            ("bf16-attn", "auto", 0, False, 1, "mask"),
-            ("bf16-attn+soft16", "auto", 16, False, 1, "mask"),
-            ("bf16-attn+soft16+ttt-diag", "auto", 16, False, 1, "diag"),
-            ("bf16-attn+soft16+cpu-store", "auto", 16, True, 1, "mask"),
-            ("bf16-attn+soft16+mlp4x", "auto", 16, False, 4, "mask"))
-DEFAULT_VARIANT = 2
+# how TTT steps after the first attend, whether they run on the answer's window of rows only);
+# "bf16-attn+soft16+window" is the trainer's default. (Earlier lines in train_step.jsonl hold
+# fp32 attention, hard labels, "diag" and CPU-stored features.)
+VARIANTS = (("bf16-attn+soft16", "auto", 16, False, 1, "mask", False),
+            ("bf16-attn+soft16+window", "auto", 16, False, 1, "mask", True),
+            ("bf16-attn+soft16+window+mlp4x", "auto", 16, False, 4, "mask", True))
+DEFAULT_VARIANT = 1
+PROMPT_SHARE = 0.55  # of the default data's tokens (4.79M prompt, 3.99M answer)
 
 
 def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
-    """Sequences of chat-like lengths (80-1200 tokens, a third prompt) with random features."""
+    """Sequences of chat-like lengths (80-1200 tokens, PROMPT_SHARE prompt), random features."""
     from drafts.train_data import Features
 
     gen = torch.Generator().manual_seed(seed)
@@ -54,13 +54,13 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
     return Features(
         token_ids=labels.roll(1).to(store), labels=labels.to(store),
         hidden=torch.randn(n, 3 * cfg.hidden_size, generator=gen).bfloat16().to(store),
-        offsets=offsets, prompt_lens=[n // 3 for n in lens],
+        offsets=offsets, prompt_lens=[int(n * PROMPT_SHARE) for n in lens],
         soft_ids=soft.to(store) if soft_k else None,
         soft_logp=logp.to(store) if soft_k else None)
 
 
-def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, ttt, steps,
-                num_seqs, seed) -> dict:
+def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, ttt, window,
+                steps, num_seqs, seed) -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
 
@@ -71,12 +71,14 @@ def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale
     with tempfile.TemporaryDirectory() as out:
         record = train_head("EAGLE3", target, cfg, feats, split, opts, 7, 8192, device, out,
                             attention_dtype=attn_dtype,
-                            intermediate_size=mlp_scale * cfg.intermediate_size, ttt=ttt)
+                            intermediate_size=mlp_scale * cfg.intermediate_size, ttt=ttt,
+                            ttt_window=window)
     tokens = sum(feats.seq_len(i) for i in split["train"]) * record["epochs"]
     line = {"bench": "train_step", "variant": name, "steps": record["steps"],
             "ms_per_step": 1e3 * record["train_s"] / max(record["steps"], 1),
             "tokens_per_s": tokens / record["train_s"], "ttt_steps": 7,
-            "token_budget": opts.token_budget, "ttt": ttt, "device": common.device_name(device)}
+            "token_budget": opts.token_budget, "ttt": ttt, "ttt_window": window,
+            "prompt_share": PROMPT_SHARE, "device": common.device_name(device)}
     print(f"[bench_train_step] {name:28s} {line['ms_per_step']:8.1f} ms/step "
           f"{line['tokens_per_s']:10.0f} tok/s", flush=True)
     return line

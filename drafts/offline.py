@@ -95,7 +95,8 @@ def head_hits(head, feats: Features, seq_ids: list, num_steps: int, device) -> l
                                      feats.token_ids.new_full((1,), -1)])
                           for i in batch]).to(device)
         steps = []
-        for _, valid, hidden, _ in unrolled_steps(head, backend, rows, num_steps):
+        for k, _, hidden, _ in unrolled_steps(head, backend, rows, num_steps):
+            valid = rows.batch.positions >= k - 1  # a step-k draft exists from p = k - 1 on
             steps.append(valid & (head.greedy_tokens(hidden) == want))
         hit = torch.stack(steps).cpu()  # [S, R]: row p hits token p + 2
         for i, part in zip(batch, _split_rows(hit, [lens[i] for i in batch])):

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from drafts.head_checkpoint import random_head, save_head
 from drafts.train_data import Features, choose_draft_vocab, length_batches
 from drafts.train_loop import LoopOptions, evaluate, fit, heldout_curve
-from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
+from specpcg.attention.dense import DenseAttnBackend, TTTWindow, dense_batch, dense_forward
 from specpcg.core import ForwardBatch
 
 STEP_DECAY = 0.8  # weight of step k: STEP_DECAY ** (k - 1)
@@ -47,17 +47,55 @@ class HeadRows:
     target_next: Optional[torch.Tensor]  # [R, H] the target's hidden at p + 1 (EAGLE)
     soft_ids: Optional[torch.Tensor] = None  # [R, k] draft-vocabulary ids (-1 outside it)
     soft_probs: Optional[torch.Tensor] = None  # [R, k] their target probabilities, summing to 1
+    window: Optional["WindowRows"] = None  # steps k > 1 on these rows only
 
-    def step_rows(self, k: int) -> torch.Tensor:
-        """The rows step k trains on (valid at step k, label in an answer), as device indices
-        built on the host: a boolean mask's indexing would wait for the device at every step."""
-        keep = (self.host_pos >= k - 1) & self.host_acc
-        return keep.nonzero().squeeze(1).to(self.labels.device)
+    def step_rows(self, k: int, window: Optional["WindowRows"] = None) -> tuple:
+        """(rows of step k's output, the same rows among all rows) that step k trains on: valid
+        at step k, label in an answer. Device indices built on the host: a boolean mask's
+        indexing would wait for the device at every step."""
+        pos, acc = (self.host_pos, self.host_acc) if window is None else \
+            (window.host_pos, window.host_acc)
+        local = ((pos >= k - 1) & acc).nonzero().squeeze(1)
+        full = local if window is None else window.host_idx[local]
+        device = self.labels.device
+        return local.to(device), full.to(device)
+
+
+@dataclass
+class WindowRows:
+    """The rows TTT steps k > 1 run on: each sequence from max(0, prompt_len - steps) on, where
+    every row a label of the answer needs is exact (specpcg.attention.dense.TTTWindow). Prompt
+    rows before it feed step 1 (and the attention of every step) only."""
+
+    attn: TTTWindow
+    host_idx: torch.Tensor  # [W] each window row's index among all rows
+    prev: torch.Tensor  # [W] (device) the row before it (p - 1) among all rows; -1 at p = 0
+    first: torch.Tensor  # [W] (device) the window's first row of its sequence
+    host_pos: torch.Tensor  # [W]
+    host_acc: torch.Tensor  # [W]
+
+
+def window_rows(batch: ForwardBatch, lens: list, prompt_lens: list, steps: int,
+                host_pos: torch.Tensor, host_acc: torch.Tensor) -> WindowRows:
+    starts = [max(0, p - steps) for p in prompt_lens]
+    offsets = torch.tensor([0] + lens[:-1]).cumsum(0).tolist()
+    idx = torch.cat([torch.arange(o + s, o + n) for o, s, n in zip(offsets, starts, lens)])
+    widths = [n - s for s, n in zip(starts, lens)]
+    first = torch.zeros(len(idx), dtype=torch.bool)
+    first[torch.tensor([0] + widths[:-1]).cumsum(0)] = True
+    pos = host_pos[idx]
+    device = batch.input_ids.device
+    wbatch = dense_batch(batch.input_ids[idx.to(device)], widths)
+    wbatch.positions = pos.to(device)
+    return WindowRows(TTTWindow(wbatch, starts, lens), idx,
+                      torch.where(pos > 0, idx - 1, -1).to(device), first.to(device),
+                      pos, host_acc[idx])
 
 
 def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
-              with_next: bool) -> HeadRows:
-    """Every position of each whole sequence (no prefix is assumed shared or skipped)."""
+              with_next: bool, window_steps: Optional[int] = None) -> HeadRows:
+    """Every position of each whole sequence (no prefix is assumed shared or skipped); with
+    window_steps, the window of rows TTT steps k > 1 need for that many steps."""
     store = feats.labels.device
     lens = [feats.seq_len(i) - 1 for i in seq_ids]
     at = torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
@@ -65,13 +103,14 @@ def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
     pos = torch.cat([torch.arange(n) for n in lens])  # in the sequence
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
         torch.tensor(lens))
+    batch, acc = dense_batch(feats.token_ids[at + 1].to(device), lens), pos + 2 >= prompt_lens
+    window = None if window_steps is None else window_rows(
+        batch, lens, [feats.prompt_lens[i] for i in seq_ids], window_steps, pos, acc)
     return HeadRows(
-        batch=dense_batch(feats.token_ids[at + 1].to(device), lens),
-        hidden=feats.hidden[at].to(device, non_blocking=True),
-        labels=t2d[feats.labels[at + 1].to(device)],
-        host_pos=pos, host_acc=pos + 2 >= prompt_lens,
+        batch=batch, hidden=feats.hidden[at].to(device, non_blocking=True),
+        labels=t2d[feats.labels[at + 1].to(device)], host_pos=pos, host_acc=acc,
         target_next=feats.hidden[at + 1].to(device) if with_next else None,
-        **_soft_labels(feats, at + 1, t2d, device))
+        window=window, **_soft_labels(feats, at + 1, t2d, device))
 
 
 def _soft_labels(feats: Features, at: torch.Tensor, t2d: torch.Tensor, device) -> dict:
@@ -93,16 +132,22 @@ def draft_vocab(head) -> torch.Tensor:
 
 
 def unrolled_steps(head, backend: DenseAttnBackend, rows: HeadRows, num_steps: int):
-    """Yields (k, valid [R], head_hidden [R, H], next_hidden [R, H]) for steps k = 1..num_steps.
-    Rows at p < k - 1 have no step-k counterpart at inference: not valid."""
-    pos, first = rows.batch.positions, rows.batch.positions == 0
+    """Yields (k, window, head_hidden, next_hidden) for steps k = 1..num_steps: over all rows
+    (window None), or, for k > 1 with rows.window, over the window's rows (that WindowRows).
+    Rows at p < k - 1 have no step-k counterpart at inference (HeadRows.step_rows skips them)."""
+    win, batch = rows.window, rows.batch
+    first = batch.positions == 0
     x = head.project_target_hidden(rows.hidden)
-    with backend.unrolled():
+    with backend.unrolled(win.attn if win is not None else None):
         for k in range(1, num_steps + 1):
-            out, (nxt,) = dense_forward(head, backend, rows.batch, (), input_hidden=x)
-            yield k, pos >= k - 1, out, nxt
+            out, (nxt,) = dense_forward(head, backend, batch, (), input_hidden=x)
+            yield k, win if batch is not rows.batch else None, out, nxt
             # Step k + 1 at p reads this step's output at p - 1 of the same sequence.
-            x = torch.cat([nxt[:1], nxt[:-1]]).masked_fill(first[:, None], 0.0)
+            if k == 1 and win is not None:
+                batch, first = win.attn.batch, win.first
+                x = nxt[win.prev.clamp(min=0)].masked_fill((win.prev < 0)[:, None], 0.0)
+            else:
+                x = torch.cat([nxt[:1], nxt[:-1]]).masked_fill(first[:, None], 0.0)
 
 
 def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
@@ -121,21 +166,22 @@ def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor, soft_ids=None,
 
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
-    for k, _, out, nxt in unrolled_steps(head, backend, rows, num_steps):
+    for k, win, out, nxt in unrolled_steps(head, backend, rows, num_steps):
         # Only rows whose predicted token lies in an answer count: those are what the engine
         # drafts. Prompt rows (often human text the target would not have written) still feed
         # the head's attention context, but their labels would spend most of the gradient on
         # text never drafted (prompts hold about 60% of the tokens of chat data).
-        m = rows.step_rows(k)
-        labels = rows.labels[m]
+        m, at = rows.step_rows(k, win)
+        labels = rows.labels[at]
         # NOTE: recomputed in backward (checkpoint): each step's [rows, vocab] logits would
         # otherwise stay alive until the chain's backward (7 steps x a 49k vocabulary ran a
         # side-by-side H100 out of memory); the gradient is the same.
-        soft = (rows.soft_ids[m], rows.soft_probs[m]) if rows.soft_ids is not None else ()
+        soft = (rows.soft_ids[at], rows.soft_probs[at]) if rows.soft_ids is not None else ()
         ce = checkpoint(_step_ce, head, out[m], labels, *soft, use_reentrant=False)
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
         if hidden_weight:
-            diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[m].float(), reduction="none")
+            diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[at].float(),
+                                    reduction="none")
             step_loss = step_loss + hidden_weight * diff.mean(-1).sum() / max(m.numel(), 1)
         total = total + STEP_DECAY ** (k - 1) * step_loss
     return total
@@ -144,9 +190,9 @@ def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: floa
 def head_accuracy(head, backend, rows: HeadRows, num_steps: int):
     """(correct [S], counted [S]) on answer rows; a label outside the draft vocabulary is a miss."""
     correct, counted = [], []
-    for k, _, out, _ in unrolled_steps(head, backend, rows, num_steps):
-        m = rows.step_rows(k)
-        correct.append((_logits(head, out[m]).argmax(-1) == rows.labels[m]).sum())
+    for k, win, out, _ in unrolled_steps(head, backend, rows, num_steps):
+        m, at = rows.step_rows(k, win)
+        correct.append((_logits(head, out[m]).argmax(-1) == rows.labels[at]).sum())
         counted.append(torch.tensor(m.numel(), device=out.device))
     return torch.stack(correct), torch.stack(counted)
 
@@ -186,12 +232,13 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
                out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto",
-               intermediate_size=None, ttt: str = "mask") -> dict:
+               intermediate_size=None, ttt: str = "mask", ttt_window: bool = True) -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies.
     attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32);
     intermediate_size: the head's MLP width (None: the target's); ttt: how the dense backend
-    computes steps after the first (`specpcg.attention.dense`)."""
+    computes steps after the first (`specpcg.attention.dense`); ttt_window: steps after the
+    first run only on the rows an answer's labels need (WindowRows; the same loss)."""
     head, spec = new_head(algorithm, target, target_cfg, feats, draft_vocab_size, device,
                           opts.seed, aux_layer_ids, intermediate_size)
     t2d = torch.full((target_cfg.vocab_size,), -1, dtype=torch.long, device=device)
@@ -204,7 +251,9 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5,
                                attention_dtype, ttt)
     lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
-    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0)  # noqa: E731
+    window = ttt_steps if ttt == "mask" and ttt_window else None
+    rows = lambda seq_ids: head_rows(feats, seq_ids, t2d, device, weight > 0,  # noqa: E731
+                                     window)
     train_batches = length_batches(lens, split["train"], opts.token_budget)
     eval_batches = length_batches(lens, split["heldout"], opts.token_budget)
     accuracy = lambda b: head_accuracy(head, backend, rows(b), ttt_steps)  # noqa: E731

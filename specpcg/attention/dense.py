@@ -19,6 +19,12 @@ single key per query as a row-wise dot product, then takes one softmax over the 
 Both give the same attention; "diag" does L * (L + k - 1) work at step k where "mask" does k * L * L,
 yet "mask" (the default) ran a training step 7% faster on the H100, its fused kernel against
 "diag"'s materialised [L, L] scores (benchmarks/results/train_step.jsonl).
+
+A window (`TTTWindow`, "mask" only) runs steps k > 1 on a suffix of each sequence, positions
+p >= start, since the trainer needs those steps only where an answer is drafted: their queries
+see the step-1 keys of the whole sequence and the window's own keys of later steps. A row near
+the window's start reads an earlier step's output the window did not compute (zeros); only rows
+with p - k <= start - 3 depend on it, so every row with p - k >= start - 2 is exact.
 """
 
 from __future__ import annotations
@@ -108,6 +114,36 @@ def ttt_mask(seq_len: int, step: int, device: torch.device) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
+class TTTWindow:
+    """Steps k > 1 of an unrolled batch on each sequence's rows p >= starts[b] (module docstring).
+    `batch` is the window's own batch (its rows packed, positions from each start); the step-1
+    batch is the whole sequences'."""
+
+    def __init__(self, batch: ForwardBatch, starts: list, full_lens: list):
+        device = batch.input_ids.device
+        self.batch, self.layout = batch, PaddedLayout(batch.extend_seq_lens_cpu, device)
+        self.full_max = max(full_lens)
+        self.starts = torch.tensor(starts, device=device)
+        self._masks = {}
+
+    def mask(self, step: int) -> torch.Tensor:
+        if step not in self._masks:
+            self._masks[step] = self._mask(step)
+        return self._masks[step]
+
+    def _mask(self, step: int) -> torch.Tensor:
+        """[bs, 1, W, L + (step - 1) * W] bool, keys in step order: step 1 over the whole
+        sequence (j <= p - step + 1), then one key of each later step (p - (step - i))."""
+        width, device = self.layout.max_len, self.starts.device
+        query = torch.arange(width, device=device)
+        pos = self.starts[:, None] + query  # [bs, W] each query's position
+        full = torch.arange(self.full_max, device=device)
+        blocks = [full[None, None, :] <= pos[:, :, None] - (step - 1)]
+        diag = [query[None, :] == query[:, None] - (step - i) for i in range(2, step + 1)]
+        blocks += [d.expand(len(self.starts), -1, -1) for d in diag]
+        return torch.cat(blocks, dim=2)[:, None]
+
+
 class DenseAttnBackend(AttentionBackend):
     name = "dense"
 
@@ -122,30 +158,38 @@ class DenseAttnBackend(AttentionBackend):
         self.compute_dtype = compute_dtype
         self._layout = None  # (batch, PaddedLayout) of the forward in flight
         self._steps = None  # inside unrolled(): layer_id -> [(k, v) padded] of earlier steps
+        self._window = None  # inside unrolled(window=...): the TTTWindow of steps k > 1
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self._layout is not None and self._layout[0] is batch:
             return  # the TTT steps of one batch share its layout
+        if self._window is not None and self._window.batch is batch:
+            return  # a window's steps: its rows start inside their sequences
         assert all(s == e for s, e in zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)), \
             "the dense backend has no KV cache: every sequence must start at position 0"
         self._layout = (batch, PaddedLayout(batch.extend_seq_lens_cpu, batch.input_ids.device))
 
     @contextmanager
-    def unrolled(self):
-        """Forwards inside are TTT steps 1, 2, ... over the same batch rows."""
+    def unrolled(self, window: "TTTWindow" = None):
+        """Forwards inside are TTT steps 1, 2, ... over the same batch rows (steps k > 1 over
+        `window.batch`'s rows when a window is given)."""
         assert self._steps is None, "unrolled() does not nest"
-        self._steps = {}
+        if window is not None and self.ttt != "mask":
+            raise ValueError("a TTT window needs ttt='mask'")
+        self._steps, self._window = {}, window
         try:
             yield self
         finally:
-            self._steps = None
+            self._steps = self._window = None
 
     def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
-        owner, layout = self._layout
-        assert owner is batch, "init_forward_metadata was not called for this batch"
         num_tokens, out_dtype = q.shape[0], q.dtype
         if self.compute_dtype is not None:
             q, k, v = (t.to(self.compute_dtype) for t in (q, k, v))
+        if self._window is not None and self._window.batch is batch:
+            return self._window_forward(q, k, v, layer_id).to(out_dtype)
+        owner, layout = self._layout
+        assert owner is batch, "init_forward_metadata was not called for this batch"
         q4 = self._heads(layout, q, self.num_heads)  # [bs, H, L, D]
         k4 = self._heads(layout, k, self.num_kv_heads)  # [bs, Hkv, L, D]
         v4 = self._heads(layout, v, self.num_kv_heads)
@@ -160,6 +204,23 @@ class DenseAttnBackend(AttentionBackend):
             out = self._sdpa(q4, steps, group)
         # Padded rows only ever see keys at or before themselves: finite, then dropped here.
         return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1).to(out_dtype)
+
+    def _window_forward(self, q, k, v, layer_id: int) -> torch.Tensor:
+        """A step k > 1 on the window's rows: step 1's keys over whole sequences, then the
+        window's keys of steps 2..k, under TTTWindow.mask."""
+        window, group = self._window, self.num_heads // self.num_kv_heads
+        steps = self._steps[layer_id]
+        assert steps, "a window step runs after step 1 of the same layer"
+        steps.append(tuple(self._heads(window.layout, t, self.num_kv_heads) for t in (k, v)))
+        keys = torch.cat([k for k, _ in steps], dim=2)  # [bs, Hkv, L + (k - 1) * W, D]
+        values = torch.cat([v for _, v in steps], dim=2)
+        if group > 1:
+            keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
+        q4 = self._heads(window.layout, q, self.num_heads)
+        with sdpa_kernel(FUSED_BACKENDS):
+            out = F.scaled_dot_product_attention(q4, keys, values, scale=self.scale,
+                                                 attn_mask=window.mask(len(steps)))
+        return window.layout.unpad(out.transpose(1, 2)).reshape(q.shape[0], -1)
 
     def _sdpa(self, q4: torch.Tensor, steps: list, group: int) -> torch.Tensor:
         """One fused SDPA call: causal for step 1, else over every step's keys, masked."""
