@@ -6,7 +6,7 @@ import enum
 import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
 import torch
@@ -198,6 +198,13 @@ class ForwardBatch:
     @property
     def extend_prefix_lens_cpu(self) -> list:
         return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_seq_lens_cpu)]
+
+    def to(self, device) -> "ForwardBatch":
+        """A copy whose tensors live on `device` (a batch sent to another rank travels on the
+        host: pickled CUDA tensors would arrive on the sender's GPU)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **moved)
 
 
 @dataclass

@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -264,3 +266,31 @@ def test_the_router_tells_the_other_ranks_which_graph_it_replays():
     batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
     router.forward(batch)
     assert told == [(ForwardMode.EXTEND, "piecewise")]
+
+
+def test_a_batch_sent_to_other_ranks_travels_on_the_host():
+    """TPDriver sends batch.to("cpu") and each rank moves it to its own device: a pickled CUDA
+    tensor would arrive on rank 0's GPU. ForwardBatch.to moves every tensor, keeps the rest."""
+    from specpcg.core import ForwardBatch, ForwardMode
+    from specpcg.distributed.worker import TPDriver
+
+    ids, lens = torch.arange(5), torch.tensor([2, 3])
+    batch = ForwardBatch(ForwardMode.EXTEND, ids, ids.clone(), ids.clone(),
+                         torch.zeros(2, dtype=torch.long), lens, lens.clone(), [2, 3], [2, 3],
+                         tree_mask=torch.ones(2, 1, 1, dtype=torch.bool))
+    moved = batch.to("meta")
+    for name in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens",
+                 "extend_seq_lens", "tree_mask"):
+        assert getattr(moved, name).device.type == "meta", name
+        assert getattr(batch, name).device.type == "cpu", name
+    assert moved.input_hidden is None and moved.seq_lens_cpu == [2, 3]
+
+    sent, driver = [], object.__new__(TPDriver)
+    driver._send = sent.append
+    driver.kv_cache = SimpleNamespace(req_pool=SimpleNamespace(
+        req_to_token=torch.arange(40).view(4, 10)))
+    driver.before_forward(batch, "eager")
+    kind, copy, rows, table, route = sent[0]
+    assert (kind, route) == ("forward", "eager") and copy is not batch
+    assert torch.equal(copy.input_ids, batch.input_ids)
+    assert rows.tolist() == [0, 0] and table.shape == (2, 3)

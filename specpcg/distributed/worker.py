@@ -112,7 +112,7 @@ def worker_main(cfg, rank: int, init_addr: str) -> None:
             continue
         _, batch, rows, table, route = msg
         kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
-        mirror(runner, graphs, batch, route, rank >= cfg.tp_size, like)
+        mirror(runner, graphs, batch.to(device), route, rank >= cfg.tp_size, like)
     dist.destroy_process_group()
 
 
@@ -171,7 +171,7 @@ class TPDriver:
         width = max(batch.seq_lens_cpu[:bs], default=0)
         table = self.kv_cache.req_pool.req_to_token[rows.to(
             self.kv_cache.req_pool.req_to_token.device), :width].cpu()
-        self._send(("forward", batch, rows, table, route))
+        self._send(("forward", batch.to("cpu"), rows, table, route))
 
     def build_graphs(self, context_len: int, needs: dict) -> None:
         """Before rank 0 captures: every rank builds the same graphs (build_graphs' arguments)
