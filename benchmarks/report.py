@@ -57,7 +57,8 @@ STEP_FIELDS = ("system", "setting", "random_heads", "triton_verify_kernel", "ste
                "tokens_per_step", "graph_gpu_us", "phases_us")
 DETERMINISTIC_FIELDS = ("model", "spec", "batch", "git", "default_tok_s", "deterministic_tok_s",
                         "cost")
-TRAIN_STEP_FIELDS = ("variant", "device", "git", "steps", "ms_per_step", "tokens_per_s")
+TRAIN_STEP_FIELDS = ("variant", "device", "git", "steps", "ms_per_step", "tokens_per_s",
+                     "ttt_window", "prompt_share")
 NGRAM_FIELDS = ("batch_size", "context", "topk", "num_draft_tokens", "first_propose_ms",
                 "steady_propose_ms")
 
