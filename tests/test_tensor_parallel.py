@@ -118,6 +118,26 @@ def test_a_killed_rank_gives_a_clear_error(tiny):
     assert not any(p.is_alive() for p in procs)  # no orphan processes
 
 
+def test_a_rank_that_raises_is_named_with_its_error(tiny):
+    """A rank whose forward raises exits; rank 0's next step names the rank and what it raised,
+    within seconds, and shutting down leaves no process behind."""
+    kw, _, _ = tiny
+    engine = Engine(tp_size=2, dist_timeout_s=10, **kw)
+    try:
+        engine.generate(input_ids=IDS[0], sampling_params={"max_new_tokens": 2})
+        engine.tp._send(("forward",))  # a message rank 1 cannot unpack: it raises there
+        engine.tp.procs[0].join(timeout=10)
+        t0 = time.time()
+        with pytest.raises(RuntimeError, match=r"parallel rank 1 exited \(exit code 1\) after "
+                                               r"ValueError: not enough values to unpack"):
+            engine.generate(input_ids=IDS[0], sampling_params={"max_new_tokens": 2})
+        assert time.time() - t0 < 15
+        procs = engine.tp.procs
+    finally:
+        engine.shutdown()
+    assert not any(p.is_alive() for p in procs)
+
+
 @pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"])
 def test_pp2_greedy_tokens_match_one_process(tiny, algo):
     kw, want, drafts = tiny

@@ -77,7 +77,18 @@ def load_shard(cfg, rank: int, device, dtype):
     return model, local, full_cfg, tokenizer
 
 
-def worker_main(cfg, rank: int, init_addr: str) -> None:
+def worker_main(cfg, rank: int, init_addr: str, errors=None) -> None:
+    """Rank `rank`'s process: runs its part of every forward until rank 0 says stop. An
+    exception goes to `errors` (rank 0 reads it to name the reason) before the process exits."""
+    try:
+        _serve(cfg, rank, init_addr)
+    except BaseException as exc:
+        if errors is not None:
+            errors.put((rank, f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def _serve(cfg, rank: int, init_addr: str) -> None:
     from specpcg.attention import create_attention_backend
     from specpcg.graphs.setup import build_graphs
     from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
@@ -152,7 +163,8 @@ class TPDriver:
         if dist.is_initialized():
             raise RuntimeError("another tensor-parallel engine runs in this process: shut it "
                                "down first (one process group per process)")
-        self.procs = start_ranks(cfg, range(1, ranks_per_node(cfg)), init_addr)
+        self.errors = mp.get_context("spawn").Queue()
+        self.procs = start_ranks(cfg, range(1, ranks_per_node(cfg)), init_addr, self.errors)
         init_group(init_addr, 0, world_size(cfg), cfg.resolve_device(), cfg.dist_timeout_s)
         init_tp_groups(cfg.tp_size, cfg.pp_size)
         self.kv_cache = None
@@ -191,7 +203,12 @@ class TPDriver:
         for rank, p in enumerate(self.procs, start=1):
             if not p.is_alive():
                 raise RankExitedError(f"parallel rank {rank} exited (exit code "
-                                   f"{p.exitcode}); the engine cannot go on: shut it down")
+                                      f"{p.exitcode}){self._reason(rank)}; the engine cannot "
+                                      f"go on: shut it down")
+
+    def _reason(self, rank: int) -> str:
+        said = rank_errors(self.errors)
+        return f" after {said[rank]}" if rank in said else ""
 
     def stop(self) -> None:
         if all(p.is_alive() for p in self.procs):
@@ -203,13 +220,29 @@ class TPDriver:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
+        self.errors.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def start_ranks(cfg, ranks, init_addr: str) -> list:
+def rank_errors(errors, wait_s: float = 0.5) -> dict:
+    """{rank: what it raised} from the ranks that said so before exiting (a killed rank says
+    nothing); waits up to wait_s for the first, since a dying rank may still be sending it."""
+    import queue
+
+    said = {}
+    try:
+        while True:
+            rank, text = errors.get(timeout=wait_s) if not said else errors.get_nowait()
+            said[rank] = text
+    except queue.Empty:
+        pass
+    return said
+
+
+def start_ranks(cfg, ranks, init_addr: str, errors=None) -> list:
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr),
+    procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr, errors),
                          name=f"specpcg-tp{rank}", daemon=True) for rank in ranks]
     for p in procs:
         p.start()
@@ -224,15 +257,19 @@ def run_node(cfg, poll_s: float = 0.5) -> None:
     if cfg.node_rank < 1:
         raise ValueError(f"node_rank={cfg.node_rank}: node 0 runs the engine itself (Engine)")
     first = cfg.node_rank * ranks_per_node(cfg)
-    procs = start_ranks(cfg, range(first, first + ranks_per_node(cfg)), cfg.dist_init_addr)
+    errors = mp.get_context("spawn").Queue()
+    procs = start_ranks(cfg, range(first, first + ranks_per_node(cfg)), cfg.dist_init_addr,
+                        errors)
     logger.warning("node %d runs ranks %d..%d of %d", cfg.node_rank, first,
                    first + len(procs) - 1, world_size(cfg))
     try:
         while True:
             for rank, p in enumerate(procs, start=first):
                 if p.exitcode:  # None while running, 0 when done
+                    said = rank_errors(errors).get(rank)
                     raise RankExitedError(f"parallel rank {rank} exited (exit code "
-                                          f"{p.exitcode}) on node {cfg.node_rank}")
+                                          f"{p.exitcode}) on node {cfg.node_rank}"
+                                          + (f" after {said}" if said else ""))
             if not any(p.is_alive() for p in procs):
                 return
             time.sleep(poll_s)
