@@ -5,7 +5,7 @@ import pytest
 
 from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, PRIOR_VERIFIES,
                                           WARMUP_STEPS, WINDOW, AdaptiveSpeculation, Finish,
-                                          bucket_of)
+                                          bucket_of, finish_seconds)
 from tests.eagle_world import (ALGOS, SETTINGS, _check_no_leak, _engine,  # noqa: F401
                                _exact_outputs_all_accepted, plain, world)
 
@@ -127,6 +127,22 @@ def test_with_nothing_waiting_the_batch_ends_with_its_slowest_request():
     unlucky = Finish(remaining=(128,), spec_tokens=(2,), verifies=(2,))  # 1.0 a verify so far
     assert unlucky.spec_steps(2.0) == pytest.approx(128 / ((2 + PRIOR_VERIFIES * 2.0)
                                                            / (2 + PRIOR_VERIFIES)))
+
+
+def test_the_finish_counts_the_batch_shrinking_as_requests_end():
+    """The same uneven batch as above, where the small buckets are measured: 63 requests end
+    after about 58 speculative steps and the slowest runs its last 46 alone, where a
+    speculative step costs 0.3 plain steps of the full batch. Speculating then ends the batch
+    sooner (about 105 + 14 against 128), and the engine speculates."""
+    ctrl = AdaptiveSpeculation()
+    _warm(ctrl, 1, spec_step_s=0.3, accept=2.0, plain_step_s=0.25)
+    _warm(ctrl, 64, spec_step_s=1.8, accept=2.0, plain_step_s=1.0)
+    uneven = Finish(remaining=(128,) * 64, spec_tokens=(220,) * 63 + (120,), verifies=(100,) * 64)
+    assert ctrl.use_spec(64, uneven) is True
+    steps = uneven.spec_steps_each(2.0)
+    assert finish_seconds(steps, lambda b: 1.8 if b > 1 else 0.3) == pytest.approx(
+        min(steps) * 1.8 + (max(steps) - min(steps)) * 0.3)
+    assert finish_seconds([128] * 64, lambda b: 1.0) == pytest.approx(128)
 
 
 def test_finish_reads_each_requests_budget_and_own_accept_length():

@@ -34,6 +34,12 @@ steps nearly as slowly as a full one. So the engine compares the time to finish 
 (`Finish`): plain steps take max(remaining) steps; speculative ones max(remaining / accept
 length) of each request's own accept length so far. NGRAM at batch 64 (H100, 20d835f)
 measured 11% faster per request speculating, yet pinned speculation ran 0.81x no-spec.
+Each side's time to finish counts the batch shrinking as its requests finish
+(`finish_seconds`): a step of b requests costs what that side's steps measured in b's bucket.
+When it costed every step at the full batch's price, EAGLE3 at batch 16 decoded plainly 70%
+of its steps (H100, 02575f1: 1.04x no-spec) where speculating at every step ran 1.14x: the
+straggler's last steps run in a batch of a few requests, which speculates cheaply. (The
+shrinking estimate is tested on CPU; its GPU figures are still to be measured.)
 
 A side's rate is the ratio of its tokens to its seconds over its last WINDOW steps. An
 average of per-step rates, as before, let a noisy side lose for good: NGRAM accepts nothing on
@@ -127,11 +133,13 @@ class Finish:
     def spec_steps(self, mean_accept: float) -> float:
         """Speculative steps until every request is done; each request's accept length is its
         own, shrunk toward the bucket's mean (PRIOR_VERIFIES)."""
-        steps = 0.0
-        for rem, tokens, verifies in zip(self.remaining, self.spec_tokens, self.verifies):
-            accept = (tokens + PRIOR_VERIFIES * mean_accept) / (verifies + PRIOR_VERIFIES)
-            steps = max(steps, rem / max(accept, 1.0))
-        return steps
+        return max(self.spec_steps_each(mean_accept), default=0.0)
+
+    def spec_steps_each(self, mean_accept: float) -> list:
+        """Per request, the speculative steps it still needs (spec_steps' accept lengths)."""
+        return [rem / max((tokens + PRIOR_VERIFIES * mean_accept) / (verifies + PRIOR_VERIFIES),
+                          1.0)
+                for rem, tokens, verifies in zip(self.remaining, self.spec_tokens, self.verifies)]
 
     @staticmethod
     def of(reqs: list) -> "Finish":
@@ -139,6 +147,17 @@ class Finish:
             remaining=tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs),
             spec_tokens=tuple(len(r.output_ids) - r.plain_decode_tokens for r in reqs),
             verifies=tuple(r.spec_verify_ct for r in reqs))
+
+
+def finish_seconds(steps_each: list, step_s) -> float:
+    """Seconds until every request is done when request i needs steps_each[i] more steps and a
+    step of b running requests takes step_s(b): the batch shrinks as requests finish, so the
+    slowest request's last steps run in a small batch (cheaper on a GPU than a full one)."""
+    total, done, left = 0.0, 0.0, len(steps_each)
+    for steps in sorted(steps_each):
+        total += (steps - done) * step_s(left)
+        done, left = steps, left - 1
+    return total
 
 
 @dataclass
@@ -151,14 +170,17 @@ class _Bucket:
     explored_from: Optional[bool] = None  # the choice before the look in progress or just run
     spec_chosen: Optional[bool] = None  # the side chosen last (not counting looks)
 
-    def prefer_spec(self, finish: Optional[Finish] = None) -> bool:
-        """The faster side (per request; with `finish`, the one that ends the batch sooner);
-        the side chosen last keeps its place unless the other is faster by SWITCH_MARGIN (each
+    def prefer_spec(self, finish: Optional[Finish] = None, step_s=None) -> bool:
+        """The faster side (per request; with `finish`, the one that ends the batch sooner,
+        a step of b requests taking step_s(spec, b) seconds, by default this bucket's); the
+        side chosen last keeps its place unless the other is faster by SWITCH_MARGIN (each
         switch costs a slow step: see the module docstring)."""
         spec, plain = self.spec.tok_s, self.decode.tok_s
         if finish is not None and self.spec.step_s > 0 and self.decode.step_s > 0:
-            spec_time = finish.spec_steps(self.spec.per_req) * self.spec.step_s
-            plain_time = max(finish.remaining, default=0) * self.decode.step_s
+            step_s = step_s or (lambda side, _: (self.spec if side else self.decode).step_s)
+            spec_time = finish_seconds(finish.spec_steps_each(self.spec.per_req),
+                                       lambda b: step_s(True, b))
+            plain_time = finish_seconds(list(finish.remaining), lambda b: step_s(False, b))
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
             self.spec_chosen = spec >= plain
@@ -195,7 +217,7 @@ class AdaptiveSpeculation:
         else:
             if b.explored_from is not None:  # a look just ended
                 (b.decode if b.explored_from else b.spec).restart_if_changed(EXPLORE_STEPS - 1)
-            choice = b.prefer_spec(finish)
+            choice = b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b))
             if b.explored_from is not None:  # did the look change the choice?
                 other = b.decode if choice else b.spec
                 # The wait grows only once the other side's window is full: a few noisy steps
@@ -210,6 +232,15 @@ class AdaptiveSpeculation:
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
         return choice
+
+    def _step_s(self, spec: bool, batch_size: int, current: "_Bucket") -> float:
+        """A step's seconds at `batch_size` on one side: its bucket's measure, else (not
+        measured there yet) the current bucket's, which ran at least as many requests."""
+        b = self._buckets.get(bucket_of(batch_size))
+        rate = (b.spec if spec else b.decode) if b is not None else None
+        if rate is None or not rate.recent:
+            rate = current.spec if spec else current.decode
+        return rate.step_s
 
     def record(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
         """A step of `batch_size` requests emitted `tokens` in `seconds` (host wall clock,
