@@ -27,6 +27,23 @@ logger = logging.getLogger("specpcg")
 CPU_DEFAULT_KV_TOKENS = 32768
 
 
+def freeze_startup_objects() -> None:
+    """Moves every object alive after startup (the imports, the model, the graphs) out of the
+    garbage collector's reach. A full collection walks every tracked object: with the default
+    model and its libraries loaded that is over 400,000 objects and about 0.2 s on a CPU, a
+    pause of the whole engine each time it happens mid-generation. Frozen, they are walked no
+    more (the same tiny-model generation at batch 512: 0.2 s of full collections before, none
+    after). Engine.shutdown unfreezes them so its model can be collected, and so does exit."""
+    import atexit
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    if not getattr(freeze_startup_objects, "registered", False):
+        atexit.register(gc.unfreeze)  # exit's final collection may then free them all
+        freeze_startup_objects.registered = True
+
+
 class Engine:
     def __init__(self, **kwargs):
         self.config = cfg = EngineConfig.from_kwargs(kwargs)
@@ -89,6 +106,7 @@ class Engine:
                                    adaptive=self._adaptive(),
                                    min_prefill_requests=cfg.min_prefill_requests)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
+        freeze_startup_objects()
 
     def _load_parallel_shard(self, cfg):
         """Starts ranks 1.. (specpcg/distributed) and keeps rank 0's part of the target."""
@@ -324,6 +342,7 @@ class Engine:
         self.scheduler = self.router = self.graphs = self.runner = None
         self.attn_backend = self.kv_cache = self.model = None
         self.spec_decoder = self.draft = None  # they hold the router, KV caches and the head
+        gc.unfreeze()  # frozen objects are never collected: the model's cycles among them
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
