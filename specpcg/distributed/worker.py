@@ -90,6 +90,7 @@ def worker_main(cfg, rank: int, init_addr: str, errors=None) -> None:
 
 def _serve(cfg, rank: int, init_addr: str) -> None:
     from specpcg.attention import create_attention_backend
+    from specpcg.engine import freeze_startup_objects
     from specpcg.graphs.setup import build_graphs
     from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
     from specpcg.model_runner import ModelRunner
@@ -112,6 +113,7 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
     runner = ModelRunner(model, kv, attn, device)
     like = next(model.parameters())
     graphs = None
+    freeze_startup_objects()  # a rank's collection pause would stall every rank's collectives
     while True:
         msg = _receive()
         if msg is None:
