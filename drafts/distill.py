@@ -26,6 +26,7 @@ class _Conv:
     messages: list = field(default_factory=list)
     prompt: Optional[list] = None  # the last prompt's ids
     turns: list = field(default_factory=list)  # (prompt ids, answer ids) of every turn
+    first: Optional[list] = None  # turn 1's prompt ids, when tokenized ahead (_tokenize_first)
 
 
 def _next_prompt(conv: _Conv, turn: int, tokenizer, max_prompt_tokens: int):
@@ -34,14 +35,30 @@ def _next_prompt(conv: _Conv, turn: int, tokenizer, max_prompt_tokens: int):
     s = conv.sample
     if isinstance(s, list):
         return s if turn == 0 else None
+    ahead = conv.first if turn == 0 else None
     if not s.is_chat:
-        ids = tokenizer.encode(s.text) if turn == 0 else None
+        ids = (tokenizer.encode(s.text) if ahead is None else ahead) if turn == 0 else None
     elif turn < len(s.user_turns):
         conv.messages.append({"role": "user", "content": s.user_turns[turn]})
-        ids = tokenizer.apply_chat_template(conv.messages)
+        ids = tokenizer.apply_chat_template(conv.messages) if ahead is None else ahead
     else:
         ids = None
     return ids if ids is not None and len(ids) <= max_prompt_tokens else None
+
+
+def _tokenize_first(convs: list, tokenizer) -> None:
+    """Every conversation's first prompt, tokenized in two batch calls (texts, chats) rather
+    than one call each, before the first answer starts (the GPU waits meanwhile): 4,000 of
+    the default data's prompts took 0.67 s against 1.24 s on two CPU cores, the same ids;
+    the batch spreads over every core."""
+    texts = [c for c in convs if not isinstance(c.sample, list) and not c.sample.is_chat]
+    chats = [c for c in convs
+             if not isinstance(c.sample, list) and c.sample.is_chat and c.sample.user_turns]
+    for c, ids in zip(texts, tokenizer.encode_many([c.sample.text for c in texts])):
+        c.first = ids
+    opening = [[{"role": "user", "content": c.sample.user_turns[0]}] for c in chats]
+    for c, ids in zip(chats, tokenizer.apply_chat_template_many(opening) if chats else []):
+        c.first = ids
 
 
 def first_prompts(samples: list, tokenizer, num: int, max_prompt_tokens: int = 1024) -> list:
@@ -76,6 +93,8 @@ def self_distill(engine, samples: list, max_new_tokens: int, max_turns: int = 1,
         raise ValueError("text and chat samples need the target's tokenizer; pass token-id "
                          "lists as data for a target without one")
     convs = [_Conv(s) for s in samples]
+    if tok is not None:
+        _tokenize_first(convs, tok)
     in_flight = {}  # request id -> (conversation, turn)
 
     def ask(conv: _Conv, turn: int) -> None:

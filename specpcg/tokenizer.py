@@ -56,12 +56,31 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Token ids of `messages` rendered by the chat template, ending with the assistant's
         header so generation continues as the assistant."""
-        if not self.has_chat_template:
-            raise ValueError("messages were given but the tokenizer has no chat_template; "
-                             "pass a plain prompt instead")
+        self._check_chat_template()
         ids = self.hf_tokenizer.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=True, return_dict=False)
         return [int(i) for i in ids]
+
+    def encode_many(self, texts: list) -> list:
+        """`encode` of each text, in one call: the tokenizer encodes a batch on every core."""
+        return [list(ids) for ids in self.hf_tokenizer(list(texts))["input_ids"]] if texts else []
+
+    def apply_chat_template_many(self, conversations: list) -> list:
+        """`apply_chat_template` of each conversation: rendered one by one (cheap), encoded as
+        one batch (the template writes its own special tokens, so none are added)."""
+        self._check_chat_template()
+        texts = [self.hf_tokenizer.apply_chat_template(m, tokenize=False,
+                                                       add_generation_prompt=True)
+                 for m in conversations]
+        if not texts:
+            return []
+        return [list(ids) for ids in
+                self.hf_tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _check_chat_template(self) -> None:
+        if not self.has_chat_template:
+            raise ValueError("messages were given but the tokenizer has no chat_template; "
+                             "pass a plain prompt instead")
 
 
 def load_tokenizer(model_path: str) -> Tokenizer:

@@ -175,6 +175,14 @@ class _EchoEngine:
         def apply_chat_template(messages):
             return [ord(c) for c in "|".join(f"{m['role']}:{m['content']}" for m in messages)]
 
+        @classmethod
+        def encode_many(cls, texts):
+            return [cls.encode(t) for t in texts]
+
+        @classmethod
+        def apply_chat_template_many(cls, conversations):
+            return [cls.apply_chat_template(m) for m in conversations]
+
     def __init__(self):
         self.pending, self.rid = [], 0
 

@@ -284,6 +284,20 @@ def test_tokenizer_chat_template(default_tokenizer):
     assert "What is 2+2?" in default_tokenizer.decode(ids)
 
 
+def test_batch_tokenizing_gives_each_calls_ids(default_tokenizer):
+    """The trainer tokenizes its first prompts in batches: the ids must be those of one call
+    each (the chat template writes its own special tokens: the batch adds none)."""
+    texts = ["Question: 2 + 2?\nAnswer:", "", "Ünïcödé and  spaces\n\n", "x" * 300]
+    assert default_tokenizer.encode_many(texts) == [default_tokenizer.encode(t) for t in texts]
+    chats = [[{"role": "user", "content": t}] for t in texts if t] + [[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]]
+    assert default_tokenizer.apply_chat_template_many(chats) == [
+        default_tokenizer.apply_chat_template(c) for c in chats]
+    assert default_tokenizer.encode_many([]) == [] == default_tokenizer.apply_chat_template_many(
+        [])
+
+
 def test_tokenizer_without_template_refuses_messages(default_tokenizer):
     bare = copy.copy(default_tokenizer)
     bare.hf_tokenizer = copy.copy(default_tokenizer.hf_tokenizer)
