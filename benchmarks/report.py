@@ -46,6 +46,8 @@ SECTIONS = [
      "python benchmarks/bench_matmul.py"),
     ("The draft trainer's step", "train_step.jsonl", None,
      "python benchmarks/bench_train_step.py"),
+    ("The draft trainer's self-distillation, by step kind", "probe_distill.jsonl", None,
+     "python benchmarks/probe_distill.py --num-prompts 4000 [--engine-kw JSON]"),
 ]
 # The first four name a cell (plain_table): a tree's spec_settings set it apart from the chain.
 MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "spec_settings", "num_questions",
@@ -59,6 +61,8 @@ DETERMINISTIC_FIELDS = ("model", "spec", "batch", "git", "default_tok_s", "deter
                         "cost")
 TRAIN_STEP_FIELDS = ("variant", "device", "git", "steps", "ms_per_step", "tokens_per_s",
                      "ttt_window", "prompt_share")
+DISTILL_FIELDS = ("engine_kw", "git", "sequences", "answer_tokens", "wall_s", "answer_tok_s",
+                  "prefill_steps", "prefill_s", "decode_steps", "decode_s")
 NGRAM_FIELDS = ("batch_size", "context", "topk", "num_draft_tokens", "first_propose_ms",
                 "steady_propose_ms")
 
@@ -85,7 +89,8 @@ def section(title: str, file: str, module: str | None, command: str) -> str:
     if module is None:
         keys = {"gsm8k_matrix.jsonl": MATRIX_FIELDS, "round_bs1.jsonl": ROUND_FIELDS,
                 "step.jsonl": STEP_FIELDS, "deterministic_cost.jsonl": DETERMINISTIC_FIELDS,
-                "train_step.jsonl": TRAIN_STEP_FIELDS}.get(file, NGRAM_FIELDS)
+                "train_step.jsonl": TRAIN_STEP_FIELDS,
+                "probe_distill.jsonl": DISTILL_FIELDS}.get(file, NGRAM_FIELDS)
         table = plain_table(records, keys)
     else:
         bench = importlib.import_module(module)
