@@ -35,14 +35,14 @@ def _next_prompt(conv: _Conv, turn: int, tokenizer, max_prompt_tokens: int):
     s = conv.sample
     if isinstance(s, list):
         return s if turn == 0 else None
-    ahead = conv.first if turn == 0 else None
+    ids = conv.first if turn == 0 else None  # tokenized ahead (_tokenize_first), or not
     if not s.is_chat:
-        ids = (tokenizer.encode(s.text) if ahead is None else ahead) if turn == 0 else None
+        if turn == 0 and ids is None:
+            ids = tokenizer.encode(s.text)
     elif turn < len(s.user_turns):
         conv.messages.append({"role": "user", "content": s.user_turns[turn]})
-        ids = tokenizer.apply_chat_template(conv.messages) if ahead is None else ahead
-    else:
-        ids = None
+        if ids is None:
+            ids = tokenizer.apply_chat_template(conv.messages)
     return ids if ids is not None and len(ids) <= max_prompt_tokens else None
 
 

@@ -201,7 +201,8 @@ class DenseAttnBackend(AttentionBackend):
         if len(steps) > 1 and self.ttt == "diag":
             out = ttt_diag_attention(q4, steps, self.scale, group)
         else:
-            out = self._sdpa(q4, steps, group)
+            mask = ttt_mask(q4.shape[2], len(steps), q4.device) if len(steps) > 1 else None
+            out = self._sdpa(q4, steps, group, mask)
         # Padded rows only ever see keys at or before themselves: finite, then dropped here.
         return layout.unpad(out.transpose(1, 2)).reshape(num_tokens, -1).to(out_dtype)
 
@@ -212,21 +213,15 @@ class DenseAttnBackend(AttentionBackend):
         steps = self._steps[layer_id]
         assert steps, "a window step runs after step 1 of the same layer"
         steps.append(tuple(self._heads(window.layout, t, self.num_kv_heads) for t in (k, v)))
-        keys = torch.cat([k for k, _ in steps], dim=2)  # [bs, Hkv, L + (k - 1) * W, D]
-        values = torch.cat([v for _, v in steps], dim=2)
-        if group > 1:
-            keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
         q4 = self._heads(window.layout, q, self.num_heads)
-        with sdpa_kernel(FUSED_BACKENDS):
-            out = F.scaled_dot_product_attention(q4, keys, values, scale=self.scale,
-                                                 attn_mask=window.mask(len(steps)))
+        out = self._sdpa(q4, steps, group, window.mask(len(steps)))  # keys: L + (k - 1) * W
         return window.layout.unpad(out.transpose(1, 2)).reshape(q.shape[0], -1)
 
-    def _sdpa(self, q4: torch.Tensor, steps: list, group: int) -> torch.Tensor:
-        """One fused SDPA call: causal for step 1, else over every step's keys, masked."""
-        keys = torch.cat([k for k, _ in steps], dim=2)  # [bs, Hkv, step * L, D]
+    def _sdpa(self, q4: torch.Tensor, steps: list, group: int, mask) -> torch.Tensor:
+        """One fused SDPA call over every step's keys (concatenated in step order): causal with
+        no mask (step 1), else under `mask`."""
+        keys = torch.cat([k for k, _ in steps], dim=2)  # [bs, Hkv, keys of every step, D]
         values = torch.cat([v for _, v in steps], dim=2)
-        mask = ttt_mask(q4.shape[2], len(steps), q4.device) if len(steps) > 1 else None
         # NOTE: only flash attention (causal, half precision) takes unequal head counts; with
         # enable_gqa anything else runs SDPA's unfused math path, so repeat the KV heads then.
         gqa = group > 1 and mask is None and q4.dtype in (torch.bfloat16, torch.float16)

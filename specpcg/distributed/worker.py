@@ -180,12 +180,12 @@ class TPDriver:
     def before_forward(self, batch, route: str = "eager") -> None:
         """Sends `batch`, its requests' req_to_token rows and how rank 0 runs it (`route`: a
         graph runner's name or "eager") to every other rank."""
-        bs = batch.batch_size
-        rows = batch.req_pool_indices[:bs].cpu()
+        bs, sent = batch.batch_size, batch.to("cpu")
+        rows = sent.req_pool_indices[:bs]
         width = max(batch.seq_lens_cpu[:bs], default=0)
         table = self.kv_cache.req_pool.req_to_token[rows.to(
             self.kv_cache.req_pool.req_to_token.device), :width].cpu()
-        self._send(("forward", batch.to("cpu"), rows, table, route))
+        self._send(("forward", sent, rows, table, route))
 
     def build_graphs(self, context_len: int, needs: dict) -> None:
         """Before rank 0 captures: every rank builds the same graphs (build_graphs' arguments)
