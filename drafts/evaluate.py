@@ -45,12 +45,15 @@ def parse_settings(items: list) -> list:
         out.append(tuple(int(p) for p in parts))
     return out
 
+EVAL_KV_TOKENS = 1 << 16  # 16 requests of up to 4,096 tokens
+
 
 def _engine(target, device, batch_size: int, **spec):
     from specpcg import Engine
 
+    # A bounded KV cache, not a share of free memory: evaluations run beside training.
     return Engine(model_path=target, device=device, show_progress=False,
-                  max_running_requests=batch_size, **spec)
+                  max_running_requests=batch_size, max_total_tokens=EVAL_KV_TOKENS, **spec)
 
 
 def online(target, device, algorithm, draft, setting, prompts, max_new_tokens, batch_size,
