@@ -38,9 +38,9 @@ def _engine(deterministic: bool, algo=None, pcg=True, setting=CHAIN) -> Engine:
         kw = dict(speculative_num_steps=steps, speculative_eagle_topk=topk,
                   speculative_num_draft_tokens=tokens, disable_adaptive_speculation=True)
     if algo == "EAGLE3":
-        from drafts.train import ensure_draft
+        from tests.gpu_drafts import gpu_draft
 
-        kw["speculative_draft_model_path"] = ensure_draft("EAGLE3")
+        kw["speculative_draft_model_path"] = gpu_draft("EAGLE3")
     return Engine(enable_deterministic_inference=deterministic, speculative_algorithm=algo,
                   disable_piecewise_cuda_graph=not pcg, max_running_requests=64,
                   show_progress=False, **kw)
