@@ -24,6 +24,10 @@ import common
 common.add_repo_to_path()
 
 SYSTEMS = ("no-spec", "pinned", "adaptive")
+# --systems may add "adaptive-rate": the adaptive controller comparing per-request rates alone,
+# without the finish estimate of a batch with nothing waiting (`Finish`), to measure what that
+# estimate gains or costs.
+EXTRA_SYSTEMS = ("adaptive-rate",)
 
 
 def prompts_for(engine, num: int, prompt_len: int) -> list:
@@ -62,6 +66,13 @@ def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
                 disable_adaptive_speculation=system == "pinned")
 
 
+def rates_only(engine) -> None:
+    """The engine's adaptive controller without the finish estimate (adaptive-rate)."""
+    adaptive = engine.scheduler.adaptive
+    choose = adaptive.use_spec
+    adaptive.use_spec = lambda batch_size, finish=None: choose(batch_size, None)
+
+
 def run_all(args) -> None:
     from specpcg import Engine
 
@@ -72,12 +83,14 @@ def run_all(args) -> None:
     prompts, base = None, {}
     for algo, draft in drafts.items():
         lines = []
-        for system in SYSTEMS:
+        for system in args.systems:
             if system == "no-spec" and base:
                 continue  # one no-spec baseline serves every algorithm
             engine = Engine(model_path=args.model_path, device=args.device,
                             max_running_requests=most, cuda_graph_max_bs=most,
                             show_progress=False, **engine_kwargs(system, algo, draft, setting))
+            if system == "adaptive-rate":
+                rates_only(engine)
             prompts = prompts or prompts_for(engine, most, args.prompt_len)
             for bs in args.batches:
                 rate, outs = tok_s(engine, prompts[:bs], params, args.repeats)
@@ -108,11 +121,17 @@ def _latest(records: list) -> dict:
     return table
 
 
+def _systems(table: dict) -> list:
+    """The systems other than no-spec that the lines hold, in SYSTEMS order."""
+    present = {s for row in table.values() for s in row}
+    return [s for s in SYSTEMS[1:] + EXTRA_SYSTEMS if s in present]
+
+
 def render_table(records: list) -> str:
     table = _latest(records)
     keys = sorted({k[:2] for k in table})
     columns = [("model", lambda k: k[0]), ("algorithm", lambda k: k[1])]
-    for system in SYSTEMS[1:]:
+    for system in _systems(table):
         for bs in sorted({k[2] for k in table}):
             columns.append((f"{system} bs {bs}", lambda k, s=system, b=bs: (
                 table.get((*k, b), {}).get(s, {}).get("speedup"))))
@@ -124,7 +143,7 @@ def render_plot(records: list, path) -> None:
     panels = []
     for model, algo in sorted({k[:2] for k in table}):
         series = {s: [(k[2], table[k][s]["speedup"]) for k in sorted(table)
-                      if k[:2] == (model, algo) and s in table[k]] for s in SYSTEMS[1:]}
+                      if k[:2] == (model, algo) and s in table[k]] for s in _systems(table)}
         panels.append({"title": f"{algo} on {model}", "xlabel": "batch size",
                        "ylabel": "speedup over no-spec", "logx": True, "logy": False,
                        "series": series})
@@ -136,6 +155,8 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--drafts", nargs="*", default=[], metavar="ALGO=DIR")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS),
+                   choices=SYSTEMS + EXTRA_SYSTEMS, help="no-spec must come first")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens")
     p.add_argument("--max-new-tokens", type=int, default=128)
