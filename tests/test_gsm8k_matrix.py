@@ -208,8 +208,10 @@ class _GpuBaselines:
         self.key = self.engine = self.run = None
 
 
-def _gpu_engine(algo, pcg: bool, backend: str, tree: bool = False) -> Engine:
-    kw = {**GPU_ENGINE, "attention_backend": backend, "disable_piecewise_cuda_graph": not pcg}
+def _gpu_engine(algo, pcg: bool, backend: str, tree: bool = False,
+                deterministic: bool = False) -> Engine:
+    kw = {**GPU_ENGINE, "attention_backend": backend, "disable_piecewise_cuda_graph": not pcg,
+          "enable_deterministic_inference": deterministic}
     if algo is not None:
         # Pinned: each cell measures the speculative path (adaptive speculation could run
         # some batch sizes on plain steps, which changes no token but skips what is tested).
