@@ -39,8 +39,13 @@ Each side's time to finish counts the batch shrinking as its requests finish
 When it costed every step at the full batch's price, EAGLE3 at batch 16 ran 375 of its 418
 steps in bucket 16 plain, 70% of its tokens (H100, 02575f1: 1.04x no-spec), where speculating
 at every step ran 1.14x: the straggler's last steps run in a batch of a few requests, which
-speculates cheaply. (The
-shrinking estimate is tested on CPU; its GPU figures are still to be measured.)
+speculates cheaply. On the GPU (H100, 8142307 and e676939, a wider EAGLE3 head, two
+runs of `bench_adaptive`) the estimate ranked the two sides as pinned runs measure them (its
+bucket-16 choice of plain steps where pinned speculation ran 0.81x no-spec), yet the adaptive
+engine ran 0.74-0.87x at batch 16 and 64, and without the estimate (rates alone, the
+`adaptive-rate` rows) 0.80-0.90x: neither reaches no-spec there, because a plain step in an
+engine with a draft runs slower than a no-spec engine's (EAGLE3's bucket 64: 249 against 292
+tok/s per request; its plain steps capture hidden states for the draft's catch-up).
 
 A side's rate is the ratio of its tokens to its seconds over its last WINDOW steps. An
 average of per-step rates, as before, let a noisy side lose for good: NGRAM accepts nothing on
