@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from drafts.data import DEFAULT_DATA, training_samples
+from drafts.data import DEFAULT_DATA, check_spec, training_samples
 from drafts.distill import self_distill
 from drafts.heads import default_aux_layer_ids
 from drafts.offline import (draft_hits, load_draft_model, offline_accept,
@@ -124,6 +124,12 @@ class TrainOptions:
                            seed=self.seed, show_progress=self.show_progress)
 
 
+# An engine whose model only computes features (answers cached): eager, a small KV cache.
+FEATURES_ONLY = dict(disable_cuda_graph=True, disable_piecewise_cuda_graph=True,
+                     max_running_requests=8, max_total_tokens=8192, chunked_prefill_size=4096,
+                     min_prefill_requests=1)
+
+
 def _make_engine(target: Optional[str], o: TrainOptions, **overrides):
     from specpcg import Engine
     from specpcg.config import EngineConfig
@@ -164,18 +170,26 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     if not out:
         raise ValueError("out (the output directory) is required")
     o = TrainOptions.from_kwargs(opts)
-    samples = data if isinstance(data, list) else training_samples(data, o.num_prompts, o.seed)
+    if not isinstance(data, list):
+        check_spec(data)  # a bad source name or mixture fails before the engine loads
     if o.show_progress:
-        print(f"[drafts.train] {algorithm}: {len(samples)} prompts, {o.ttt_steps} TTT steps, "
+        num = len(data) if isinstance(data, list) else o.num_prompts
+        print(f"[drafts.train] {algorithm}: {num} prompts, {o.ttt_steps} TTT steps, "
               f"a budget of {o.minutes:g} minutes (self-distillation and features first, the "
               f"training loop gets the rest)", flush=True)
     torch.manual_seed(o.seed)
     times, t0 = {}, time.perf_counter()
     own = engine is None
-    engine = engine if engine is not None else _make_engine(target, o)
+    # With the answers already cached the engine only lends its model to the features: no
+    # graphs to capture, no generation-sized KV cache (that cost a later draft a minute).
+    cached = bool(answers_cache) and os.path.isfile(answers_cache)
+    engine = engine if engine is not None else _make_engine(
+        target, o, **(FEATURES_ONLY if cached else {}))
     target_path = target or engine.config.model_path or _default_target()
 
     def make():
+        samples = data if isinstance(data, list) else training_samples(data, o.num_prompts,
+                                                                        o.seed)
         return self_distill(engine, samples, o.max_new_tokens, o.max_turns, o.max_prompt_tokens,
                             o.show_progress)
 

@@ -191,6 +191,39 @@ def test_drafts_of_one_target_share_its_answers(tiny, tmp_path, monkeypatch):
     assert logs[0]["answer_tokens"] == logs[1]["answer_tokens"] > 0
 
 
+def test_a_draft_after_cached_answers_builds_no_generation_engine(tiny, tmp_path, monkeypatch):
+    """Once the answers are cached, a later draft's engine only lends its model to the
+    features (FEATURES_ONLY: no graphs, a small KV cache) and generates nothing."""
+    import drafts.train as train_module
+
+    target, engine, prompts, _ = tiny
+    kw = dict(answers_cache=str(tmp_path / "answers.pt"), max_steps=2, minutes=10,
+              max_new_tokens=GREEDY["max_new_tokens"], draft_vocab_size=96, ttt_steps=2,
+              show_progress=False)
+    train_draft("EAGLE", target, prompts, str(tmp_path / "first"), engine=engine, **kw)
+    made, real = [], train_module._make_engine
+
+    def making(target, o, **overrides):
+        made.append(overrides)
+        return real(target, o, skip_tokenizer_init=True, **overrides)  # the tiny target has none
+
+    monkeypatch.setattr(train_module, "_make_engine", making)
+    monkeypatch.setattr(train_module, "self_distill",
+                        lambda *a, **k: pytest.fail("the cached answers were generated again"))
+    train_draft("NEXTN", target, prompts, str(tmp_path / "second"), **kw)
+    assert made == [train_module.FEATURES_ONLY]
+    assert (tmp_path / "second" / "train_log.json").is_file()
+
+
+def test_a_bad_data_spec_fails_before_the_engine_loads(monkeypatch, tmp_path):
+    import drafts.train as train_module
+
+    monkeypatch.setattr(train_module, "_make_engine",
+                        lambda *a, **k: pytest.fail("an engine was built for bad data"))
+    with pytest.raises(ValueError, match="'nosuch'"):
+        train_draft("EAGLE", None, "sharegpt:0.5,nosuch:0.5", str(tmp_path / "d"))
+
+
 def test_draft_cache_keys_follow_content_not_paths(tmp_path):
     """A checkout moved elsewhere (or a cache copied to another machine) keeps its drafts; an
     edited data file or a changed option does not."""

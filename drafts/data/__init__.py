@@ -34,6 +34,11 @@ def create_source(name: str) -> Source:
                      f"or ShareGPT .json path, or a mixture such as 'sharegpt:0.8,gsm8k:0.2'")
 
 
+def check_spec(spec: str) -> list:
+    """The sources of `spec`, made without reading them: a bad name or weight fails here."""
+    return [create_source(name) for name, _ in parse_mixture(spec)]
+
+
 def training_samples(spec: str, num: int, seed: int = 0) -> list:
     """`num` training samples drawn from the sources of `spec` by their weights."""
     parts = parse_mixture(spec)
@@ -50,5 +55,5 @@ def heldout_samples(spec: str, num: int, seed: int = 0) -> list:
     return draw([s.heldout() for s in sources], counts, seed)
 
 
-__all__ = ["DEFAULT_DATA", "Sample", "Source", "create_source", "heldout_samples",
+__all__ = ["DEFAULT_DATA", "Sample", "Source", "check_spec", "create_source", "heldout_samples",
            "training_samples"]
