@@ -34,7 +34,7 @@ SECTIONS = [
      "the inline loop in README.md (EAGLE-family heads section)"),
     ("Where a batch-1 step's time goes", "step.jsonl", None,
      "python benchmarks/bench_step.py --model-path MODEL --algorithms none,EAGLE,EAGLE3,NEXTN"),
-    ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py"),
+    ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py tests/test_gsm8k_matrix_deterministic.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
     ("Trained drafts on held-out prompt sets", "drafts.jsonl", "bench_drafts",
      "python benchmarks/bench_drafts.py --drafts EAGLE3=DIR --settings 7,1,8 3,1,4"),
@@ -50,7 +50,7 @@ SECTIONS = [
      "python benchmarks/probe_distill.py --num-prompts 4000 [--engine-kw JSON]"),
 ]
 # The first four name a cell (plain_table): a tree's spec_settings set it apart from the chain.
-MATRIX_FIELDS = ("algorithm", "pcg", "attention_backend", "spec_settings", "num_questions",
+MATRIX_FIELDS = ("algorithm", "deterministic", "pcg", "attention_backend", "spec_settings", "num_questions",
                  "accuracy", "baseline_accuracy", "identical_frac", "max_near_tie_ulps",
                  "avg_accept_length", "piecewise_hits")
 ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
@@ -67,11 +67,11 @@ NGRAM_FIELDS = ("batch_size", "context", "topk", "num_draft_tokens", "first_prop
                 "steady_propose_ms")
 
 
-def plain_table(records: list[dict], keys: tuple) -> str:
-    """The latest line per combination of the non-measured keys."""
+def plain_table(records: list[dict], keys: tuple, identity: int = 4) -> str:
+    """The latest line per combination of the first `identity` keys (those not measured)."""
     latest = {}
     for r in records:
-        latest[tuple(str(r.get(k)) for k in keys[:4])] = r  # str: settings are lists
+        latest[tuple(str(r.get(k)) for k in keys[:identity])] = r  # str: settings are lists
     return common.column_table(list(latest.values()), [(k, lambda r, k=k: r.get(k)) for k in keys])
 
 
@@ -91,7 +91,7 @@ def section(title: str, file: str, module: str | None, command: str) -> str:
                 "step.jsonl": STEP_FIELDS, "deterministic_cost.jsonl": DETERMINISTIC_FIELDS,
                 "train_step.jsonl": TRAIN_STEP_FIELDS,
                 "probe_distill.jsonl": DISTILL_FIELDS}.get(file, NGRAM_FIELDS)
-        table = plain_table(records, keys)
+        table = plain_table(records, keys, 5 if keys is MATRIX_FIELDS else 4)
     else:
         bench = importlib.import_module(module)
         render = getattr(bench, "render_table", None) or getattr(bench, "render_tables")
