@@ -34,7 +34,8 @@ SECTIONS = [
      "the inline loop in README.md (EAGLE-family heads section)"),
     ("Where a batch-1 step's time goes", "step.jsonl", None,
      "python benchmarks/bench_step.py --model-path MODEL --algorithms none,EAGLE,EAGLE3,NEXTN"),
-    ("GSM8K matrix", "gsm8k_matrix.jsonl", None, "python -m pytest -m cuda tests/test_gsm8k_matrix.py tests/test_gsm8k_matrix_deterministic.py"),
+    ("GSM8K matrix", "gsm8k_matrix.jsonl", None,
+     "python -m pytest -m cuda tests/test_gsm8k_matrix.py tests/test_gsm8k_matrix_deterministic.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
     ("Trained drafts on held-out prompt sets", "drafts.jsonl", "bench_drafts",
      "python benchmarks/bench_drafts.py --drafts EAGLE3=DIR --settings 7,1,8 3,1,4"),
@@ -50,7 +51,8 @@ SECTIONS = [
      "python benchmarks/probe_distill.py --num-prompts 4000 [--engine-kw JSON]"),
 ]
 # The first four name a cell (plain_table): a tree's spec_settings set it apart from the chain.
-MATRIX_FIELDS = ("algorithm", "deterministic", "pcg", "attention_backend", "spec_settings", "num_questions",
+MATRIX_FIELDS = ("algorithm", "deterministic", "pcg", "attention_backend", "spec_settings",
+                 "num_questions",
                  "accuracy", "baseline_accuracy", "identical_frac", "max_near_tie_ulps",
                  "avg_accept_length", "piecewise_hits")
 ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
