@@ -35,7 +35,8 @@ SECTIONS = [
     ("Where a batch-1 step's time goes", "step.jsonl", None,
      "python benchmarks/bench_step.py --model-path MODEL --algorithms none,EAGLE,EAGLE3,NEXTN"),
     ("GSM8K matrix", "gsm8k_matrix.jsonl", None,
-     "python -m pytest -m cuda tests/test_gsm8k_matrix.py tests/test_gsm8k_matrix_deterministic.py"),
+     "python -m pytest -m cuda tests/test_gsm8k_matrix.py "
+     "tests/test_gsm8k_matrix_deterministic.py"),
     ("NGRAM proposal cost", "ngram.jsonl", None, "python benchmarks/bench_ngram.py"),
     ("Trained drafts on held-out prompt sets", "drafts.jsonl", "bench_drafts",
      "python benchmarks/bench_drafts.py --drafts EAGLE3=DIR --settings 7,1,8 3,1,4"),
@@ -50,10 +51,9 @@ SECTIONS = [
     ("The draft trainer's self-distillation, by step kind", "probe_distill.jsonl", None,
      "python benchmarks/probe_distill.py --num-prompts 4000 [--engine-kw JSON]"),
 ]
-# The first four name a cell (plain_table): a tree's spec_settings set it apart from the chain.
+# The first five name a cell (plain_table): the mode, and a tree's spec_settings, set it apart.
 MATRIX_FIELDS = ("algorithm", "deterministic", "pcg", "attention_backend", "spec_settings",
-                 "num_questions",
-                 "accuracy", "baseline_accuracy", "identical_frac", "max_near_tie_ulps",
+                 "num_questions", "accuracy", "baseline_accuracy", "identical_frac", "max_near_tie_ulps",
                  "avg_accept_length", "piecewise_hits")
 ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
                 "output_tokens", "seconds", "output_tok_s", "speedup")
