@@ -53,8 +53,8 @@ SECTIONS = [
 ]
 # The first five name a cell (plain_table): the mode, and a tree's spec_settings, set it apart.
 MATRIX_FIELDS = ("algorithm", "deterministic", "pcg", "attention_backend", "spec_settings",
-                 "num_questions", "accuracy", "baseline_accuracy", "identical_frac", "max_near_tie_ulps",
-                 "avg_accept_length", "piecewise_hits")
+                 "num_questions", "accuracy", "baseline_accuracy", "identical_frac",
+                 "max_near_tie_ulps", "avg_accept_length", "piecewise_hits")
 ROUND_FIELDS = ("system", "setting", "batch_size", "num_questions", "accept_length",
                 "output_tokens", "seconds", "output_tok_s", "speedup")
 STEP_FIELDS = ("system", "setting", "random_heads", "triton_verify_kernel", "step_us",
