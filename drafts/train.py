@@ -124,7 +124,8 @@ class TrainOptions:
                            seed=self.seed, show_progress=self.show_progress)
 
 
-# An engine whose model only computes features (answers cached): eager, a small KV cache.
+# An engine whose model only computes features (answers cached): no graphs to capture and no
+# generation-sized KV cache, which cost a later draft a minute of its budget.
 FEATURES_ONLY = dict(disable_cuda_graph=True, disable_piecewise_cuda_graph=True,
                      max_running_requests=8, max_total_tokens=8192, chunked_prefill_size=4096,
                      min_prefill_requests=1)
@@ -179,10 +180,8 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
               f"training loop gets the rest)", flush=True)
     torch.manual_seed(o.seed)
     times, t0 = {}, time.perf_counter()
-    own = engine is None
-    # With the answers already cached the engine only lends its model to the features: no
-    # graphs to capture, no generation-sized KV cache (that cost a later draft a minute).
-    cached = bool(answers_cache) and os.path.isfile(answers_cache)
+    # Answers cached: the engine only lends its model to the features (FEATURES_ONLY).
+    own, cached = engine is None, bool(answers_cache) and os.path.isfile(answers_cache)
     engine = engine if engine is not None else _make_engine(
         target, o, **(FEATURES_ONLY if cached else {}))
     target_path = target or engine.config.model_path or _default_target()
