@@ -26,6 +26,7 @@ from drafts.train_data import extract_features
 # Held-out prompts per run: the accept length is a mean over prompts, and more prompts make it
 # tighter; 118 chat and 40 GSM8K prompts, both settings, took about 2.5 minutes on the H100.
 NUM_PROMPTS = 120
+EVAL_KV_TOKENS = 1 << 16  # 16 requests of up to 4,096 tokens
 
 
 def read_log(draft: str) -> dict:
@@ -44,8 +45,6 @@ def parse_settings(items: list) -> list:
             raise ValueError(f"settings {item!r}: expected steps,topk,tokens such as 7,1,8")
         out.append(tuple(int(p) for p in parts))
     return out
-
-EVAL_KV_TOKENS = 1 << 16  # 16 requests of up to 4,096 tokens
 
 
 def _engine(target, device, batch_size: int, **spec):

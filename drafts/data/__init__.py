@@ -35,24 +35,21 @@ def create_source(name: str) -> Source:
 
 
 def check_spec(spec: str) -> list:
-    """The sources of `spec`, made without reading them: a bad name or weight fails here."""
-    return [create_source(name) for name, _ in parse_mixture(spec)]
+    """(source, weight) of each part of `spec`, made without reading any: a bad name or weight
+    fails here."""
+    return [(create_source(name), weight) for name, weight in parse_mixture(spec)]
 
 
 def training_samples(spec: str, num: int, seed: int = 0) -> list:
     """`num` training samples drawn from the sources of `spec` by their weights."""
-    parts = parse_mixture(spec)
-    sources = [create_source(name) for name, _ in parts]  # unknown names fail before any read
-    counts = split_counts(num, [w for _, w in parts])
-    return draw([s.train() for s in sources], counts, seed)
+    parts = check_spec(spec)
+    return draw([s.train() for s, _ in parts], split_counts(num, [w for _, w in parts]), seed)
 
 
 def heldout_samples(spec: str, num: int, seed: int = 0) -> list:
     """`num` held-out samples of `spec`'s sources by their weights (what no draft trained on)."""
-    parts = parse_mixture(spec)
-    sources = [create_source(name) for name, _ in parts]
-    counts = split_counts(num, [w for _, w in parts])
-    return draw([s.heldout() for s in sources], counts, seed)
+    parts = check_spec(spec)
+    return draw([s.heldout() for s, _ in parts], split_counts(num, [w for _, w in parts]), seed)
 
 
 __all__ = ["DEFAULT_DATA", "Sample", "Source", "check_spec", "create_source", "heldout_samples",

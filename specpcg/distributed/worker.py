@@ -165,8 +165,7 @@ class TPDriver:
         if dist.is_initialized():
             raise RuntimeError("another tensor-parallel engine runs in this process: shut it "
                                "down first (one process group per process)")
-        self.errors = mp.get_context("spawn").Queue()
-        self.procs = start_ranks(cfg, range(1, ranks_per_node(cfg)), init_addr, self.errors)
+        self.procs, self.errors = start_ranks(cfg, range(1, ranks_per_node(cfg)), init_addr)
         init_group(init_addr, 0, world_size(cfg), cfg.resolve_device(), cfg.dist_timeout_s)
         init_tp_groups(cfg.tp_size, cfg.pp_size)
         self.kv_cache = None
@@ -181,11 +180,9 @@ class TPDriver:
         """Sends `batch`, its requests' req_to_token rows and how rank 0 runs it (`route`: a
         graph runner's name or "eager") to every other rank."""
         bs, sent = batch.batch_size, batch.to("cpu")
-        rows = sent.req_pool_indices[:bs]
         width = max(batch.seq_lens_cpu[:bs], default=0)
-        table = self.kv_cache.req_pool.req_to_token[rows.to(
-            self.kv_cache.req_pool.req_to_token.device), :width].cpu()
-        self._send(("forward", sent, rows, table, route))
+        table = self.kv_cache.req_pool.req_to_token[batch.req_pool_indices[:bs], :width].cpu()
+        self._send(("forward", sent, sent.req_pool_indices[:bs], table, route))
 
     def build_graphs(self, context_len: int, needs: dict) -> None:
         """Before rank 0 captures: every rank builds the same graphs (build_graphs' arguments)
@@ -205,12 +202,8 @@ class TPDriver:
         for rank, p in enumerate(self.procs, start=1):
             if not p.is_alive():
                 raise RankExitedError(f"parallel rank {rank} exited (exit code "
-                                      f"{p.exitcode}){self._reason(rank)}; the engine cannot "
-                                      f"go on: shut it down")
-
-    def _reason(self, rank: int) -> str:
-        said = rank_errors(self.errors)
-        return f" after {said[rank]}" if rank in said else ""
+                                      f"{p.exitcode}){exit_reason(self.errors, rank)}; the "
+                                      f"engine cannot go on: shut it down")
 
     def stop(self) -> None:
         if all(p.is_alive() for p in self.procs):
@@ -242,13 +235,21 @@ def rank_errors(errors, wait_s: float = 0.5) -> dict:
     return said
 
 
-def start_ranks(cfg, ranks, init_addr: str, errors=None) -> list:
+def exit_reason(errors, rank: int) -> str:
+    """What `rank` raised, worded to end an error message, or nothing when it said nothing."""
+    said = rank_errors(errors).get(rank)
+    return f" after {said}" if said else ""
+
+
+def start_ranks(cfg, ranks, init_addr: str) -> tuple:
+    """(the ranks' started processes, the queue where a failing rank says what it raised)."""
     ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
     procs = [ctx.Process(target=worker_main, args=(cfg, rank, init_addr, errors),
                          name=f"specpcg-tp{rank}", daemon=True) for rank in ranks]
     for p in procs:
         p.start()
-    return procs
+    return procs, errors
 
 
 def run_node(cfg, poll_s: float = 0.5) -> None:
@@ -259,19 +260,17 @@ def run_node(cfg, poll_s: float = 0.5) -> None:
     if cfg.node_rank < 1:
         raise ValueError(f"node_rank={cfg.node_rank}: node 0 runs the engine itself (Engine)")
     first = cfg.node_rank * ranks_per_node(cfg)
-    errors = mp.get_context("spawn").Queue()
-    procs = start_ranks(cfg, range(first, first + ranks_per_node(cfg)), cfg.dist_init_addr,
-                        errors)
+    procs, errors = start_ranks(cfg, range(first, first + ranks_per_node(cfg)),
+                                cfg.dist_init_addr)
     logger.warning("node %d runs ranks %d..%d of %d", cfg.node_rank, first,
                    first + len(procs) - 1, world_size(cfg))
     try:
         while True:
             for rank, p in enumerate(procs, start=first):
                 if p.exitcode:  # None while running, 0 when done
-                    said = rank_errors(errors).get(rank)
                     raise RankExitedError(f"parallel rank {rank} exited (exit code "
                                           f"{p.exitcode}) on node {cfg.node_rank}"
-                                          + (f" after {said}" if said else ""))
+                                          f"{exit_reason(errors, rank)}")
             if not any(p.is_alive() for p in procs):
                 return
             time.sleep(poll_s)
