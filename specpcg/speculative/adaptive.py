@@ -42,7 +42,7 @@ at every step ran 1.14x: the straggler's last steps run in a batch of a few requ
 speculates cheaply. On the GPU (H100, 8142307 and e676939, a wider EAGLE3 head, two
 runs of `bench_adaptive`) the estimate ranked the two sides as pinned runs measure them (its
 bucket-16 choice of plain steps where pinned speculation ran 0.81x no-spec), yet the adaptive
-engine ran 0.74-0.87x at batch 16 and 64, and without the estimate (rates alone, the
+engine ran 0.65-0.87x at batch 16 and 64, and without the estimate (rates alone, the
 `adaptive-rate` rows) 0.80-0.90x: neither reaches no-spec there, because a plain step in an
 engine with a draft runs slower than a no-spec engine's (EAGLE3's bucket 64: 249 against 292
 tok/s per request; its plain steps capture hidden states for the draft's catch-up).
