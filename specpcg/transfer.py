@@ -20,3 +20,28 @@ def to_device(values, device, dtype=torch.long) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor's copy to the host, queued now and read later without waiting for
+    whatever the stream runs after it.
+
+    `tensor.tolist()` on a CUDA tensor waits for the whole stream: under overlap scheduling that
+    is the next step too, already queued behind it, and the host would then prepare the step
+    after with the device idle. Here the copy goes to pinned memory and an event marks its end,
+    so `tolist()` waits for exactly the work queued before the copy."""
+
+    def __init__(self, values: torch.Tensor):
+        self._done = None
+        if values.device.type != "cuda":
+            self._host = values
+            return
+        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        self._host.copy_(values, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record()
+
+    def tolist(self) -> list:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()

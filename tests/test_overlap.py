@@ -89,3 +89,18 @@ def test_overlap_runs_steps_ahead(engines, monkeypatch):
     # (a step left in flight by an earlier test may be read first)
     start = order.index("EXTEND")
     assert order[start:start + 6] == ["EXTEND", "DECODE", "DECODE", "read", "DECODE", "read"]
+
+
+@pytest.mark.cuda
+def test_step_read_waits_for_its_own_step_alone():
+    """The read of step n's tokens must not wait for step n + 1, queued behind it on the same
+    stream: a plain .tolist() would, and the device would idle while the host prepares the
+    step after."""
+    from specpcg.transfer import HostCopy
+
+    tokens = torch.arange(4, device="cuda")
+    copy = HostCopy(tokens)
+    torch.cuda._sleep(1 << 30)  # the next step: about a second of spinning on the device
+    assert copy.tolist() == [0, 1, 2, 3]
+    assert not torch.cuda.current_stream().query()  # returned while the next step still ran
+    torch.cuda.synchronize()
