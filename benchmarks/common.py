@@ -297,7 +297,8 @@ def generate_ids(engine, ids: list, num_new: int) -> list[dict]:
     """meta_info of each greedy request (EOS ignored), checked to have `num_new` tokens."""
     params = {"max_new_tokens": num_new, "temperature": 0, "ignore_eos": True}
     metas = [o["meta_info"] for o in engine.generate(input_ids=ids, sampling_params=params)]
-    assert all(m["completion_tokens"] == num_new for m in metas), "short output"
+    short = [m.get("finish_reason") for m in metas if m["completion_tokens"] != num_new]
+    assert not short, f"short output: {short[:3]}"
     return metas
 
 
