@@ -97,17 +97,25 @@ def graphs_rows(records: list[dict]) -> list[tuple]:
 
 
 def matrix_rows(records: list[dict]) -> list[tuple]:
+    """One row per mode (default, deterministic): the latest line of each cell of that mode."""
     cells = latest(records, "gsm8k_matrix", lambda r: (
-        r["algorithm"], r["pcg"], r["attention_backend"], str(r.get("spec_settings"))))
-    if not cells:
-        return []
-    lines = list(cells.values())
-    passed = sum(not r.get("failures") for r in lines)
-    spec = [r["identical_frac"] for r in lines if r["algorithm"] != "none"]
-    value = f"{passed} of {len(lines)} cells passed"
-    if spec:
-        value += f"; identical to no-spec {min(spec):.0%}-{max(spec):.0%}, the rest near-ties"
-    return [row("GSM8K matrix on the GPU", value, lines[-1], "gsm8k_matrix.jsonl")]
+        bool(r.get("deterministic")), r["algorithm"], r["pcg"], r["attention_backend"],
+        str(r.get("spec_settings"))))
+    rows = []
+    for mode in (False, True):
+        lines = [r for key, r in cells.items() if key[0] == mode]
+        if not lines:
+            continue
+        passed = sum(not r.get("failures") for r in lines)
+        spec = [r["identical_frac"] for r in lines if r["algorithm"] != "none"]
+        value = f"{passed} of {len(lines)} cells passed"
+        if spec:
+            value += f"; identical to no-spec {min(spec):.0%}-{max(spec):.0%}"
+        commits = sorted({r.get("git") for r in lines if r.get("git")})
+        label = "GSM8K matrix on the GPU" + (", deterministic mode" if mode else "")
+        rows.append(row(label, value + f" (cells from {', '.join(commits)})", lines[-1],
+                        "gsm8k_matrix.jsonl"))
+    return rows
 
 
 SOURCES = (("engine.jsonl", engine_rows), ("spec.jsonl", spec_rows),
