@@ -9,13 +9,27 @@ keeps a pinned block until the copy that reads it has run, so no buffer is reuse
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+
+_NUMPY_INTS = {torch.long: np.int64, torch.int32: np.int32}
+
+
+def host_tensor(values, dtype=torch.long) -> torch.Tensor:
+    """A CPU tensor of a list of ints (or of equal-length lists). Through numpy for integer
+    dtypes: torch.tensor reads a Python list about 3x slower (a 4,096-token prefill builds two
+    lists of about 12,000 ints)."""
+    np_dtype = _NUMPY_INTS.get(dtype)
+    if np_dtype is None:
+        return torch.tensor(values, dtype=dtype)
+    return torch.from_numpy(np.array(values, dtype=np_dtype))
 
 
 def to_device(values, device, dtype=torch.long) -> torch.Tensor:
     """values: a list (of ints, or of equal-length lists) or a CPU tensor; returns it on
     `device`. On CUDA the copy is queued on the current stream without a host sync."""
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    host = values if isinstance(values, torch.Tensor) else host_tensor(values, dtype)
     device = torch.device(device)
     if device.type != "cuda":
         return host.to(device)
