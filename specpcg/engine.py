@@ -104,7 +104,8 @@ class Engine:
                                    cfg.max_running_requests, cfg.chunked_prefill_size, self.device,
                                    self.spec_decoder, overlap=not cfg.disable_overlap_schedule,
                                    adaptive=self._adaptive(),
-                                   min_prefill_requests=cfg.min_prefill_requests)
+                                   min_prefill_requests=cfg.min_prefill_requests,
+                                   reserve_outputs=cfg.enable_deterministic_inference)
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         freeze_startup_objects()
 

@@ -26,12 +26,17 @@ logger = logging.getLogger("specpcg")
 class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
-                 overlap: bool = False, adaptive=None, min_prefill_requests: int = 1):
+                 overlap: bool = False, adaptive=None, min_prefill_requests: int = 1,
+                 reserve_outputs: bool = False):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
         overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
         adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
         plain decode steps by running-batch size (None: always speculative).
-        min_prefill_requests: see EngineConfig."""
+        min_prefill_requests: see EngineConfig.
+        reserve_outputs: admit a request only while the KV cache holds every admitted request's
+        whole output (enable_deterministic_inference), so none is ever preempted. A preempted
+        request is re-prefilled through the extend kernel, whose reduction order differs from
+        decode's, so in bf16 its later tokens could differ from a run where it kept its KV."""
         self.runner = runner
         self.spec = spec
         self.kv_cache = kv_cache
@@ -39,6 +44,9 @@ class Scheduler:
         self.max_running_requests = max_running_requests
         self.chunked_prefill_size = chunked_prefill_size
         self.min_prefill_requests = min_prefill_requests
+        self.reserve_outputs = reserve_outputs
+        # Slots a step writes past a request's last token: a verify's drafts, or one token.
+        self.step_overshoot = spec.tokens_per_request if spec is not None else 1
         self.device = device
         self.waiting: deque = deque()
         self.running: list = []
@@ -143,6 +151,9 @@ class Scheduler:
             pending = self.chunked_prefill_size - budget  # picked, not yet allocated
             if not self.kv_cache.can_fit(pending + chunk_len + reserve) and (self.running or picked):
                 break
+            if self.reserve_outputs and (self.running or picked) and not self._outputs_fit(
+                    [r for r, _ in picked] + [req]):
+                break
             self.waiting.popleft()
             if new_row:
                 req.req_pool_idx = self.kv_cache.new_request()
@@ -151,6 +162,18 @@ class Scheduler:
         if picked:
             self.kv_cache.extend_many([r.req_pool_idx for r, _ in picked], [n for _, n in picked])
         return picked
+
+    def _slots_to_come(self, req: Request) -> int:
+        """KV slots `req` may still take: the rest of its prompt and of its outputs, and what
+        one step writes past its last token."""
+        total = len(req.prompt_ids) + req.params.max_new_tokens + self.step_overshoot
+        return max(total - req.num_cached, 0)
+
+    def _outputs_fit(self, admitting: list) -> bool:
+        """Whether the free slots hold what every running and `admitting` request may still
+        take (reserve_outputs)."""
+        need = sum(self._slots_to_come(r) for r in self.running + admitting)
+        return need <= self.kv_cache.free_slots
 
     def _run_prefill(self, picked: list) -> list:
         reqs = [r for r, _ in picked]

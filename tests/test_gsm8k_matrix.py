@@ -273,7 +273,13 @@ def _gpu_record(cell: tuple, engine, run, base, same: int, worst: float, failure
         "num_draft_tokens": (run.info["speculative"] or {}).get("num_draft_tokens"),
         "piecewise_hits": hits, "eager_extend": eager, "eager_extend_reasons": reasons,
         "free_slots_ok": not kv_leaks(engine, run.info), "seconds": run.seconds,
-        "output_tokens": run.output_tokens, **machine_fields(engine.device), "failures": failures,
+        "output_tokens": run.output_tokens,
+        # A preempted request is re-prefilled through the extend kernel, whose reduction order
+        # differs from decode's: the counts say whether a cell's divergence can come from it.
+        "num_preemptions": run.info.get("num_preemptions"),
+        "baseline_num_preemptions": base.info.get("num_preemptions"),
+        "kv_total_slots": (run.info.get("kv_cache") or {}).get("total_slots"),
+        **machine_fields(engine.device), "failures": failures,
     }
 
 

@@ -133,3 +133,22 @@ def test_request_slices_read_prompt_and_output_as_one_sequence():
         for stop in (None, *range(start, 8)):
             assert req.ids_slice(start, stop) == whole[start:stop], (start, stop)
     assert req.last_id == 5
+
+
+def test_deterministic_mode_reserves_outputs_instead_of_preempting(tiny_path):
+    """enable_deterministic_inference admits a request only while the KV cache holds every
+    admitted request's whole output: a preempted request is re-prefilled through the extend
+    kernel, whose reduction order differs from decode's, which in bf16 could change its later
+    tokens. The same tight cache preempts in the default mode."""
+    prompts = _prompts(8, seed=1)
+    ref = _engine(tiny_path).generate(input_ids=prompts, sampling_params=GREEDY)
+    kw = dict(chunked_prefill_size=16, max_total_tokens=200)
+    default = _engine(tiny_path, **kw)
+    default.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert default.get_server_info()["num_preemptions"] > 0
+    det = _engine(tiny_path, enable_deterministic_inference=True, **kw)
+    out = det.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+    info = det.get_server_info()
+    assert info["num_preemptions"] == 0
+    assert info["kv_cache"]["free_slots"] == info["kv_cache"]["total_slots"]
