@@ -121,6 +121,27 @@ def run(args) -> list:
     return lines
 
 
+def bound_share(line: dict):
+    """Our batch-1 tok/s over the copy-bandwidth bound, from the line's own fields; None where
+    the line predates `read_bytes_per_token` (its stored bound halved the copy's bytes)."""
+    bw, read = line.get("copy_bandwidth_Bps"), line.get("read_bytes_per_token")
+    if line.get("batch") != 1 or not bw or not read:
+        return None
+    return line["specpcg_tok_s"] / (bw / read)
+
+
+def render_table(records: list[dict]) -> str:
+    """The latest line per model and batch size."""
+    latest = {(r["model"], r["batch"]): r for r in records if r.get("bench") == "reference"}
+    cols = [("model", lambda r: r["model"]), ("batch", lambda r: r["batch"]),
+            ("git", lambda r: r.get("git")),
+            ("specpcg tok/s", lambda r: common.fmt(r["specpcg_tok_s"])),
+            ("compiled peer tok/s", lambda r: common.fmt(r["static_compiled_tok_s"])),
+            ("ratio", lambda r: f"{r['ratio']:.2f}"),
+            ("share of the copy-bandwidth bound", lambda r: common.fmt(bound_share(r)))]
+    return common.column_table(list(latest.values()), cols)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None)

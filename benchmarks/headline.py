@@ -118,9 +118,24 @@ def matrix_rows(records: list[dict]) -> list[tuple]:
     return rows
 
 
+def reference_rows(records: list[dict]) -> list[tuple]:
+    """Our decode over the compiled static-cache peer's, per model: each batch's latest ratio."""
+    t = latest(records, "reference", lambda r: (r["model"], r["batch"]))
+    rows = []
+    for model in sorted({m for m, _ in t}):
+        lines = [t[k] for k in sorted(k for k in t if k[0] == model)]
+        value = "; ".join(f"batch {r['batch']}: {r['ratio']:.2f}x "
+                          f"({common.fmt(r['specpcg_tok_s'])} vs "
+                          f"{common.fmt(r['static_compiled_tok_s'])} tok/s)" for r in lines)
+        rows.append(row(f"decode against a compiled static-cache peer, {model}", value,
+                        lines[-1], "reference.jsonl"))
+    return rows
+
+
 SOURCES = (("engine.jsonl", engine_rows), ("spec.jsonl", spec_rows),
            ("heads.jsonl", heads_rows), ("accept.jsonl", accept_rows),
-           ("graphs.jsonl", graphs_rows), ("gsm8k_matrix.jsonl", matrix_rows))
+           ("graphs.jsonl", graphs_rows), ("reference.jsonl", reference_rows),
+           ("gsm8k_matrix.jsonl", matrix_rows))
 
 
 def table(results_dir: Path) -> str:

@@ -24,6 +24,8 @@ SECTIONS = [
      "python benchmarks/bench_engine.py --model-path MODEL"),
     ("CUDA graphs: eager vs piecewise prefill, eager vs graph decode", "graphs.jsonl",
      "bench_graphs", "python benchmarks/bench_graphs.py --model-path MODEL (and shape:llama-3-8b)"),
+    ("Decode against a compiled static-cache peer (gpt-fast style)", "reference.jsonl",
+     "bench_reference", "python benchmarks/bench_reference.py [--skip-8b | --only-8b]"),
     ("Speculative decoding: NGRAM, STANDALONE and HF references", "spec.jsonl", "bench_spec",
      "python benchmarks/bench_spec.py --model-path MODEL"),
     ("EAGLE-family heads", "heads.jsonl", "bench_heads",

@@ -33,6 +33,7 @@ engine() {
   python3 benchmarks/bench_engine.py --model-path "$MODEL"
   python3 benchmarks/bench_graphs.py --model-path "$MODEL"
   python3 benchmarks/bench_graphs.py --model-path shape:llama-3-8b
+  python3 benchmarks/bench_reference.py --model-path "$MODEL"
   python3 benchmarks/bench_ngram.py
 }
 spec() {

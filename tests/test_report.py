@@ -112,3 +112,26 @@ def test_bench_step_names_the_batch1_graphs_of_chain_and_tree_runners():
     assert bench_step.batch1_graphs(engine) == {"target_decode": "d1",
                                                 "target_target_verify_tree8": "v1",
                                                 "draft_chain": "c1"}
+
+
+def _reference(model, batch, ours, peer, git, **extra):
+    return {"bench": "reference", "model": model, "batch": batch, "specpcg_tok_s": ours,
+            "static_compiled_tok_s": peer, "ratio": ours / peer, "git": git, **extra}
+
+
+def test_reference_rows_and_bandwidth_share():
+    """The peer's headline row takes each batch's latest line; the bandwidth share is computed
+    from a line's own fields, and not at all for a line without the bytes a step reads."""
+    import bench_reference
+
+    lines = [_reference("default", 1, 650.0, 800.0, "old"), _reference("default", 1, 880.0,
+             800.0, "new"), _reference("default", 8, 6000.0, 5000.0, "new")]
+    (figure, value, commit, _), = headline.reference_rows(lines)
+    assert figure.endswith("default") and commit == "new"
+    assert value == "batch 1: 1.10x (880 vs 800 tok/s); batch 8: 1.20x (6,000 vs 5,000 tok/s)"
+    measured = _reference("8b", 1, 150.0, 140.0, "g", copy_bandwidth_Bps=3.0e12,
+                          read_bytes_per_token=15.0e9)
+    assert bench_reference.bound_share(measured) == pytest.approx(0.75)
+    assert bench_reference.bound_share(_reference("8b", 1, 150.0, 140.0, "g",
+                                                  copy_bandwidth_Bps=3.0e12)) is None
+    assert "| 8b | 1 | g | 150 | 140 | 1.07 | 0.75 |" in bench_reference.render_table([measured])
