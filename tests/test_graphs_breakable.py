@@ -67,8 +67,8 @@ def test_eager_break_is_passthrough_outside_capture():
 
     assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0))
     assert calls == [False] and double.__name__ == "double" and double.__doc__ == "doc"
-    from specpcg.models import llama  # attention is the model's break point
-    assert llama.attention.__wrapped__.__name__ == "attention"
+    from specpcg.models import llama  # the attention kernel is the model's break point
+    assert llama._attend.__wrapped__.__name__ == "_attend"
 
 
 class _FakeSegment:
@@ -123,6 +123,38 @@ def test_capture_splits_at_breaks_and_replays_in_order(fake_cuda):
     graph.replay()
     assert fake_cuda == ["replay", "a", "replay", "fresh", "replay"]
     assert torch.equal(buf, torch.full((2,), 2.0)) and torch.equal(y, torch.full((2,), 6.0))
+
+
+def test_writes_out_replays_into_the_buffer_the_next_segment_reads(fake_cuda):
+    """A writes_out break gets, at replay, the very tensor captured as its output (here the
+    staging arena's), so it writes there: no allocation and no copy after it."""
+    from specpcg.graphs.staging import StagingArena
+
+    outs, factor = [], {"value": 2.0}  # ambient state: what changes between replays
+
+    @eager_break(writes_out=True)
+    def scaled(x, out=None):
+        if out is None:
+            out = torch.empty_like(x)
+        outs.append(out)
+        return torch.mul(x, factor["value"], out=out)
+
+    x, graph = torch.ones(3), BreakableGraph()
+    with breakable_capture(graph, pool="P", staging=StagingArena(4)):
+        y = scaled(x)
+    assert torch.equal(y, torch.full((3,), 2.0)) and outs[0] is not y  # staged at capture
+    factor["value"] = 5.0
+    copies = []
+    orig_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, *a, **k: copies.append(1) or orig_copy(self, src)
+        graph.replay()
+    finally:
+        torch.Tensor.copy_ = orig_copy
+    assert outs[1] is y and torch.equal(y, torch.full((3,), 5.0)) and copies == []
+    with pytest.raises(TypeError, match="must return one tensor"):
+        with breakable_capture(BreakableGraph(), pool="P"):
+            eager_break(writes_out=True)(lambda out=None: None)()
 
 
 def test_break_inside_a_break_runs_plainly_and_private_pool_is_shared(fake_cuda):

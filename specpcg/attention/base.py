@@ -20,6 +20,10 @@ class AttentionBackend:
     supports_row_stride = False  # ForwardBatch.req_row_stride (padded per-request rows)
     supports_tree_mask = False  # ForwardBatch.tree_mask (draft trees)
     supports_tree_graph = False  # a tree's verify can replay a decode graph
+    # Writes the new K/V into the paged pool (save_kv), then attends over the pool (attend).
+    # The model runs save_kv as plain tensor work, so inside a piecewise graph's segment, and
+    # only attend as the eager break. False (dense training attention): forward takes k, v.
+    paged = True
 
     def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float):
@@ -35,9 +39,17 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch) -> torch.Tensor:
         """q: [T, num_heads * head_dim]; k, v: [T, num_kv_heads * head_dim]; returns like q."""
+        self.save_kv(k, v, layer_id, batch)
+        return self.attend(q, layer_id, batch)
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: ForwardBatch,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q over the pool, this forward's K/V already saved. out: [T, H * D] to
+        write into (rows past the real tokens keep what they held); None: a new tensor whose
+        padding rows are zero."""
         raise NotImplementedError
 
-    def _save_kv(self, k, v, layer_id: int, batch: ForwardBatch) -> None:
+    def save_kv(self, k, v, layer_id: int, batch: ForwardBatch) -> None:
         num_tokens = k.shape[0]
         self.kv_cache.pool.write(
             layer_id, batch.out_cache_loc[:num_tokens],

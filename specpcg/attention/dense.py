@@ -146,6 +146,7 @@ class TTTWindow:
 
 class DenseAttnBackend(AttentionBackend):
     name = "dense"
+    paged = False  # no KV cache: forward attends over the k and v it is given
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  compute_dtype=None, ttt: str = "mask"):

@@ -57,8 +57,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self._prefill.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, *shape,
                            causal=True, **kwargs)
 
-    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
-        self._save_kv(k, v, layer_id, batch)
+    def attend(self, q, layer_id: int, batch: ForwardBatch, out=None) -> torch.Tensor:
         pool = self.kv_cache.pool
         # [slots, page_size=1, Hkv, D]: the NHD paged layout flashinfer expects
         paged_kv = (pool.k_buffers[layer_id].unsqueeze(1), pool.v_buffers[layer_id].unsqueeze(1))
@@ -66,6 +65,7 @@ class FlashInferAttnBackend(AttentionBackend):
         q3 = q[:num_real].reshape(num_real, self.num_heads, self.head_dim).to(pool.dtype)
         wrapper = self._decode if batch.forward_mode == ForwardMode.DECODE else self._prefill
         o = wrapper.run(q3, paged_kv)  # [num_real, H, D]
-        out = torch.zeros_like(q)  # [T, H * D]; padding rows stay zero
+        if out is None:
+            out = torch.zeros_like(q)  # [T, H * D]; padding rows stay zero
         out[:num_real] = o.reshape(num_real, -1).to(q.dtype)
         return out

@@ -14,11 +14,11 @@ class TorchAttnBackend(AttentionBackend):
     supports_row_stride = True
     supports_tree_mask = True
 
-    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
-        self._save_kv(k, v, layer_id, batch)
+    def attend(self, q, layer_id: int, batch: ForwardBatch, out=None) -> torch.Tensor:
         pool = self.kv_cache.pool
         req_to_token = self.kv_cache.req_pool.req_to_token
-        out = torch.zeros_like(q)  # rows past the real tokens (graph padding) stay zero
+        if out is None:
+            out = torch.zeros_like(q)  # rows past the real tokens (graph padding) stay zero
         group = self.num_heads // self.num_kv_heads
         start = 0
         for i, (seq_len, ext_len) in enumerate(zip(batch.seq_lens_cpu, batch.extend_seq_lens_cpu)):

@@ -152,16 +152,18 @@ class TritonAttnBackend(AttentionBackend):
             n, self.num_kv_heads, self._num_sms)
         return n
 
-    def forward(self, q, k, v, layer_id: int, batch: ForwardBatch) -> torch.Tensor:
-        """q: [T, num_heads * head_dim]; rows past the real tokens (padding) come back as zeros."""
+    def attend(self, q, layer_id: int, batch: ForwardBatch, out=None) -> torch.Tensor:
+        """q: [T, num_heads * head_dim]; one kernel launch when `out` is given (a piecewise
+        graph's break); else rows past the real tokens (padding) come back as zeros."""
         assert self._num_reqs == batch.batch_size, "call init_forward_metadata(batch) first"
-        self._save_kv(k, v, layer_id, batch)
         num_tokens = q.shape[0]
         q3 = q.view(num_tokens, self.num_heads, self.head_dim)
-        # Padding rows between a strided batch's requests are never written by the kernel.
-        alloc = torch.zeros if self._row_stride else torch.empty
-        out = alloc(num_tokens, self.num_heads * self.head_dim, dtype=q.dtype,
-                    device=q.device)  # [T, H * D]
+        zero_padding = out is None
+        if out is None:
+            # Padding rows between a strided batch's requests are never written by the kernel.
+            alloc = torch.zeros if self._row_stride else torch.empty
+            out = alloc(num_tokens, self.num_heads * self.head_dim, dtype=q.dtype,
+                        device=q.device)  # [T, H * D]
         out3 = out.view(num_tokens, self.num_heads, self.head_dim)
         pool = self.kv_cache.pool
         req_to_token = self.kv_cache.req_pool.req_to_token
@@ -184,7 +186,7 @@ class TritonAttnBackend(AttentionBackend):
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
                 self._req_pool_indices, self._seq_lens, self._extend_lens, self._q_starts,
                 self._max_extend_len, self._num_reqs, self.scale)
-        if num_tokens > num_real and not self._row_stride:
+        if zero_padding and num_tokens > num_real and not self._row_stride:
             # Padding rows hold no request; zeros keep NaN/garbage out of the layers after us.
             out[num_real:].zero_()
         return out

@@ -245,8 +245,14 @@ def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | N
         torch.cuda.synchronize()
 
 
-def eager_break(fn: Callable) -> Callable:
-    """Marks `fn` as a graph break point; outside a capture it is a plain call (see module doc)."""
+def eager_break(fn: Callable | None = None, *, writes_out: bool = False) -> Callable:
+    """Marks `fn` as a graph break point; outside a capture it is a plain call (see module doc).
+
+    writes_out: fn takes `out=` (a tensor like its result) and writes its result there. A replay
+    then passes the tensor the next segment reads, so the break costs fn's own work alone: no
+    allocation and no copy. Used as `@eager_break(writes_out=True)`."""
+    if fn is None:
+        return functools.partial(eager_break, writes_out=writes_out)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -254,12 +260,13 @@ def eager_break(fn: Callable) -> Callable:
         if state is None or state.open_segment is None:
             # Not capturing, or called from inside another break that is already running eagerly.
             return fn(*args, **kwargs)
-        return _capture_break(state, fn, args, kwargs)
+        return _capture_break(state, fn, args, kwargs, writes_out)
 
     return wrapper
 
 
-def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict):
+def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict,
+                   writes_out: bool = False):
     if state.staging is not None:
         args = state.staging.stage_args(_name(fn), args)  # the copies join the open segment
     _end_segment(state)
@@ -268,6 +275,11 @@ def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict
     _check_output(fn, out)
     if state.staging is not None:
         out = state.staging.stage_output(_name(fn), out)
+    if writes_out:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"eager_break(writes_out=True) function {_name(fn)!r} must return "
+                            f"one tensor, got {type(out).__name__}")
+        kwargs = {**kwargs, "out": out}
     state.graph.breaks.append(_replay_closure(fn, args, dict(kwargs), out))
     state.graph.break_names.append(_name(fn))
     _begin_segment(state)

@@ -23,7 +23,8 @@ class StagingArena:
         full_key = (key, like.dtype, tuple(like.shape[1:]), like.device)
         buf = self._buffers.get(full_key)
         if buf is None:
-            buf = torch.empty((self.max_tokens, *like.shape[1:]), dtype=like.dtype,
+            # Zeros, not empty: rows a break never writes (padding) must not hold NaN bits.
+            buf = torch.zeros((self.max_tokens, *like.shape[1:]), dtype=like.dtype,
                               device=like.device)  # [max_tokens, ...]
             self._buffers[full_key] = buf
         if like.shape[0] > self.max_tokens:

@@ -16,9 +16,28 @@ from specpcg.models.config import ModelConfig
 from specpcg.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 
-@eager_break
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-    """Paged attention for the forward in flight; the batch comes from the forward context."""
+    """Attention for the forward in flight; the batch comes from the forward context.
+
+    A paged backend's K/V write is plain tensor work on static slots, so it runs here, inside a
+    piecewise graph's segment; the break is then the attention kernel alone, writing into the
+    buffer the next segment reads (no allocation or copy at replay)."""
+    ctx = get_forward_context()
+    if not ctx.attn_backend.paged:
+        return _attention_unpaged(q, k, v, layer_id)
+    ctx.attn_backend.save_kv(k, v, layer_id, ctx.batch)
+    return _attend(q, layer_id)
+
+
+@eager_break(writes_out=True)
+def _attend(q: torch.Tensor, layer_id: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    ctx = get_forward_context()
+    return ctx.attn_backend.attend(q, layer_id, ctx.batch, out)
+
+
+@eager_break
+def _attention_unpaged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       layer_id: int) -> torch.Tensor:
     ctx = get_forward_context()
     return ctx.attn_backend.forward(q, k, v, layer_id, ctx.batch)
 
