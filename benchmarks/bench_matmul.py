@@ -70,6 +70,41 @@ def bench_shape(model: str, name: str, n: int, k: int, rows: list, out: list) ->
     torch.cuda.empty_cache()
 
 
+def launches() -> list:
+    """Wide launches for many rows: every one keeps the rule tiling's K steps and split order."""
+    out = []
+    for bm, bn, warps, stages in itertools.product((64, 128), (64, 128, 256), (4, 8), (3, 4)):
+        if not (bm == 128 and bn == 256 and warps == 4):
+            out.append(mm.Launch(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
+                                 fuse_splits=True))
+    return out
+
+
+def bench_launches(model: str, name: str, n: int, k: int, rows: list, out: list) -> None:
+    """The rule tiling under each launch: microseconds, and whether every row keeps the bits
+    of the decode launch (the workspace path)."""
+    dev = torch.device("cuda")
+    copies = max(1, WORKING_SET // (n * k * 2))
+    weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    t = mm.tiling_for(n, k, dev)
+    for m in rows:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        y, ref = (torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        mm.matmul(x, weights[0], None, ref, t, mm.Launch())
+        base = dict(bench="matmul_launch", model=model, layer=name, n=n, k=k, m=m,
+                    tiling=t.__dict__)
+        out.append({**base, "impl": "cublas",
+                    "us": time_us(lambda a, w: torch.nn.functional.linear(a, w), weights, x)})
+        for lc in [mm.Launch(), *launches()]:
+            mm.matmul(x, weights[0], None, y, t, lc)
+            same = bool(torch.equal(y, ref))
+            us = time_us(lambda a, w, lc=lc: mm.matmul(a, w, None, y, t, lc), weights, x)
+            out.append({**base, "impl": "triton", "launch": lc.__dict__, "rule":
+                        lc == mm.launch_for(m, dev), "bitwise": same, "us": us})
+    del weights
+    torch.cuda.empty_cache()
+
+
 def step_sums(lines: list) -> dict:
     """(model, M) -> one step's linear layers summed (LM head once, the others per layer), in
     us: cuBLAS, the current tiling rule (`cuda_tiling` at the run's SM count) and the best
@@ -119,13 +154,18 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 16, 64, 512])
     ap.add_argument("--out", default=str(RESULTS_DIR / "matmul.jsonl"))
     ap.add_argument("--table-only", metavar="FILE", default=None)
+    ap.add_argument("--launches", action="store_true",
+                    help="time the rule tiling under every wide launch instead (rows >= 128)")
     args = ap.parse_args()
     if args.table_only:
         return render_results(args.table_only, render_table, render_plot)
     lines = []
     for model in args.models:
         for name, n, k in SHAPES[model]:
-            bench_shape(model, name, n, k, args.rows, lines)
+            if args.launches:
+                bench_launches(model, name, n, k, args.rows, lines)
+            else:
+                bench_shape(model, name, n, k, args.rows, lines)
             print(f"{model} {name} done", flush=True)
     dev = torch.device("cuda")
     info = {**machine_info(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,

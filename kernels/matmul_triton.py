@@ -9,6 +9,9 @@ The tiling (N tile, K tile, K splits, warps, stages) is a function of the weight
 the device only (`tiling_for`), never of M: a weight with few output columns gets narrower N
 tiles or a split K so that a decode step still fills the GPU. With a split K, each split's
 partial sum lands in an fp32 workspace and a second kernel adds the splits in a fixed order.
+What a row's sum depends on is the K tile and the splits alone; the launch (`Launch`: rows and
+columns per program, warps, whether one program adds the splits itself) may follow M, so a
+call of many rows takes wide tiles and no workspace and still gives every row the same bits.
 """
 
 from __future__ import annotations
@@ -33,21 +36,11 @@ class Tiling:
 
 
 @triton.jit
-def _matmul_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
-    stride_xm, stride_wn, stride_ym, stride_ys,
-    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    split = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm,
+               stride_wn, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sum over k in [k_start, k_end) of x[m, k] * w[n, k], in BLOCK_K steps from k_start."""
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m, mask_n = offs_m < M, offs_n < N
-    k_start = split * K_PER_SPLIT
-    k_end = tl.minimum(K, k_start + K_PER_SPLIT)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         mask_k = (k0 + offs_k) < k_end
@@ -56,6 +49,37 @@ def _matmul_kernel(
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :],
                     mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # [N, K]
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _matmul_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+    stride_xm, stride_wn, stride_ym, stride_ys,
+    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLITS_IN_PROGRAM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """SPLITS_IN_PROGRAM == 1: program z sums split z (its partial sum goes to the workspace, or
+    is the result when K is not split). > 1: one program sums every split itself, each from
+    zero, then adds them 0, 1, 2, ... onto zero, exactly as _sum_splits_kernel would."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    if SPLITS_IN_PROGRAM == 1:
+        k_start = split * K_PER_SPLIT
+        acc = _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start,
+                         tl.minimum(K, k_start + K_PER_SPLIT), stride_xm, stride_wn,
+                         DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SPLITS_IN_PROGRAM):
+            k_start = s * K_PER_SPLIT
+            acc += _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start,
+                              tl.minimum(K, k_start + K_PER_SPLIT), stride_xm, stride_wn,
+                              DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     y = y_ptr + split.to(tl.int64) * stride_ys
@@ -111,26 +135,53 @@ def cuda_tiling(n: int, k: int, sms: int) -> Tiling:
                   num_stages=3 if block_k == 128 else 4)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a call's programs cover the output: rows and columns per program, warps, stages,
+    and whether one program sums every K split itself. None of these changes a row's sum (the
+    same BLOCK_K steps in the same order, the splits added in the same order), so unlike the
+    Tiling it may depend on M: many rows (a verify, a prefill) take wide tiles and no fp32
+    workspace, which a decode step could not fill the GPU with."""
+    block_m: int = BLOCK_M
+    block_n: int | None = None  # None: the tiling's
+    num_warps: int | None = None
+    num_stages: int | None = None
+    fuse_splits: bool = False
+
+
+WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call takes WIDE
+
+
+WIDE = Launch(block_m=128, block_n=128, num_warps=8, num_stages=3, fuse_splits=True)
+
+
+def launch_for(m: int, device: torch.device) -> Launch:
+    return WIDE if device.type == "cuda" and m >= WIDE_FROM_ROWS else Launch()
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           out: torch.Tensor, tiling: Tiling | None = None) -> None:
+           out: torch.Tensor, tiling: Tiling | None = None, launch: Launch | None = None) -> None:
     """out [M, N] = x [M, K] @ weight [N, K].T (+ bias [N]); x and weight row-contiguous."""
     m, k = x.shape
     n = weight.shape[0]
     assert x.stride(1) == 1 and weight.stride(1) == 1 and out.stride(1) == 1
     t = tiling or tiling_for(n, k, x.device)
+    lc = launch or launch_for(m, x.device)
+    block_n = lc.block_n or t.block_n
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     k_per_split = triton.cdiv(triton.cdiv(k, t.block_k), t.split_k) * t.block_k
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, t.block_n), t.split_k)
-    split = t.split_k > 1
+    workspace = t.split_k > 1 and not lc.fuse_splits
+    grid = (triton.cdiv(m, lc.block_m), triton.cdiv(n, block_n), 1 if lc.fuse_splits else t.split_k)
     # [split_k, M, N] fp32 partial sums when K is split; the bias goes in after they are added
-    dest = torch.empty(t.split_k, m, n, dtype=torch.float32, device=x.device) if split else out
+    dest = torch.empty(t.split_k, m, n, dtype=torch.float32, device=x.device) if workspace else out
     _matmul_kernel[grid](
         x, weight, bias if bias is not None else weight, dest, m, n, k, k_per_split,
-        x.stride(0), weight.stride(0), dest.stride(-2), dest.stride(0) if split else 0,
-        HAS_BIAS=bias is not None and not split, DOT_PRECISION=precision,
-        BLOCK_M=BLOCK_M, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        num_warps=t.num_warps, num_stages=t.num_stages)
-    if split:
+        x.stride(0), weight.stride(0), dest.stride(-2), dest.stride(0) if workspace else 0,
+        HAS_BIAS=bias is not None and not workspace, DOT_PRECISION=precision,
+        SPLITS_IN_PROGRAM=t.split_k if lc.fuse_splits else 1,
+        BLOCK_M=lc.block_m, BLOCK_N=block_n, BLOCK_K=t.block_k,
+        num_warps=lc.num_warps or t.num_warps, num_stages=lc.num_stages or t.num_stages)
+    if workspace:
         _sum_splits_kernel[(triton.cdiv(m, 32), triton.cdiv(n, 64))](
             dest, bias if bias is not None else weight, out, m, n,
             dest.stride(0), dest.stride(1), out.stride(0),

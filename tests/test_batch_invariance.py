@@ -179,6 +179,35 @@ def test_every_tiling_keeps_a_row_the_same_whatever_rows_come_with_it(block_n, s
         assert torch.equal(run(rows), full[rows]), rows
 
 
+@pytest.mark.parametrize("split_k,bias", [(2, True), (3, False), (1, True)])
+def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, bias):
+    """The wide launch (each program sums every K split itself, no fp32 workspace) adds the
+    same partial sums in the same order as the split kernel and its summing kernel."""
+    from kernels.dispatch import triton_module
+
+    mm = triton_module("matmul_triton")
+    tiling = mm.Tiling(block_n=32, block_k=32, split_k=split_k, num_stages=1)
+    gen = torch.Generator().manual_seed(12)
+    w, x = torch.randn(72, 200, generator=gen), torch.randn(67, 200, generator=gen)
+    b = torch.randn(72, generator=gen) if bias else None
+    outs = []
+    for launch in (mm.Launch(), mm.Launch(fuse_splits=True)):
+        outs.append(torch.empty(67, 72))
+        mm.matmul(x, w, b, outs[-1], tiling, launch)
+    torch.testing.assert_close(outs[0], torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_many_rows_take_the_wide_launch_on_cuda_only():
+    from kernels.dispatch import triton_module
+
+    mm = triton_module("matmul_triton")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert mm.launch_for(mm.WIDE_FROM_ROWS, cuda) == mm.WIDE
+    assert mm.launch_for(mm.WIDE_FROM_ROWS - 1, cuda) == mm.Launch()
+    assert mm.launch_for(4096, cpu) == mm.Launch()
+
+
 def test_big_weights_get_a_full_wave_of_programs_and_small_ones_stay_whole():
     from kernels.dispatch import triton_module
 
@@ -195,18 +224,20 @@ def test_big_weights_get_a_full_wave_of_programs_and_small_ones_stay_whole():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 14336), (960, 576)])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 14336), (6144, 4096), (960, 576),
+                                 (576, 1536), (49152, 576)])
 def test_cuda_the_rules_tiling_keeps_rows_alone(n, k):
     """The tiling a real weight gets on this GPU (split K included) in bf16: a row's output is
-    bitwise the same alone, in 37 rows or in 200, and close to cuBLAS."""
+    bitwise the same alone, in 37 rows, in 200 or in 520 (the last two take the wide launch,
+    the first ones the decode launch), and close to cuBLAS."""
     from kernels.matmul import invariant_linear
 
     gen = torch.Generator(device="cuda").manual_seed(11)
     w = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16) * 0.02
-    x = torch.randn(200, k, device="cuda", generator=gen).to(torch.bfloat16)
+    x = torch.randn(520, k, device="cuda", generator=gen).to(torch.bfloat16)
     full = invariant_linear(x, w)
     torch.testing.assert_close(full.float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
-    for rows in ([0], list(range(37)), [5, 150, 199]):
+    for rows in ([0], list(range(37)), [5, 150, 199], list(range(200)), [519]):
         assert torch.equal(invariant_linear(x[rows], w), full[rows]), rows
 
 
