@@ -53,11 +53,38 @@ def _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start, k_end, str
 
 
 @triton.jit
+def _dot_flushed(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, K_PER_SPLIT, stride_xm,
+                 stride_wn, DOT_PRECISION: tl.constexpr, SPLITS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Every split's sum in one loop over K: the running partial sum is added onto the total
+    and restarted from zero at each split's end, so the software pipeline never drains."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    steps = tl.cdiv(K, BLOCK_K)
+    per_split = K_PER_SPLIT // BLOCK_K
+    for i in range(0, steps):
+        k0 = i * BLOCK_K
+        mask_k = (k0 + offs_k) < K
+        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [M, K]
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :],
+                    mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # [N, K]
+        part = tl.dot(x, tl.trans(w), part, input_precision=DOT_PRECISION)
+        if ((i + 1) % per_split == 0) | (i + 1 == steps):
+            acc += part
+            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if tl.cdiv(steps, per_split) < SPLITS:  # an empty last split adds +0.0 (turns -0.0 to 0.0)
+        acc += tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
 def _matmul_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
     stride_xm, stride_wn, stride_ym, stride_ys,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLITS_IN_PROGRAM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FLUSH_IN_LOOP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """SPLITS_IN_PROGRAM == 1: program z sums split z (its partial sum goes to the workspace, or
     is the result when K is not split). > 1: one program sums every split itself, each from
@@ -73,6 +100,10 @@ def _matmul_kernel(
         acc = _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start,
                          tl.minimum(K, k_start + K_PER_SPLIT), stride_xm, stride_wn,
                          DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif FLUSH_IN_LOOP:
+        acc = _dot_flushed(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, K_PER_SPLIT,
+                           stride_xm, stride_wn, DOT_PRECISION, SPLITS_IN_PROGRAM,
+                           BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for s in tl.static_range(SPLITS_IN_PROGRAM):
@@ -147,6 +178,7 @@ class Launch:
     num_warps: int | None = None
     num_stages: int | None = None
     fuse_splits: bool = False
+    flush_in_loop: bool = False  # fused splits in one pipelined loop (else one loop each)
 
 
 WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call takes WIDE
@@ -178,7 +210,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         x, weight, bias if bias is not None else weight, dest, m, n, k, k_per_split,
         x.stride(0), weight.stride(0), dest.stride(-2), dest.stride(0) if workspace else 0,
         HAS_BIAS=bias is not None and not workspace, DOT_PRECISION=precision,
-        SPLITS_IN_PROGRAM=t.split_k if lc.fuse_splits else 1,
+        SPLITS_IN_PROGRAM=t.split_k if lc.fuse_splits else 1, FLUSH_IN_LOOP=lc.flush_in_loop,
         BLOCK_M=lc.block_m, BLOCK_N=block_n, BLOCK_K=t.block_k,
         num_warps=lc.num_warps or t.num_warps, num_stages=lc.num_stages or t.num_stages)
     if workspace:

@@ -179,8 +179,9 @@ def test_every_tiling_keeps_a_row_the_same_whatever_rows_come_with_it(block_n, s
         assert torch.equal(run(rows), full[rows]), rows
 
 
-@pytest.mark.parametrize("split_k,bias", [(2, True), (3, False), (1, True)])
-def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, bias):
+@pytest.mark.parametrize("split_k,k,bias", [(2, 200, True), (3, 200, False), (1, 200, True),
+                                           (4, 160, False)])  # 4 x 160: the last split is empty
+def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias):
     """The wide launch (each program sums every K split itself, no fp32 workspace) adds the
     same partial sums in the same order as the split kernel and its summing kernel."""
     from kernels.dispatch import triton_module
@@ -188,14 +189,15 @@ def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, bias):
     mm = triton_module("matmul_triton")
     tiling = mm.Tiling(block_n=32, block_k=32, split_k=split_k, num_stages=1)
     gen = torch.Generator().manual_seed(12)
-    w, x = torch.randn(72, 200, generator=gen), torch.randn(67, 200, generator=gen)
+    w, x = torch.randn(72, k, generator=gen), torch.randn(67, k, generator=gen)
     b = torch.randn(72, generator=gen) if bias else None
     outs = []
-    for launch in (mm.Launch(), mm.Launch(fuse_splits=True)):
+    for launch in (mm.Launch(), mm.Launch(fuse_splits=True),
+                   mm.Launch(fuse_splits=True, flush_in_loop=True)):
         outs.append(torch.empty(67, 72))
         mm.matmul(x, w, b, outs[-1], tiling, launch)
     torch.testing.assert_close(outs[0], torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_many_rows_take_the_wide_launch_on_cuda_only():
