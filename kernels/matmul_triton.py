@@ -156,7 +156,7 @@ def cuda_tiling(n: int, k: int, sms: int) -> Tiling:
     Fitted to bench_matmul on an H100 (benchmarks/results/matmul.jsonl): against cuBLAS in
     bf16, one step's linear layers run 1.01 / 1.00 / 0.98x at 1 / 16 / 64 rows on the
     Llama-3-8B shapes and 0.90 / 0.88 / 0.86x on the default model's (0.46x and 0.78x at 512
-    rows: a prefill pays more, as it cannot pick its tiles by M)."""
+    rows with the decode launch; calls of 128 rows or more take a wide launch, launch_for)."""
     block_n = 128 if triton.cdiv(n, 128) >= sms else 64 if 4 * triton.cdiv(n, 64) >= sms else 32
     split = 1
     while triton.cdiv(n, block_n) * split < 1.25 * sms and k // (2 * split) >= 512 and split < 8:
@@ -181,14 +181,25 @@ class Launch:
     flush_in_loop: bool = False  # fused splits in one pipelined loop (else one loop each)
 
 
-WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call takes WIDE
+WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call may take a wide launch
+# Widest first; each adds the K splits in one pipelined loop (kernels don't drain between
+# splits). Fitted to `bench_matmul.py --launches` on an H100 (matmul.jsonl, "matmul_launch"):
+# at 512 rows the 8B shape's split layers ran 0.33-0.40x cuBLAS with the workspace, 0.54-0.70x
+# with these; 128 x 128 tiles need 8 warps (with 4, two fp32 accumulators spill: 0.06x).
+WIDE_LAUNCHES = (Launch(128, 128, 8, 3, True, True), Launch(64, 128, 4, 4, True, True),
+                 Launch(64, 64, 4, 4, True, True))
 
 
-WIDE = Launch(block_m=128, block_n=128, num_warps=8, num_stages=3, fuse_splits=True)
-
-
-def launch_for(m: int, device: torch.device) -> Launch:
-    return WIDE if device.type == "cuda" and m >= WIDE_FROM_ROWS else Launch()
+def launch_for(m: int, n: int, device: torch.device) -> Launch:
+    """The widest launch whose programs still fill about 0.7 of the SMs, for m >= 128 rows on
+    CUDA; else the decode launch (the workspace for split K)."""
+    if device.type != "cuda" or m < WIDE_FROM_ROWS:
+        return Launch()
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    for lc in WIDE_LAUNCHES:
+        if triton.cdiv(m, lc.block_m) * triton.cdiv(n, lc.block_n) >= 0.7 * sms:
+            return lc
+    return Launch()
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -198,7 +209,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     n = weight.shape[0]
     assert x.stride(1) == 1 and weight.stride(1) == 1 and out.stride(1) == 1
     t = tiling or tiling_for(n, k, x.device)
-    lc = launch or launch_for(m, x.device)
+    lc = launch or launch_for(m, n, x.device)
     block_n = lc.block_n or t.block_n
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     k_per_split = triton.cdiv(triton.cdiv(k, t.block_k), t.split_k) * t.block_k
