@@ -83,6 +83,36 @@ def run(args) -> list:
     return lines
 
 
+def _latest(records: list) -> list:
+    """The lines of the latest run (its git) in the file."""
+    records = [r for r in records if r.get("bench") == "deterministic_cost"]
+    return [r for r in records if r.get("git") == records[-1].get("git")] if records else []
+
+
+def _cell(r: dict) -> str:
+    return f"{'8B shape' if r['model'] == BIG else r['model']} {'spec' if r['spec'] else 'no-spec'}"
+
+
+def render_table(records: list) -> str:
+    rows = [[_cell(r), str(r["batch"]), common.fmt(r["default_tok_s"]),
+             common.fmt(r["deterministic_tok_s"]), f"{r['cost']:.1%}", r.get("git", "")]
+            for r in _latest(records)]
+    return common.markdown_table(["model", "batch", "default tok/s", "deterministic tok/s",
+                                  "cost", "git"], rows)
+
+
+def render_plot(records: list, path) -> None:
+    latest = _latest(records)
+    cells = sorted({_cell(r) for r in latest})
+    batches = sorted({r["batch"] for r in latest})
+    cost = {(_cell(r), r["batch"]): 100 * r["cost"] for r in latest}
+    panel = {"title": f"cost of the deterministic mode ({latest[-1].get('git', '')})",
+             "ylabel": "% throughput lost (goal <= 15 at bs 16, 64)",
+             "labels": [f"bs {b}" for b in batches],
+             "values": {c: [cost.get((c, b)) for b in batches] for c in cells}}
+    common.grouped_bar_plot([panel], cells, path, "enable_deterministic_inference vs default")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None)
@@ -94,7 +124,11 @@ def main(argv=None) -> None:
     p.add_argument("--skip-8b", action="store_true")
     p.add_argument("--draft", default=None, metavar="DIR", help="the default model's EAGLE3 draft")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "deterministic_cost.jsonl"))
-    run(p.parse_args(argv))
+    p.add_argument("--table-only", action="store_true", help="table and plot of --out only")
+    args = p.parse_args(argv)
+    if not args.table_only:
+        run(args)
+    common.render_results(args.out, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,39 @@ def step_sums(lines: list) -> dict:
             for key, per in out.items()}
 
 
+def launch_sums(lines: list) -> dict:
+    """(model, M) -> one step's linear layers summed, in us, for the latest launch run: cuBLAS,
+    the decode launch (fp32 workspace for split K) and the launch `cuda_launch` picks now."""
+    latest = [l for l in lines if l.get("git") == lines[-1].get("git")] if lines else []
+    out = {}
+    for l in latest:
+        d = out.setdefault((l["model"], l["m"]), {}).setdefault(l["layer"], {})
+        if l["impl"] == "cublas":
+            d["cublas"] = l["us"]
+            continue
+        lc = mm.Launch(**l["launch"])
+        if lc == mm.Launch():
+            d["decode"] = l["us"]
+        if lc == mm.cuda_launch(l["m"], l["n"], l.get("sms", 132)):
+            d["rule"] = l["us"]
+    return {key: {side: sum(d.get(side, float("nan")) * (1 if layer == "lm_head"
+                                                        else LAYERS[key[0]])
+                            for layer, d in per.items()) for side in ("cublas", "decode", "rule")}
+            for key, per in out.items()}
+
+
 def render_table(records: list) -> str:
+    launch = launch_sums([r for r in records if r.get("bench") == "matmul_launch"])
+    rows = [[model, str(m), fmt(t["cublas"]), fmt(t["decode"]), fmt(t["rule"]),
+             fmt(t["cublas"] / t["decode"]), fmt(t["cublas"] / t["rule"])]
+            for (model, m), t in sorted(launch.items())]
+    wide = markdown_table(["model", "rows", "cuBLAS us", "decode launch us", "launch rule us",
+                           "decode launch vs cuBLAS", "launch rule vs cuBLAS"], rows)
+    return tiling_table(records) + ("\n\nMany rows, by launch (`--launches`):\n\n" + wide
+                                    if rows else "")
+
+
+def tiling_table(records: list) -> str:
     rows = []
     for (model, m), t in sorted(step_sums([r for r in records if r.get("bench") == "matmul"]).items()):
         rows.append([model, str(m), fmt(t["cublas"]), fmt(t["rule"]), fmt(t["best"]),
@@ -147,6 +179,8 @@ def render_plot(records: list, path) -> None:
                        "labels": [f"M={m}" for _, m in keys],
                        "values": {side: [sums[k]["cublas"] / sums[k][side] for k in keys]
                                   for side in ("rule", "best")}})
+    if not panels:  # a file of --launches lines alone
+        return
     grouped_bar_plot(panels, ["rule", "best"], path,
                      "batch-invariant matmul vs cuBLAS (bf16; above 1: faster)")
 

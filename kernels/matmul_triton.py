@@ -193,9 +193,15 @@ WIDE_LAUNCHES = (Launch(128, 128, 8, 3, True, True), Launch(64, 128, 4, 4, True,
 def launch_for(m: int, n: int, device: torch.device) -> Launch:
     """The widest launch whose programs still fill about 0.7 of the SMs, for m >= 128 rows on
     CUDA; else the decode launch (the workspace for split K)."""
-    if device.type != "cuda" or m < WIDE_FROM_ROWS:
+    if device.type != "cuda":
         return Launch()
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return cuda_launch(m, n, _sm_count(device.index if device.index is not None
+                                       else torch.cuda.current_device()))
+
+
+def cuda_launch(m: int, n: int, sms: int) -> Launch:
+    if m < WIDE_FROM_ROWS:
+        return Launch()
     for lc in WIDE_LAUNCHES:
         if triton.cdiv(m, lc.block_m) * triton.cdiv(n, lc.block_n) >= 0.7 * sms:
             return lc

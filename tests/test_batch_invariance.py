@@ -200,18 +200,16 @@ def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-def test_many_rows_take_the_widest_launch_that_fills_the_gpu(monkeypatch):
+def test_many_rows_take_the_widest_launch_that_fills_the_gpu():
     from kernels.dispatch import triton_module
 
     mm = triton_module("matmul_triton")
-    monkeypatch.setattr(mm, "_sm_count", lambda index: 132)
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert mm.launch_for(mm.WIDE_FROM_ROWS - 1, 128256, cuda) == mm.Launch()
-    assert mm.launch_for(4096, 128256, cpu) == mm.Launch()
-    assert mm.launch_for(128, 128256, cuda) == mm.WIDE_LAUNCHES[0]  # 1 x 1002 programs
-    assert mm.launch_for(128, 6144, cuda) == mm.WIDE_LAUNCHES[1]  # 2 x 48 of 64 x 128
-    assert mm.launch_for(128, 4096, cuda) == mm.WIDE_LAUNCHES[2]  # 2 x 64 of 64 x 64
-    assert mm.launch_for(512, 576, cuda) == mm.Launch()  # 8 x 9 of 64 x 64: too few
+    assert mm.launch_for(4096, 128256, torch.device("cpu")) == mm.Launch()
+    assert mm.cuda_launch(mm.WIDE_FROM_ROWS - 1, 128256, 132) == mm.Launch()
+    assert mm.cuda_launch(128, 128256, 132) == mm.WIDE_LAUNCHES[0]  # 1 x 1002 programs
+    assert mm.cuda_launch(128, 6144, 132) == mm.WIDE_LAUNCHES[1]  # 2 x 48 of 64 x 128
+    assert mm.cuda_launch(128, 4096, 132) == mm.WIDE_LAUNCHES[2]  # 2 x 64 of 64 x 64
+    assert mm.cuda_launch(512, 576, 132) == mm.Launch()  # 8 x 9 of 64 x 64: too few
     assert all(lc.fuse_splits and lc.flush_in_loop for lc in mm.WIDE_LAUNCHES)
 
 

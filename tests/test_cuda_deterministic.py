@@ -64,6 +64,11 @@ def reference(request):
 
 
 def _record(cell: dict) -> None:
+    import torch
+
+    from benchmarks.common import machine_info
+
+    cell = {**cell, **machine_info(torch.device("cuda"))}
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "a", encoding="utf-8") as f:
         f.write(json.dumps(cell) + "\n")
