@@ -4,7 +4,7 @@ which runner served each forward, and the top CUDA kernels of a short generate (
 bench_deterministic measures every batch size on one engine per mode; this probe asks whether a
 cell there is the mode's cost or the engine's history.
 
-    python benchmarks/probe_modes.py [--model-path shape:llama-3-8b] [--batch 64]
+    python benchmarks/probe_modes.py [--model-path shape:llama-3-8b] [--batch 64] [--spec]
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ def probe(model: str, batch: int, deterministic: bool, args) -> None:
 
     from specpcg import Engine
 
+    spec = {} if not args.spec else dict(  # as bench_deterministic's 8B spec cells
+        speculative_algorithm="NGRAM", speculative_simulate_accept_prob=0.7,
+        speculative_num_steps=7, speculative_num_draft_tokens=8)
     engine = Engine(model_path=model, enable_deterministic_inference=deterministic,
-                    max_running_requests=batch, show_progress=False)
+                    max_running_requests=batch, show_progress=False, **spec)
     gen = torch.Generator().manual_seed(batch)
     ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
            for _ in range(batch)]
@@ -55,6 +58,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--spec", action="store_true",
+                   help="NGRAM (7, 1, 8) with simulated acceptance 0.7 (benchmark-only mode)")
     args = p.parse_args()
     for deterministic in (False, True):
         probe(args.model_path, args.batch, deterministic, args)
