@@ -46,7 +46,7 @@ def per_item(value, num_items: int, name: str) -> list:
 
 def tokenize_item(kind: str, value, tokenizer, apply_chat_template: bool) -> list:
     if kind == "ids":
-        return [int(t) for t in value]
+        return list(map(int, value))
     if tokenizer is None:
         raise ValueError("this engine has no tokenizer (shape-only model): pass input_ids")
     if kind == "chat":
@@ -61,9 +61,9 @@ def tokenize_item(kind: str, value, tokenizer, apply_chat_template: bool) -> lis
 def check_prompt(ids: list, vocab_size: int, context_len: int, total_slots: int) -> None:
     if not ids:
         raise ValueError("prompt is empty (0 tokens)")
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"input_ids holds token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+    if min(ids) < 0 or max(ids) >= vocab_size:  # two C-level passes, not a Python loop
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise ValueError(f"input_ids holds token id {bad} outside the vocabulary [0, {vocab_size})")
     if len(ids) >= context_len:
         raise ValueError(f"prompt has {len(ids)} tokens but context_length is {context_len}; "
                          f"it must leave room for at least one new token")

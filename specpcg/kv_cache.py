@@ -6,6 +6,7 @@ handed out, so `free_slots == total_slots` whenever no request holds KV.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specpcg.transfer import to_device
@@ -39,7 +40,8 @@ class TokenAllocator:
         return out[::-1]
 
     def free(self, slots) -> None:
-        slots = [int(s) for s in slots]
+        # Internal callers hand over lists of ints (a request's own slots): no per-slot copy.
+        slots = slots if isinstance(slots, list) else [int(s) for s in slots]
         assert SINK_SLOT not in slots, "the sink slot is never allocated"
         self._free.extend(slots)
         assert len(self._free) <= self.total_slots, "double free of KV slots"
@@ -129,16 +131,20 @@ class KVCache:
                     f"{self.req_pool.max_context_len}")
         if sum(counts) > self.free_slots:
             self.pool.allocator.alloc(sum(counts))  # raises the error that says how many
-        rows, cols, new_all = [], [], []
+        starts, flat, new_all = [], [], []
         for idx, n in zip(req_pool_idxs, counts):
             slots = self._slots[idx]
             new = self.pool.allocator.alloc(n)
-            rows += [idx] * n
-            cols += range(len(slots), len(slots) + n)
+            starts.append(len(slots))
             slots.extend(new)
+            flat += new
             new_all.append(new)
-        if rows:
-            packed = to_device([rows, cols, [s for new in new_all for s in new]],
+        if flat:
+            # NOTE: built in numpy (a 4,096-token prefill would loop over Python lists here).
+            rows = np.repeat(np.asarray(req_pool_idxs, dtype=np.int64), counts)
+            cols = np.arange(len(flat), dtype=np.int64) - np.repeat(
+                np.cumsum(counts) - np.asarray(counts) - np.asarray(starts), counts)
+            packed = to_device(torch.from_numpy(np.stack([rows, cols, np.asarray(flat)])),
                                self.req_pool.req_to_token.device)  # [3, n]
             self.req_pool.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
         return new_all
