@@ -6,7 +6,10 @@ Speculative: EAGLE3 (7,1,8) on the default model, with --draft DIR or else the c
 draft (trained first on a miss: about ten minutes on one H100); on the 8B shape,
 which has no draft, NGRAM with synthetic acceptance (speculative_simulate_accept_prob, a
 benchmark-only mode). Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
-tok/s = batch * new tokens / wall time of the generate call (median of --repeats).
+tok/s = batch * new tokens / wall time of the generate call (median of --repeats). The two
+modes' engines live side by side and their timed runs alternate, so both share one history:
+with one engine after the other, the default engine of the 8B shape once decoded batch 64 at
+4,191 tok/s after batches 1 and 16 and at 7,166 fresh (probe_modes.py).
 
     python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b] [--draft DIR]
                                              [--out FILE]
@@ -41,41 +44,53 @@ def spec_kwargs(model: str, spec: bool, args) -> dict:
         speculative_num_draft_tokens=8, **common.PINNED_SPEC)
 
 
-def measure(engine, batch: int, args) -> float:
+def _prompts(batch: int, args) -> list:
     import torch
 
     gen = torch.Generator().manual_seed(batch)
-    ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
-           for _ in range(batch)]
-    common.generate_ids(engine, ids[:1], 8)  # warm-up
-    times = []
+    return [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
+            for _ in range(batch)]
+
+
+def measure_pair(engines: dict, batch: int, args) -> dict:
+    """{deterministic: tok/s}: the two engines' timed runs interleaved (default, deterministic,
+    default, ...), so both see the same history and the same drift of the machine."""
+    ids = _prompts(batch, args)
+    for engine in engines.values():
+        common.generate_ids(engine, ids[:1], 8)  # warm-up
+    times = {det: [] for det in engines}
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        common.generate_ids(engine, ids, args.new_tokens)
-        times.append(time.perf_counter() - t0)
-    return batch * args.new_tokens / common.median(times)
+        for det, engine in engines.items():
+            t0 = time.perf_counter()
+            common.generate_ids(engine, ids, args.new_tokens)
+            times[det].append(time.perf_counter() - t0)
+    return {det: batch * args.new_tokens / common.median(t) for det, t in times.items()}
 
 
 def run(args) -> list:
     from specpcg import Engine
 
     models = [args.model_path] + ([] if args.skip_8b else [BIG])
+    # Both engines live at once: a KV cache sized to the largest batch (outputs, a spec step's
+    # overshoot and a margin) instead of the default share of the GPU's memory.
+    kv_tokens = 2 * max(args.batches) * (args.prompt_len + args.new_tokens + 16)
     lines = []
     for model in models:
         for spec in (False, True):
-            rates = {}
-            for det in (False, True):
-                engine = Engine(model_path=model, enable_deterministic_inference=det,
-                                max_running_requests=max(args.batches), show_progress=False,
-                                **spec_kwargs(model, spec, args))
-                rates[det] = {b: measure(engine, b, args) for b in args.batches}
-                device = engine.device
+            engines = {det: Engine(model_path=model, enable_deterministic_inference=det,
+                                   max_running_requests=max(args.batches), show_progress=False,
+                                   max_total_tokens=kv_tokens, **spec_kwargs(model, spec, args))
+                       for det in (False, True)}
+            rates = {b: measure_pair(engines, b, args) for b in args.batches}
+            device = engines[False].device
+            for engine in engines.values():
                 engine.shutdown()
             for b in args.batches:
                 lines.append({"bench": "deterministic_cost", "model": model or "default",
-                              "spec": spec, "batch": b, "default_tok_s": rates[False][b],
-                              "deterministic_tok_s": rates[True][b],
-                              "cost": 1 - rates[True][b] / rates[False][b],
+                              "spec": spec, "batch": b, "default_tok_s": rates[b][False],
+                              "deterministic_tok_s": rates[b][True],
+                              "cost": 1 - rates[b][True] / rates[b][False],
+                              "repeats": args.repeats, "interleaved": True,
                               **common.machine_info(device)})
                 print(f"[bench_deterministic] {model or 'default'} spec={spec} bs={b}: "
                       f"cost {lines[-1]['cost']:.1%}", flush=True)
