@@ -208,14 +208,32 @@ def cuda_launch(m: int, n: int, sms: int) -> Launch:
     return Launch()
 
 
+_UNFIT: set = set()  # (launch, K tile, device): wide launches this GPU's shared memory refused
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            out: torch.Tensor, tiling: Tiling | None = None, launch: Launch | None = None) -> None:
-    """out [M, N] = x [M, K] @ weight [N, K].T (+ bias [N]); x and weight row-contiguous."""
+    """out [M, N] = x [M, K] @ weight [N, K].T (+ bias [N]); x and weight row-contiguous.
+    launch None: launch_for's choice, or the decode launch where this GPU cannot fit it."""
+    assert x.stride(1) == 1 and weight.stride(1) == 1 and out.stride(1) == 1
+    t = tiling or tiling_for(weight.shape[0], x.shape[1], x.device)
+    if launch is not None:
+        return _launch(x, weight, bias, out, t, launch)
+    lc = launch_for(x.shape[0], weight.shape[0], x.device)
+    key = (lc, t.block_k, x.device)
+    if lc != Launch() and key not in _UNFIT:
+        try:
+            return _launch(x, weight, bias, out, t, lc)
+        except triton.runtime.errors.OutOfResources:
+            # NOTE: a GPU with less shared memory than the H100 the launches were fitted on;
+            # the decode launch gives the same bits, so it is a safe fallback.
+            _UNFIT.add(key)
+    _launch(x, weight, bias, out, t, Launch())
+
+
+def _launch(x, weight, bias, out, t: Tiling, lc: Launch) -> None:
     m, k = x.shape
     n = weight.shape[0]
-    assert x.stride(1) == 1 and weight.stride(1) == 1 and out.stride(1) == 1
-    t = tiling or tiling_for(n, k, x.device)
-    lc = launch or launch_for(m, n, x.device)
     block_n = lc.block_n or t.block_n
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     k_per_split = triton.cdiv(triton.cdiv(k, t.block_k), t.split_k) * t.block_k

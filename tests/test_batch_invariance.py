@@ -213,6 +213,34 @@ def test_many_rows_take_the_widest_launch_that_fills_the_gpu():
     assert all(lc.fuse_splits and lc.flush_in_loop for lc in mm.WIDE_LAUNCHES)
 
 
+def test_a_wide_launch_the_gpu_cannot_fit_falls_back_to_the_decode_launch(monkeypatch):
+    """A GPU with less shared memory than the one the wide launches were fitted on refuses
+    them at compile time: the call takes the decode launch (same bits) from then on."""
+    import triton
+
+    from kernels.dispatch import triton_module
+
+    mm = triton_module("matmul_triton")
+    monkeypatch.setattr(mm, "launch_for", lambda m, n, device: mm.WIDE_LAUNCHES[0])
+    monkeypatch.setattr(mm, "_UNFIT", set())
+    launched, real = [], mm._launch
+
+    def launch(x, w, b, out, t, lc):
+        launched.append(lc)
+        if lc.fuse_splits:
+            raise triton.runtime.errors.OutOfResources(245760, 232448, "shared memory")
+        return real(x, w, b, out, t, lc)
+
+    monkeypatch.setattr(mm, "_launch", launch)
+    gen = torch.Generator().manual_seed(13)
+    w, x = torch.randn(40, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    for _ in range(2):
+        out = torch.empty(5, 40)
+        mm.matmul(x, w, None, out)
+        torch.testing.assert_close(out, x @ w.T, atol=1e-4, rtol=1e-4)
+    assert launched == [mm.WIDE_LAUNCHES[0], mm.Launch(), mm.Launch()]  # tried once only
+
+
 def test_big_weights_get_a_full_wave_of_programs_and_small_ones_stay_whole():
     from kernels.dispatch import triton_module
 
