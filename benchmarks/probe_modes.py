@@ -5,6 +5,7 @@ bench_deterministic measures every batch size on one engine per mode; this probe
 cell there is the mode's cost or the engine's history.
 
     python benchmarks/probe_modes.py [--model-path shape:llama-3-8b] [--batch 64] [--spec]
+                                     [--history 1 16]
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def probe(model: str, batch: int, deterministic: bool, args) -> None:
     ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
            for _ in range(batch)]
     common.generate_ids(engine, ids[:1], 8)  # warm-up
+    for b in args.history:  # batches run first, as bench_deterministic's one engine ran them
+        t0 = time.perf_counter()
+        common.generate_ids(engine, [ids[i % batch] for i in range(b)], args.new_tokens)
+        print(f"  history batch {b}: {b * args.new_tokens / (time.perf_counter() - t0):,.0f} "
+              f"tok/s", flush=True)
     before, t0 = _stats(engine), time.perf_counter()
     common.generate_ids(engine, ids, args.new_tokens)
     seconds = time.perf_counter() - t0
@@ -58,6 +64,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--history", type=int, nargs="*", default=[],
+                   help="batch sizes to run on the engine before the probed one")
     p.add_argument("--spec", action="store_true",
                    help="NGRAM (7, 1, 8) with simulated acceptance 0.7 (benchmark-only mode)")
     args = p.parse_args()
