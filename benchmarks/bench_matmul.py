@@ -76,8 +76,7 @@ def launches() -> list:
     shapes = [(64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 8, 4), (128, 64, 8, 4), (128, 128, 8, 3),
               (128, 128, 4, 3)]
     return [mm.Launch(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
-                      fuse_splits=True, flush_in_loop=flush)
-            for (bm, bn, warps, stages), flush in itertools.product(shapes, (False, True))]
+                      fuse_splits=True) for bm, bn, warps, stages in shapes]
 
 
 def bench_launches(model: str, name: str, n: int, k: int, rows: list, out: list) -> None:
@@ -129,6 +128,14 @@ def step_sums(lines: list) -> dict:
             for key, per in out.items()}
 
 
+def _launch_of(line: dict):
+    """The line's Launch, or None for a form since removed: fused splits summed in one loop
+    each (lines up to f3c91d5 carry flush_in_loop; those before it fused only that way)."""
+    fields = dict(line["launch"])
+    flush = fields.pop("flush_in_loop", False)
+    return mm.Launch(**fields) if flush or not fields["fuse_splits"] else None
+
+
 def launch_sums(lines: list) -> dict:
     """(model, M) -> one step's linear layers summed, in us, for the latest launch run: cuBLAS,
     the decode launch (fp32 workspace for split K) and the launch `cuda_launch` picks now."""
@@ -139,7 +146,9 @@ def launch_sums(lines: list) -> dict:
         if l["impl"] == "cublas":
             d["cublas"] = l["us"]
             continue
-        lc = mm.Launch(**l["launch"])
+        lc = _launch_of(l)
+        if lc is None:
+            continue
         if lc == mm.Launch():
             d["decode"] = l["us"]
         if lc == mm.cuda_launch(l["m"], l["n"], l.get("sms", 132)):

@@ -36,40 +36,45 @@ class Tiling:
 
 
 @triton.jit
+def _load_tiles(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k0, k_end, stride_xm, stride_wn,
+                BLOCK_K: tl.constexpr):
+    """x [BLOCK_M, BLOCK_K] and w [BLOCK_N, BLOCK_K] at k0, zero past k_end."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < k_end
+    x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
+                mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+                mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+    return x, w
+
+
+@triton.jit
 def _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start, k_end, stride_xm,
                stride_wn, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """sum over k in [k_start, k_end) of x[m, k] * w[n, k], in BLOCK_K steps from k_start."""
-    offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        mask_k = (k0 + offs_k) < k_end
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [M, K]
-        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :],
-                    mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # [N, K]
+        x, w = _load_tiles(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k0, k_end,
+                           stride_xm, stride_wn, BLOCK_K)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
     return acc
 
 
 @triton.jit
-def _dot_flushed(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, K_PER_SPLIT, stride_xm,
-                 stride_wn, DOT_PRECISION: tl.constexpr, SPLITS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Every split's sum in one loop over K: the running partial sum is added onto the total
-    and restarted from zero at each split's end, so the software pipeline never drains."""
-    offs_k = tl.arange(0, BLOCK_K)
+def _dot_splits(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, K_PER_SPLIT, stride_xm,
+                stride_wn, DOT_PRECISION: tl.constexpr, SPLITS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Every split's sum, each from zero, added 0, 1, 2, ... onto zero (as _sum_splits_kernel
+    adds them), in one loop over K: the partial sum is added onto the total and restarted at
+    each split's end, so the software pipeline never drains between splits."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     steps = tl.cdiv(K, BLOCK_K)
     per_split = K_PER_SPLIT // BLOCK_K
     for i in range(0, steps):
-        k0 = i * BLOCK_K
-        mask_k = (k0 + offs_k) < K
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # [M, K]
-        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k0 + offs_k)[None, :],
-                    mask=mask_n[:, None] & mask_k[None, :], other=0.0)  # [N, K]
+        x, w = _load_tiles(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, i * BLOCK_K, K,
+                           stride_xm, stride_wn, BLOCK_K)
         part = tl.dot(x, tl.trans(w), part, input_precision=DOT_PRECISION)
         if ((i + 1) % per_split == 0) | (i + 1 == steps):
             acc += part
@@ -84,11 +89,10 @@ def _matmul_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT,
     stride_xm, stride_wn, stride_ym, stride_ys,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLITS_IN_PROGRAM: tl.constexpr,
-    FLUSH_IN_LOOP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """SPLITS_IN_PROGRAM == 1: program z sums split z (its partial sum goes to the workspace, or
-    is the result when K is not split). > 1: one program sums every split itself, each from
-    zero, then adds them 0, 1, 2, ... onto zero, exactly as _sum_splits_kernel would."""
+    is the result when K is not split). > 1: one program sums every split itself."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -100,17 +104,10 @@ def _matmul_kernel(
         acc = _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start,
                          tl.minimum(K, k_start + K_PER_SPLIT), stride_xm, stride_wn,
                          DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
-    elif FLUSH_IN_LOOP:
-        acc = _dot_flushed(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, K_PER_SPLIT,
-                           stride_xm, stride_wn, DOT_PRECISION, SPLITS_IN_PROGRAM,
-                           BLOCK_M, BLOCK_N, BLOCK_K)
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SPLITS_IN_PROGRAM):
-            k_start = s * K_PER_SPLIT
-            acc += _dot_range(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, k_start,
-                              tl.minimum(K, k_start + K_PER_SPLIT), stride_xm, stride_wn,
-                              DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _dot_splits(x_ptr, w_ptr, offs_m, offs_n, mask_m, mask_n, K, K_PER_SPLIT,
+                          stride_xm, stride_wn, DOT_PRECISION, SPLITS_IN_PROGRAM,
+                          BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     y = y_ptr + split.to(tl.int64) * stride_ys
@@ -178,16 +175,15 @@ class Launch:
     num_warps: int | None = None
     num_stages: int | None = None
     fuse_splits: bool = False
-    flush_in_loop: bool = False  # fused splits in one pipelined loop (else one loop each)
 
 
 WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call may take a wide launch
-# Widest first; each adds the K splits in one pipelined loop (kernels don't drain between
-# splits). Fitted to `bench_matmul.py --launches` on an H100 (matmul.jsonl, "matmul_launch"):
-# at 512 rows the 8B shape's split layers ran 0.33-0.40x cuBLAS with the workspace, 0.54-0.70x
-# with these; 128 x 128 tiles need 8 warps (with 4, two fp32 accumulators spill: 0.06x).
-WIDE_LAUNCHES = (Launch(128, 128, 8, 3, True, True), Launch(64, 128, 4, 4, True, True),
-                 Launch(64, 64, 4, 4, True, True))
+# Widest first; each adds the K splits in one pipelined loop (_dot_splits). Fitted to
+# `bench_matmul.py --launches` on an H100 (matmul.jsonl, "matmul_launch"): at 512 rows the 8B shape's split layers ran 0.33-0.40x cuBLAS with the workspace, 0.54-0.70x
+# with these (one loop per split, draining the pipeline at each, ran 0.52-0.60x);
+# 128 x 128 tiles need 8 warps (with 4, two fp32 accumulators spill: 0.06x).
+WIDE_LAUNCHES = (Launch(128, 128, 8, 3, True), Launch(64, 128, 4, 4, True),
+                 Launch(64, 64, 4, 4, True))
 
 
 def launch_for(m: int, n: int, device: torch.device) -> Launch:
@@ -245,7 +241,7 @@ def _launch(x, weight, bias, out, t: Tiling, lc: Launch) -> None:
         x, weight, bias if bias is not None else weight, dest, m, n, k, k_per_split,
         x.stride(0), weight.stride(0), dest.stride(-2), dest.stride(0) if workspace else 0,
         HAS_BIAS=bias is not None and not workspace, DOT_PRECISION=precision,
-        SPLITS_IN_PROGRAM=t.split_k if lc.fuse_splits else 1, FLUSH_IN_LOOP=lc.flush_in_loop,
+        SPLITS_IN_PROGRAM=t.split_k if lc.fuse_splits else 1,
         BLOCK_M=lc.block_m, BLOCK_N=block_n, BLOCK_K=t.block_k,
         num_warps=lc.num_warps or t.num_warps, num_stages=lc.num_stages or t.num_stages)
     if workspace:
