@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specpcg.transfer import to_device
+from specpcg.transfer import runs, to_device
 
 SINK_SLOT = 0
 
@@ -140,11 +140,9 @@ class KVCache:
             flat += new
             new_all.append(new)
         if flat:
-            # NOTE: built in numpy (a 4,096-token prefill would loop over Python lists here).
             rows = np.repeat(np.asarray(req_pool_idxs, dtype=np.int64), counts)
-            cols = np.arange(len(flat), dtype=np.int64) - np.repeat(
-                np.cumsum(counts) - np.asarray(counts) - np.asarray(starts), counts)
-            packed = to_device(torch.from_numpy(np.stack([rows, cols, np.asarray(flat)])),
+            packed = to_device(torch.from_numpy(np.stack([rows, runs(starts, counts),
+                                                          np.asarray(flat, dtype=np.int64)])),
                                self.req_pool.req_to_token.device)  # [3, n]
             self.req_pool.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
         return new_all

@@ -19,7 +19,7 @@ from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode, Request
 from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
 from specpcg.speculative.adaptive import Finish
-from specpcg.transfer import to_device
+from specpcg.transfer import runs, to_device
 
 logger = logging.getLogger("specpcg")
 
@@ -319,23 +319,6 @@ class Scheduler:
         return aborted
 
 
-def _packed_batch(flat_ids: list, slots: list, rows: list, seq_lens: list,
-                  ext_lens: list) -> torch.Tensor:
-    """ids, positions, slots (one per token), then rows, seq_lens, ext_lens (one per request),
-    as one int64 CPU tensor."""
-    if len(flat_ids) <= 4 * len(rows):  # decode, verify of a few nodes: lists are cheaper
-        positions = [p for s, n in zip(seq_lens, ext_lens) for p in range(s - n, s)]
-        return torch.from_numpy(np.array(flat_ids + positions + slots + rows + seq_lens
-                                         + ext_lens, dtype=np.int64))
-    # NOTE: a long prefill's lists are thousands of ints; Python-level passes over them
-    # showed in its TTFT, so positions come from numpy and the ids and slots are read once.
-    ends = np.repeat(np.asarray(seq_lens, dtype=np.int64), ext_lens)
-    positions = ends - np.repeat(np.cumsum(ext_lens), ext_lens) + np.arange(len(flat_ids))
-    return torch.from_numpy(np.concatenate([
-        np.asarray(flat_ids, dtype=np.int64), positions, np.asarray(slots, dtype=np.int64),
-        np.asarray(rows + seq_lens + ext_lens, dtype=np.int64)]))
-
-
 def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -> ForwardBatch:
     """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots.
 
@@ -348,8 +331,11 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -
         flat_ids += ids
         slots += kv_cache.slots_of(r.req_pool_idx)[s - n:s]
     num_tokens, bs = len(flat_ids), len(reqs)
-    rows = [r.req_pool_idx for r in reqs]
-    packed = to_device(_packed_batch(flat_ids, slots, rows, seq_lens, ext_lens), device)
+    positions = runs([s - n for s, n in zip(seq_lens, ext_lens)], ext_lens)
+    per_request = [r.req_pool_idx for r in reqs] + seq_lens + ext_lens
+    packed = to_device(torch.from_numpy(np.concatenate([
+        np.asarray(flat_ids, dtype=np.int64), positions,
+        np.asarray(slots + per_request, dtype=np.int64)])), device)
     parts = packed.split([num_tokens] * 3 + [bs] * 3)
     return ForwardBatch(
         forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],

@@ -26,6 +26,18 @@ def host_tensor(values, dtype=torch.long) -> torch.Tensor:
     return torch.from_numpy(np.array(values, dtype=np_dtype))
 
 
+def runs(starts: list, counts: list) -> np.ndarray:
+    """int64 [sum(counts)]: start, start + 1, ... (count of them) for each (start, count) in
+    turn: a batch's positions, or the req_to_token columns its new slots go to."""
+    total = sum(counts)
+    if total <= 4 * len(counts):  # decode, a short verify: a list is cheaper than numpy calls
+        return np.array([p for s, n in zip(starts, counts) for p in range(s, s + n)],
+                        dtype=np.int64)
+    # NOTE: a long prefill is thousands of tokens: no Python-level pass over them here.
+    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(counts) - np.asarray(counts))
+    return np.repeat(shift, counts) + np.arange(total)
+
+
 def to_device(values, device, dtype=torch.long) -> torch.Tensor:
     """values: a list (of ints, or of equal-length lists) or a CPU tensor; returns it on
     `device`. On CUDA the copy is queued on the current stream without a host sync."""

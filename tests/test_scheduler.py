@@ -152,3 +152,14 @@ def test_deterministic_mode_reserves_outputs_instead_of_preempting(tiny_path):
     info = det.get_server_info()
     assert info["num_preemptions"] == 0
     assert info["kv_cache"]["free_slots"] == info["kv_cache"]["total_slots"]
+
+
+@pytest.mark.parametrize("starts,counts", [([5, 0, 9], [1, 1, 1]), ([3, 0, 7], [4, 0, 30]),
+                                           ([100, 2], [600, 513])])
+def test_runs_are_each_request_consecutive_ints_whichever_path_builds_them(starts, counts):
+    """Decode-sized batches take the list path, long prefills the numpy one: same values."""
+    from specpcg.transfer import runs
+
+    got = runs(starts, counts)
+    assert str(got.dtype) == "int64"
+    assert got.tolist() == [p for s, n in zip(starts, counts) for p in range(s, s + n)]
