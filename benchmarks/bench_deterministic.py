@@ -11,7 +11,8 @@ modes' engines live side by side and their timed runs alternate, so both share o
 with one engine after the other, the default engine of the 8B shape once decoded batch 64 at
 4,191 tok/s after batches 1 and 16 and at 7,166 fresh (probe_modes.py).
 
-    python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b] [--draft DIR]
+    python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b | --skip-default]
+                                             [--repeats 3] [--draft DIR]
                                              [--out FILE]
 """
 
@@ -70,7 +71,7 @@ def measure_pair(engines: dict, batch: int, args) -> dict:
 def run(args) -> list:
     from specpcg import Engine
 
-    models = [args.model_path] + ([] if args.skip_8b else [BIG])
+    models = ([] if args.skip_default else [args.model_path]) + ([] if args.skip_8b else [BIG])
     # Both engines live at once: a KV cache sized to the largest batch (outputs, a spec step's
     # overshoot and a margin) instead of the default share of the GPU's memory.
     kv_tokens = 2 * max(args.batches) * (args.prompt_len + args.new_tokens + 16)
@@ -137,6 +138,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--accept", type=float, default=0.7, help="8B shape: simulated acceptance")
     p.add_argument("--skip-8b", action="store_true")
+    p.add_argument("--skip-default", action="store_true", help="the 8B shape's cells only")
     p.add_argument("--draft", default=None, metavar="DIR", help="the default model's EAGLE3 draft")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "deterministic_cost.jsonl"))
     p.add_argument("--table-only", action="store_true", help="table and plot of --out only")

@@ -8,7 +8,8 @@ first epoch of a real run does. Each variant runs the trainer's own loop
 second. --profile FILE also runs the trainer's default variant under torch.profiler and writes
 its kernel table (where a step's time goes).
 
-    python benchmarks/bench_train_step.py [--steps 40] [--out FILE] [--profile FILE]
+    python benchmarks/bench_train_step.py [--steps 40] [--token-budgets 16384 32768]
+                                          [--out FILE] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -60,14 +61,15 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0):
 
 
 def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, ttt, window,
-                steps, num_seqs, seed) -> dict:
+                steps, num_seqs, seed, token_budget: int = 16384) -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
 
     store = torch.device("cpu") if on_cpu else device
     feats = synthetic_features(cfg, num_seqs, soft_k, store, seed)
     split = {"train": list(range(1, num_seqs)), "heldout": [0]}
-    opts = LoopOptions(minutes=60.0, max_steps=steps, show_progress=False)
+    opts = LoopOptions(minutes=60.0, max_steps=steps, show_progress=False,
+                       token_budget=token_budget)
     with tempfile.TemporaryDirectory() as out:
         record = train_head("EAGLE3", target, cfg, feats, split, opts, 7, 8192, device, out,
                             attention_dtype=attn_dtype,
@@ -79,8 +81,8 @@ def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale
             "tokens_per_s": tokens / record["train_s"], "ttt_steps": 7,
             "token_budget": opts.token_budget, "ttt": ttt, "ttt_window": window,
             "prompt_share": PROMPT_SHARE, "device": common.device_name(device)}
-    print(f"[bench_train_step] {name:28s} {line['ms_per_step']:8.1f} ms/step "
-          f"{line['tokens_per_s']:10.0f} tok/s", flush=True)
+    print(f"[bench_train_step] {name:28s} {token_budget:6d} tokens a batch "
+          f"{line['ms_per_step']:8.1f} ms/step {line['tokens_per_s']:10.0f} tok/s", flush=True)
     return line
 
 
@@ -90,6 +92,9 @@ def main() -> None:
     p.add_argument("--num-seqs", type=int, default=400)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "train_step.jsonl"))
+    p.add_argument("--token-budgets", type=int, nargs="+", default=[16384],
+                   help="tokens per batch: every variant at the first, the default variant at "
+                   "the others too (where host overhead per step stops mattering)")
     p.add_argument("--profile", default=None, help="also write the default variant's kernel "
                    "table under torch.profiler to this file")
     args = p.parse_args()
@@ -98,8 +103,11 @@ def main() -> None:
     device = torch.device(args.device)
     cfg = preset_config("shape:smollm2-135m")
     target = build_model(cfg, None, device, torch.bfloat16, seed=0)
-    lines = [run_variant(target, cfg, device, *v, args.steps, args.num_seqs, seed)
+    first, *more = args.token_budgets
+    lines = [run_variant(target, cfg, device, *v, args.steps, args.num_seqs, seed, first)
              for seed, v in enumerate(VARIANTS)]
+    lines += [run_variant(target, cfg, device, *VARIANTS[DEFAULT_VARIANT], args.steps,
+                          args.num_seqs, len(lines) + i, budget) for i, budget in enumerate(more)]
     meta = {"git": common.git_commit(), "time": common.now_iso(), **common.machine_info(device)}
     common.append_jsonl(args.out, [{**line, **meta} for line in lines])
     if args.profile:

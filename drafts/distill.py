@@ -19,6 +19,34 @@ from tqdm import tqdm
 from drafts.train_data import Sequences
 from specpcg.gsm8k import STOP
 
+GEN_BATCH_CUDA = 512  # concurrent requests (and decode-graph batch) while generating answers
+GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: max_prompt_tokens plus an answer
+# Admission while generating: prefill 64 new requests at a time in 16k-token chunks, not one
+# prefill step per finished answer (4,000 prompts on the H100: 28.1 s against 41.8 s, the
+# prefill steps 112 against 1,962; benchmarks/results/probe_distill.jsonl).
+GEN_ADMISSION = {"chunked_prefill_size": 16384, "min_prefill_requests": 64}
+# An engine whose model only computes features (answers cached): no graphs to capture and no
+# generation-sized KV cache, which cost a later draft a minute of its budget.
+FEATURES_ONLY = dict(disable_cuda_graph=True, disable_piecewise_cuda_graph=True,
+                     max_running_requests=8, max_total_tokens=8192, chunked_prefill_size=4096,
+                     min_prefill_requests=1)
+
+
+def make_engine(target: Optional[str], device: str, **overrides):
+    """An engine on `target` sized for generating answers (on CUDA), with `overrides`."""
+    from specpcg import Engine
+    from specpcg.config import EngineConfig
+
+    kw = dict(model_path=target, device=device, show_progress=False)
+    if EngineConfig(device=device).resolve_device().type == "cuda":
+        # A bounded KV cache (not a share of free memory): drafts can train side by side.
+        # No piecewise graphs: prefills come GEN_ADMISSION's 16,384 tokens at a time, past the
+        # graphs' largest size (4,096), so capturing them would only spend the budget.
+        kw.update(max_running_requests=GEN_BATCH_CUDA, cuda_graph_max_bs=GEN_BATCH_CUDA,
+                  max_total_tokens=GEN_BATCH_CUDA * GEN_TOKENS_PER_REQUEST,
+                  disable_piecewise_cuda_graph=True, **GEN_ADMISSION)
+    return Engine(**{**kw, **overrides})
+
 
 @dataclass
 class _Conv:

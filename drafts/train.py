@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from drafts.data import DEFAULT_DATA, check_spec, training_samples
-from drafts.distill import self_distill
+from drafts.distill import FEATURES_ONLY, make_engine, self_distill
 from drafts.heads import default_aux_layer_ids
 from drafts.offline import (draft_hits, load_draft_model, offline_accept,
                             offline_accept_by_source)
@@ -42,20 +42,14 @@ from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-TRAINER_VERSION = 7  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 8  # part of ensure_draft's cache key: bump when trained drafts change
 # Chains whose offline accept length the log carries: the engine's default and the deepest the
 # benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
 OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)
 # What each algorithm reads of the target: its final hidden states, the aux layers' residual
 # streams (EAGLE3), or nothing but its greedy labels (STANDALONE).
 FEATURES = {"EAGLE": "final", "EAGLE3": "aux", "NEXTN": "final", "STANDALONE": None}
-GEN_BATCH_CUDA = 512  # concurrent requests (and decode-graph batch) while generating answers
 FINISH_MARGIN_S = 10.0  # held-out evaluation and saving, after the training loop
-GEN_TOKENS_PER_REQUEST = 1536  # KV room per request: max_prompt_tokens plus an answer
-# Admission while generating: prefill 64 new requests at a time in 16k-token chunks, not one
-# prefill step per finished answer (4,000 prompts on the H100: 28.1 s against 41.8 s, the
-# prefill steps 112 against 1,962; benchmarks/results/probe_distill.jsonl).
-GEN_ADMISSION = {"chunked_prefill_size": 16384, "min_prefill_requests": 64}
 
 
 @dataclass(frozen=True)
@@ -85,8 +79,12 @@ class TrainOptions:
     head_intermediate_size: int = 0
     device: str = "auto"
     seed: int = 0
-    lr: float = 1e-3
-    token_budget: int = 16384
+    # Tokens a batch, and the rate for it (Adam: scaled with the square root of the batch).
+    # With 16,384 the loop waited on the host: a step took 92 ms on the H100 where its kernels
+    # took 63 (benchmarks/results/train_profile_h100.txt); twice the tokens cost the host
+    # the same launches.
+    lr: float = 1.4e-3
+    token_budget: int = 32768
     max_epochs: int = 40
     max_steps: Optional[int] = None
     heldout_frac: float = 0.05
@@ -124,23 +122,8 @@ class TrainOptions:
                            seed=self.seed, show_progress=self.show_progress)
 
 
-# An engine whose model only computes features (answers cached): no graphs to capture and no
-# generation-sized KV cache, which cost a later draft a minute of its budget.
-FEATURES_ONLY = dict(disable_cuda_graph=True, disable_piecewise_cuda_graph=True,
-                     max_running_requests=8, max_total_tokens=8192, chunked_prefill_size=4096,
-                     min_prefill_requests=1)
-
-
 def _make_engine(target: Optional[str], o: TrainOptions, **overrides):
-    from specpcg import Engine
-    from specpcg.config import EngineConfig
-
-    kw = dict(model_path=target, device=o.device, show_progress=False)
-    if EngineConfig(device=o.device).resolve_device().type == "cuda":
-        # A bounded KV cache (not a share of free memory): drafts can train side by side.
-        kw.update(max_running_requests=GEN_BATCH_CUDA, cuda_graph_max_bs=GEN_BATCH_CUDA,
-                  max_total_tokens=GEN_BATCH_CUDA * GEN_TOKENS_PER_REQUEST, **GEN_ADMISSION)
-    return Engine(**{**kw, **overrides})
+    return make_engine(target, o.device, **overrides)
 
 
 def _aux_layer_ids(o: TrainOptions, num_layers: int) -> tuple:

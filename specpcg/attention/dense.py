@@ -241,8 +241,12 @@ class DenseAttnBackend(AttentionBackend):
 def dense_batch(input_ids: torch.Tensor, seq_lens: list) -> ForwardBatch:
     """An EXTEND batch of whole sequences (packed `input_ids`, positions from 0) with no KV."""
     device = input_ids.device
-    positions = torch.cat([torch.arange(n, device=device) for n in seq_lens])
-    lens = torch.tensor(seq_lens, device=device)
+    lens = torch.tensor(seq_lens)
+    # Built on the host and copied once: an arange per sequence on the device was a kernel
+    # launch each, and training batches hold dozens of sequences.
+    starts = torch.repeat_interleave(lens.cumsum(0) - lens, lens)
+    positions = (torch.arange(int(lens.sum())) - starts).to(device)
+    lens = lens.to(device)
     return ForwardBatch(
         forward_mode=ForwardMode.EXTEND, input_ids=input_ids, positions=positions,
         out_cache_loc=torch.zeros_like(input_ids), req_pool_indices=torch.zeros_like(lens),
