@@ -20,9 +20,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from drafts.head_checkpoint import random_head, save_head
+from drafts.soft_ce import soft_cross_entropy
 from drafts.train_data import Features, choose_draft_vocab, length_batches
 from drafts.train_loop import LoopOptions, evaluate, fit, heldout_curve
 from specpcg.attention.dense import DenseAttnBackend, TTTWindow, dense_batch, dense_forward
@@ -155,15 +155,6 @@ def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, head.head_weight.to(hidden.dtype)).float()  # [R, draft vocab]
 
 
-def _step_ce(head, hidden: torch.Tensor, labels: torch.Tensor, soft_ids=None,
-             soft_probs=None) -> torch.Tensor:
-    if soft_ids is None:
-        return F.cross_entropy(_logits(head, hidden), labels, ignore_index=-1, reduction="sum")
-    logp = torch.log_softmax(_logits(head, hidden), dim=-1)
-    picked = logp.gather(1, soft_ids.clamp(min=0))  # entries outside the vocabulary weigh 0
-    return -(soft_probs * picked)[labels >= 0].sum()
-
-
 def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
     for k, win, out, nxt in unrolled_steps(head, backend, rows, num_steps):
@@ -173,11 +164,11 @@ def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: floa
         # text never drafted (prompts hold about 60% of the tokens of chat data).
         m, at = rows.step_rows(k, win)
         labels = rows.labels[at]
-        # NOTE: recomputed in backward (checkpoint): each step's [rows, vocab] logits would
-        # otherwise stay alive until the chain's backward (7 steps x a 49k vocabulary ran a
-        # side-by-side H100 out of memory); the gradient is the same.
+        # Its gradient taken with the loss, in row chunks (drafts.soft_ce): each step's
+        # [rows, vocab] logits would otherwise stay alive until the chain's backward (7 steps x
+        # a 49k vocabulary ran a side-by-side H100 out of memory).
         soft = (rows.soft_ids[at], rows.soft_probs[at]) if rows.soft_ids is not None else ()
-        ce = checkpoint(_step_ce, head, out[m], labels, *soft, use_reentrant=False)
+        ce = soft_cross_entropy(out[m], head.head_weight, labels, *soft)
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
         if hidden_weight:
             diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[at].float(),

@@ -256,32 +256,41 @@ def test_draft_cache_keys_follow_content_not_paths(tmp_path):
         "name": "shape:llama-3-8b"}
 
 
-def test_the_checkpointed_step_loss_has_the_plain_gradient():
-    """head_loss recomputes each step's logits in backward; the gradient must not change."""
+def _plain_soft_ce(h, w, y, ids=None, probs=None):
+    """The loss as autograd would take it over whole [rows, vocab] logits."""
     import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
 
-    from drafts.train_heads import _step_ce
+    logits = F.linear(h, w.to(h.dtype))  # float64 here: exact enough to compare against
+    if ids is None:
+        return F.cross_entropy(logits, y, ignore_index=-1, reduction="sum")
+    picked = torch.log_softmax(logits, -1).gather(1, ids.clamp(min=0))
+    return -(probs * picked)[y >= 0].sum()
 
-    class Head(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(50, 8, generator=torch.Generator()
-                                                    .manual_seed(0)))
 
-        @property
-        def head_weight(self):
-            return self.w
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("trainable", [False, True])
+@pytest.mark.parametrize("chunk_rows", [7, 64])
+def test_the_chunked_soft_loss_has_the_plain_loss_and_gradient(soft, trainable, chunk_rows):
+    """head_loss takes the gradient with the loss, chunk by chunk (drafts.soft_ce); loss and
+    gradients must match autograd over whole logits, with rows without a label, soft ids
+    outside the vocabulary, a frozen weight and chunks that do not divide the rows."""
+    from drafts.soft_ce import soft_cross_entropy
 
-    head = Head()
-    h = torch.randn(30, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    y = torch.randint(-1, 50, (30,), generator=torch.Generator().manual_seed(2))
-    plain = F.cross_entropy(F.linear(h, head.w).float(), y, ignore_index=-1, reduction="sum")
-    g_plain = torch.autograd.grad(plain, [head.w, h])
-    ckpt = checkpoint(_step_ce, head, h, y, use_reentrant=False)
-    g_ckpt = torch.autograd.grad(ckpt, [head.w, h])
-    torch.testing.assert_close(ckpt, plain)
-    for a, b in zip(g_ckpt, g_plain):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 8, generator=gen, dtype=torch.float64).requires_grad_(trainable)
+    h = torch.randn(30, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(-1, 50, (30,), generator=gen)
+    soft_args = ()
+    if soft:
+        ids = torch.randint(-1, 50, (30, 4), generator=gen)
+        ids[:, 0] = y
+        probs = torch.softmax(torch.randn(30, 4, generator=gen, dtype=torch.float64), -1)
+        soft_args = (ids, probs.masked_fill(ids < 0, 0.0))
+    wrt = [h, w] if trainable else [h]
+    plain = _plain_soft_ce(h, w, y, *soft_args)
+    got = soft_cross_entropy(h, w, y, *soft_args, chunk_rows=chunk_rows)
+    torch.testing.assert_close(got, plain)
+    for a, b in zip(torch.autograd.grad(2.5 * got, wrt), torch.autograd.grad(2.5 * plain, wrt)):
         torch.testing.assert_close(a, b)
 
 
@@ -320,21 +329,18 @@ def test_soft_labels_keep_the_draft_vocabulary_and_renormalise():
 def test_one_hot_soft_labels_give_the_hard_loss_and_spread_ones_differ():
     import torch.nn.functional as F
 
-    from drafts.train_heads import _step_ce
+    from drafts.soft_ce import soft_cross_entropy
 
-    class Head(torch.nn.Module):
-        head_weight = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
-
+    w = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
     h = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
     y = torch.tensor([3, -1, 0, 19, 7, 7])
-    hard = _step_ce(Head(), h, y)
+    hard = soft_cross_entropy(h, w, y)
     ids = torch.stack([y, torch.full_like(y, 5)], dim=1)
     one_hot = torch.tensor([[1.0, 0.0]]).expand(6, 2)
-    assert torch.allclose(_step_ce(Head(), h, y, ids, one_hot), hard)
-    assert torch.allclose(hard, F.cross_entropy(h @ Head.head_weight.T, y, ignore_index=-1,
-                                                reduction="sum"))
+    assert torch.allclose(soft_cross_entropy(h, w, y, ids, one_hot), hard)
+    assert torch.allclose(hard, F.cross_entropy(h @ w.T, y, ignore_index=-1, reduction="sum"))
     spread = torch.tensor([[0.5, 0.5]]).expand(6, 2)
-    assert not torch.allclose(_step_ce(Head(), h, y, ids, spread), hard)
+    assert not torch.allclose(soft_cross_entropy(h, w, y, ids, spread), hard)
 
 
 def test_features_carry_the_targets_top_k_with_the_label_first():
