@@ -1,13 +1,15 @@
 """`python -m drafts.evaluate`: a trained draft's offline and online accept length, side by side.
 
     python -m drafts.evaluate --draft DIR [--data SPEC] [--num-prompts 120] [--max-new-tokens 192]
-        [--settings 3,1,4 7,1,8] [--batch-size 16] [--out results.jsonl]
+        [--settings 3,1,4 7,1,8] [--batch-size 16] [--no-ngram] [--out results.jsonl]
 
 On held-out prompts of the data (default: the draft's own training data; drafts.data holds
 out what no draft trains on): the target answers every prompt greedily (no speculation), the
 draft's chains are simulated on those answers (drafts.offline: "offline"), then the engine runs
 the same prompts with the draft at each setting ("online"). The two accept lengths must agree:
 a gap means the trainer and the engine feed the draft differently. Trees are online only.
+NGRAM runs the same prompts at each setting too, so the draft's margin over it is measured on
+the prompts the draft is measured on.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def online(target, device, algorithm, draft, setting, prompts, max_new_tokens, b
     token included) and how many outputs equal the no-spec reference."""
     steps, topk, tokens = setting
     engine = _engine(target, device, batch_size, speculative_algorithm=algorithm,
-                     speculative_draft_model_path=draft, speculative_num_steps=steps,
+                     speculative_draft_model_path=draft if algorithm != "NGRAM" else None,
+                     speculative_num_steps=steps,
                      speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens,
                      # every step speculative: the accept length of this draft, as offline walks it
                      disable_adaptive_speculation=True)
@@ -84,7 +87,8 @@ def online(target, device, algorithm, draft, setting, prompts, max_new_tokens, b
 def evaluate_draft(draft: str, data: Optional[str] = None, num_prompts: int = NUM_PROMPTS,
                    max_new_tokens: int = 192, settings=((3, 1, 4), (7, 1, 8)),
                    batch_size: int = 16, algorithm: Optional[str] = None,
-                   target: Optional[str] = None, device: str = "auto", seed: int = 0) -> dict:
+                   target: Optional[str] = None, device: str = "auto", seed: int = 0,
+                   ngram: bool = True) -> dict:
     log = read_log(draft)
     algorithm = algorithm or log.get("algorithm")
     target = target or log.get("target")
@@ -118,6 +122,9 @@ def evaluate_draft(draft: str, data: Optional[str] = None, num_prompts: int = NU
         key = ",".join(map(str, s))
         row = {"online": online(target, device, algorithm, draft, s, prompts, max_new_tokens,
                                 batch_size, reference)}
+        if ngram:
+            row["ngram"] = online(target, device, "NGRAM", None, s, prompts, max_new_tokens,
+                                  batch_size, reference)
         if key in offline:
             row["offline"] = offline[key]
             row["offline_over_online"] = (offline[key]["accept_length"]
@@ -129,13 +136,14 @@ def evaluate_draft(draft: str, data: Optional[str] = None, num_prompts: int = NU
 def print_record(record: dict) -> None:
     print(f"{record['algorithm']} {record['draft']} on {record['num_prompts']} held-out prompts "
           f"of {record['data']} ({record['device']}, {record['dtype']}):")
-    print("setting   offline AL   online AL   offline/online   identical to no-spec")
+    print("setting   offline AL   online AL   offline/online   NGRAM AL   identical to no-spec")
+    nan = float("nan")
     for key, row in record["settings"].items():
-        on = row["online"]
-        off = row.get("offline")
-        print(f"{key:9} {off['accept_length'] if off else float('nan'):10.3f}   "
-              f"{on['accept_length']:9.3f}   {row.get('offline_over_online', float('nan')):14.3f}"
-              f"   {on['identical_to_no_spec']}/{record['num_prompts']}")
+        on, off, ng = row["online"], row.get("offline"), row.get("ngram")
+        print(f"{key:9} {off['accept_length'] if off else nan:10.3f}   "
+              f"{on['accept_length']:9.3f}   {row.get('offline_over_online', nan):14.3f}   "
+              f"{ng['accept_length'] if ng else nan:8.3f}   "
+              f"{on['identical_to_no_spec']}/{record['num_prompts']}")
 
 
 def main(argv=None) -> None:
@@ -150,11 +158,12 @@ def main(argv=None) -> None:
     p.add_argument("--algorithm", default=None, help="default: the draft's train_log.json")
     p.add_argument("--target", default=None, help="default: the draft's train_log.json")
     p.add_argument("--device", default="auto")
+    p.add_argument("--no-ngram", action="store_true", help="skip NGRAM on the same prompts")
     p.add_argument("--out", default=None, help="append the record as a JSON line")
     a = p.parse_args(argv)
     record = evaluate_draft(a.draft, a.data, a.num_prompts, a.max_new_tokens,
                             parse_settings(a.settings), a.batch_size, a.algorithm, a.target,
-                            a.device)
+                            a.device, ngram=not a.no_ngram)
     print_record(record)
     if a.out:
         with open(a.out, "a", encoding="utf-8") as f:

@@ -1,4 +1,5 @@
-"""Attention backends: the Triton backend matches the torch reference; the factory's rules."""
+"""Attention backends: the Triton backend matches the torch reference (the factory's rules:
+test_attention_factory.py)."""
 
 import importlib.util
 import math
@@ -13,8 +14,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from specpcg.attention import (create_attention_backend,  # noqa: E402
-                               resolve_attention_backend_name)
+from specpcg.attention import create_attention_backend  # noqa: E402
 from specpcg.attention.torch_backend import TorchAttnBackend  # noqa: E402
 from specpcg.core import ForwardBatch, ForwardMode  # noqa: E402
 from specpcg.kv_cache import SINK_SLOT, KVCache, KVPool, ReqToTokenPool  # noqa: E402
@@ -266,53 +266,6 @@ def test_triton_decode_matches_torch(case, head_dim, num_kv_splits):
 def test_triton_decode_with_padded_rows():
     _compare("cpu", torch.float32, 16, DECODE_CASES["mixed"], ForwardMode.DECODE, atol=1e-4,
              num_pad_tokens=3)
-
-
-@pytest.mark.parametrize("device,expected",
-                         [("cpu", "torch"), ("cuda", "triton" if HAS_TRITON else "torch")])
-def test_auto_resolves_by_device(device, expected):
-    assert resolve_attention_backend_name("auto", device) == expected
-
-
-def test_explicit_names_resolve(monkeypatch):
-    assert resolve_attention_backend_name("torch", "cpu") == "torch"
-    assert resolve_attention_backend_name("torch", "cuda") == "torch"
-    if HAS_TRITON:
-        assert resolve_attention_backend_name("triton", "cuda") == "triton"
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        assert resolve_attention_backend_name("triton", "cpu") == "triton"
-
-
-def test_unknown_name_is_refused():
-    with pytest.raises(ValueError, match=r"attention_backend='sdpa'.*valid.*'torch'.*'triton'"):
-        resolve_attention_backend_name("sdpa", "cpu")
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
-def test_triton_on_cpu_needs_interpreter(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match=r"attention_backend='triton'.*'cpu'.*TRITON_INTERPRET=1"):
-        resolve_attention_backend_name("triton", "cpu")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None,
-                    reason="flashinfer is installed here")
-def test_flashinfer_missing_is_refused():
-    with pytest.raises(ValueError, match=r"flashinfer is not installed.*specpcg\[flashinfer\]"):
-        resolve_attention_backend_name("flashinfer", "cuda")
-
-
-def test_factory_builds_torch_backend():
-    cache = _make_cache("cpu", torch.float32, 16)
-    backend = create_attention_backend("auto", "cpu", cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
-    assert isinstance(backend, TorchAttnBackend) and backend.scale == 0.25
-
-
-@needs_cpu_triton
-def test_factory_builds_triton_backend():
-    cache = _make_cache("cpu", torch.float32, 16)
-    backend = create_attention_backend("triton", "cpu", cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
-    assert backend.name == "triton" and backend.supports_cuda_graph
 
 
 # ---- GPU: compiled kernels in bf16 against an fp32 reference over the same bf16 pool ----

@@ -26,3 +26,6 @@ def test_evaluate_prints_offline_beside_online_and_they_agree(tmp_path, capsys):
     assert row["online"]["tokens"] == 12  # every answer ran its 6 tokens
     # The engine drafts exactly what the offline walk simulates: the same accept length.
     assert abs(row["offline_over_online"] - 1.0) < 0.05, row
+    # NGRAM ran the same prompts at the same setting, for the draft's margin over it.
+    assert row["ngram"]["identical_to_no_spec"] == 2 and row["ngram"]["tokens"] == 12
+    assert row["ngram"]["accept_length"] >= 1.0
