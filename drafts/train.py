@@ -81,7 +81,7 @@ class TrainOptions:
     seed: int = 0
     # Tokens a batch, and the rate for it (Adam: scaled with the square root of the batch).
     # With 16,384 the loop waited on the host: a step took 92 ms on the H100 where its kernels
-    # took 63 (benchmarks/results/train_profile_h100.txt); twice the tokens cost the host
+    # took 63 (benchmarks/results/train_profile_window_h100.txt); twice the tokens cost the host
     # the same launches.
     lr: float = 1.4e-3
     token_budget: int = 32768
