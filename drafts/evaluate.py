@@ -63,7 +63,7 @@ def online(target, device, algorithm, draft, setting, prompts, max_new_tokens, b
     token included) and how many outputs equal the no-spec reference."""
     steps, topk, tokens = setting
     engine = _engine(target, device, batch_size, speculative_algorithm=algorithm,
-                     speculative_draft_model_path=draft if algorithm != "NGRAM" else None,
+                     speculative_draft_model_path=draft,
                      speculative_num_steps=steps,
                      speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens,
                      # every step speculative: the accept length of this draft, as offline walks it

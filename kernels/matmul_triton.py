@@ -179,9 +179,10 @@ class Launch:
 
 WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call may take a wide launch
 # Widest first; each adds the K splits in one pipelined loop (_dot_splits). Fitted to
-# `bench_matmul.py --launches` on an H100 (matmul.jsonl, "matmul_launch"): at 512 rows the 8B shape's split layers ran 0.33-0.40x cuBLAS with the workspace, 0.54-0.70x
-# with these (one loop per split, draining the pipeline at each, ran 0.52-0.60x);
-# 128 x 128 tiles need 8 warps (with 4, two fp32 accumulators spill: 0.06x).
+# `bench_matmul.py --launches` on an H100 (matmul.jsonl, "matmul_launch"): at 512 rows the 8B
+# shape's split layers ran 0.33-0.40x cuBLAS with the workspace, 0.54-0.70x with these (one
+# loop per split, draining the pipeline at each, ran 0.52-0.60x); 128 x 128 tiles need 8
+# warps (with 4, two fp32 accumulators spill: 0.06x).
 WIDE_LAUNCHES = (Launch(128, 128, 8, 3, True), Launch(64, 128, 4, 4, True),
                  Launch(64, 64, 4, 4, True))
 

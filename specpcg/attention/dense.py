@@ -39,6 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specpcg.attention.base import AttentionBackend
 from specpcg.core import ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
+from specpcg.transfer import runs
 
 
 # NOTE: not cuDNN's attention: it builds an execution plan per new shape, and training batches
@@ -241,12 +242,10 @@ class DenseAttnBackend(AttentionBackend):
 def dense_batch(input_ids: torch.Tensor, seq_lens: list) -> ForwardBatch:
     """An EXTEND batch of whole sequences (packed `input_ids`, positions from 0) with no KV."""
     device = input_ids.device
-    lens = torch.tensor(seq_lens)
     # Built on the host and copied once: an arange per sequence on the device was a kernel
     # launch each, and training batches hold dozens of sequences.
-    starts = torch.repeat_interleave(lens.cumsum(0) - lens, lens)
-    positions = (torch.arange(int(lens.sum())) - starts).to(device)
-    lens = lens.to(device)
+    positions = torch.from_numpy(runs([0] * len(seq_lens), seq_lens)).to(device)
+    lens = torch.tensor(seq_lens, device=device)
     return ForwardBatch(
         forward_mode=ForwardMode.EXTEND, input_ids=input_ids, positions=positions,
         out_cache_loc=torch.zeros_like(input_ids), req_pool_indices=torch.zeros_like(lens),
