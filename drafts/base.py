@@ -24,6 +24,9 @@ class DraftWorker:
     needs_hidden = CaptureHiddenMode.NULL  # the most the target's forwards must capture for us
     aux_layers: tuple = ()
     builds_piecewise = False  # invariant 5: drafts use decode graphs only
+    # Rounds that run from device state alone (specpcg/speculative/overlap.py): a draft that
+    # sets it provides overlap_ready, device_path, propose_on_device, draft_rows, resolved, trim.
+    supports_overlap = False
 
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError

@@ -234,6 +234,61 @@ class HeadDraft(RoundDrafting, DraftWorker):
                 capture_hidden_mode=CaptureHiddenMode.LAST, input_hidden=hidden)
         return make
 
+    # -- overlapped rounds (specpcg/speculative/overlap.py) -------------------------------------
+    @property
+    def supports_overlap(self) -> bool:
+        """A chain round runner: a round can then be loaded from device tensors alone."""
+        return self.round is not None and self.tree_round is None
+
+    def overlap_ready(self, reqs: list) -> bool:
+        """Whether every request's catch-up is one verify's path (what commit leaves)."""
+        return self._catch_up_plan(reqs, [self._state(r) for r in reqs]) is not None
+
+    def device_path(self, reqs: list):
+        """The requests' pending catch-up (one verify's path each) as a DevicePath."""
+        from specpcg.speculative.overlap import DevicePath
+
+        states = [self._state(r) for r in reqs]
+        plan = self._catch_up_plan(reqs, states)
+        width = self.round.width
+        host = [[st.num_cached, len(ids), req.last_id] + ids + [0] * (width - len(ids))
+                for req, st, ids in zip(reqs, states, plan.ids)]
+        ints = to_device(host, plan.verify_hidden.device)
+        rows = to_device(plan.verify_rows, plan.verify_hidden.device)
+        return DevicePath(first_pos=ints[:, 0], lens=ints[:, 1], roots=ints[:, 2],
+                          ids=ints[:, 3:], hidden=plan.verify_hidden[rows])
+
+    def propose_on_device(self, reqs: list, rows: torch.Tensor, path) -> torch.Tensor:
+        """A greedy chain round from a DevicePath (no host read): the catch-up, then the
+        chain; returns the proposal's [n, num_steps + 1] tokens (root first)."""
+        rnd, n = self.round, len(reqs)
+        bs = rnd.bucket(n)
+        rnd.load_on_device(bs, rows, path)
+        widest = [rnd.width] * bs  # what the graphs were captured with: any length fits
+        logits, hidden = rnd.catch_up(bs, widest, widest)
+        self.router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason)
+        token0 = logits[:n].argmax(-1)
+        columns = [path.roots[:, None], token0[:, None]]
+        if rnd.steps:
+            columns.append(rnd.chain(bs, token0, hidden[:n], widest[:n])[:n])
+            self.router.count("DECODE", rnd.runner_name, rnd.eager_reason, rnd.steps)
+        return torch.cat(columns, 1)
+
+    def draft_rows(self, reqs: list) -> list:
+        return [self._state(r).req_pool_idx for r in reqs]
+
+    def resolved(self, req, prefix: int, hidden_paths: torch.Tensor, row: int, m: int) -> None:
+        """Host bookkeeping of an overlapped step whose verify started at `prefix` and
+        accepted m drafts: its round caught up to prefix, and its path is pending."""
+        st = self._reqs[req.rid]
+        st.num_cached = prefix
+        st.pending, st.verified = [hidden_paths[row, :m + 1]], (hidden_paths, row)
+
+    def trim(self, req) -> None:
+        """The overlap ended: give back the KV slots reserved past the caught-up positions."""
+        st = self._reqs[req.rid]
+        self.kv_cache.truncate(st.req_pool_idx, st.num_cached)
+
     # -- trees ---------------------------------------------------------------------------------
     def _propose_tree(self, states, root, logits, hidden, spec) -> Proposal:
         """EAGLE-2 expansion, one eager tree step at a time; proposals are a deterministic

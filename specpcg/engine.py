@@ -19,6 +19,7 @@ from specpcg.router import ForwardRouter
 from specpcg.sampler import make_generator
 from specpcg.speculative.config import SpecConfig
 from specpcg.speculative.loop import SpecDecoder, spec_meta
+from specpcg.speculative.overlap import spec_overlap_fits
 from specpcg.speculative.registry import DraftContext, create_draft
 from specpcg.scheduler import Scheduler
 from specpcg.stopping import StopChecker, trim_stop_string
@@ -105,7 +106,9 @@ class Engine:
                                    self.spec_decoder, overlap=not cfg.disable_overlap_schedule,
                                    adaptive=self._adaptive(),
                                    min_prefill_requests=cfg.min_prefill_requests,
-                                   reserve_outputs=cfg.enable_deterministic_inference)
+                                   reserve_outputs=cfg.enable_deterministic_inference,
+                                   spec_overlap=self.spec_decoder is not None and spec_overlap_fits(
+                                       self.spec_decoder, self.attn_backend, self.tp is not None))
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         freeze_startup_objects()
 
@@ -326,6 +329,8 @@ class Engine:
                                                     if self.spec_decoder else {})}],
             "speculative": None if self.spec is None else {
                 **vars(self.spec), "draft": self.draft.info(),
+                "overlapped_steps": None if self.scheduler.spec_overlap is None
+                else self.scheduler.spec_overlap.num_steps,
                 "adaptive": None if self.scheduler.adaptive is None
                 else self.scheduler.adaptive.info()},
         }

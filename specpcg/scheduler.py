@@ -19,6 +19,7 @@ from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode, Request
 from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
 from specpcg.speculative.adaptive import Finish
+from specpcg.speculative.overlap import SpecOverlap
 from specpcg.transfer import runs, to_device
 
 logger = logging.getLogger("specpcg")
@@ -28,9 +29,10 @@ class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
                  overlap: bool = False, adaptive=None, min_prefill_requests: int = 1,
-                 reserve_outputs: bool = False):
+                 reserve_outputs: bool = False, spec_overlap: bool = False):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
         overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
+        spec_overlap: with overlap, so do speculative ones (specpcg/speculative/overlap.py).
         adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
         plain decode steps by running-batch size (None: always speculative).
         min_prefill_requests: see EngineConfig.
@@ -53,6 +55,8 @@ class Scheduler:
         self.running: list = []
         self.num_preemptions = 0
         self.overlap = OverlapDecode(self) if overlap else None
+        # Speculative steps queued one ahead of their results (specpcg/speculative/overlap.py).
+        self.spec_overlap = SpecOverlap(self, spec) if overlap and spec_overlap else None
         self.adaptive = adaptive
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
 
@@ -62,25 +66,37 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._inflight())
 
+    def _overlaps(self) -> list:
+        return [ov for ov in (self.overlap, self.spec_overlap) if ov is not None]
+
     def _inflight(self) -> bool:
         """A decode step in flight that carries a request not finished yet."""
-        ov = self.overlap
-        return ov is not None and ov.inflight is not None and \
-            any(not r.finished for r in ov.inflight.reqs)
+        return any(ov.inflight is not None and any(not r.finished for r in ov.inflight.reqs)
+                   for ov in self._overlaps())
+
+    def _overlap_kind(self):
+        """Which overlapped step the next decode step can be: 'plain', 'spec' or None."""
+        speculate = self._next_speculates()
+        if self.overlap is not None and self.overlap.usable(plain=not speculate):
+            return "plain"
+        if speculate and self.spec_overlap is not None and self.spec_overlap.usable():
+            return "spec"
+        return None
 
     def step(self) -> list:
         """Runs one forward; returns the requests that finished in it (with overlap, those
         whose last token came from the step before)."""
-        ov, done = self.overlap, []
-        overlap = ov is not None and ov.usable(plain=not self._next_speculates())
-        if ov is not None and ov.inflight is not None and not overlap:
-            done = self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first
-            overlap = ov.usable(plain=not self._next_speculates())
+        done, kind = [], self._overlap_kind()
+        for name, ov in (("plain", self.overlap), ("spec", self.spec_overlap)):
+            if ov is not None and ov.inflight is not None and kind != name:
+                done += self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first
+                kind = self._overlap_kind()
         picked = self._schedule_prefill()
         if picked:
             return done + self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
-            run = self._run_overlapped if overlap else self._run_decode
+            run = {"plain": self._run_overlapped, "spec": self._run_spec_overlapped}.get(
+                kind, self._run_decode)
             return done + self._guarded(list(self.running), run)
         return done
 
@@ -103,8 +119,8 @@ class Scheduler:
         try:
             return run()
         except Exception as exc:  # NOTE: a fault boundary: the engine must keep serving
-            if self.overlap is not None:
-                self.overlap.inflight = None  # its requests are among those ended below
+            for ov in self._overlaps():
+                ov.inflight = None  # its requests are among those ended below
             if getattr(exc, "fatal", False):  # the engine itself cannot go on
                 raise
             logger.exception("a forward failed; ending the %d request(s) it carried", len(carried))
@@ -208,6 +224,16 @@ class Scheduler:
         self._speculate = None
         finished = self.overlap.step()
         self._record(bs, False, bs, start)
+        return finished
+
+    def _run_spec_overlapped(self) -> list:
+        """A speculative step queued ahead of its results (specpcg/speculative/overlap.py);
+        timed, like a plain one, by the step it resolves."""
+        start, bs = time.perf_counter(), len(self.running)
+        self._speculate = None
+        finished, tokens = self.spec_overlap.step()
+        if tokens:
+            self._record(bs, True, tokens, start)
         return finished
 
     def _record(self, batch_size: int, speculated: bool, tokens: int, start: float) -> None:

@@ -18,6 +18,9 @@ class AttentionBackend:
     name = "base"
     supports_cuda_graph = False
     supports_row_stride = False  # ForwardBatch.req_row_stride (padded per-request rows)
+    # Plans from the batch's device tensors alone (host lists give only the batch's shape),
+    # so a batch whose lengths the host has not read yet attends correctly (overlapped spec).
+    plans_on_device = False
     supports_tree_mask = False  # ForwardBatch.tree_mask (draft trees)
     supports_tree_graph = False  # a tree's verify can replay a decode graph
     # Writes the new K/V into the paged pool (save_kv), then attends over the pool (attend).

@@ -227,6 +227,38 @@ class DraftGraphRunner:
             torch.index_select(verify_hidden, 0, views["verify_rows"], out=dst)
         return views["roots"][:len(reqs)]
 
+    def load_on_device(self, bs: int, rows: torch.Tensor, path) -> None:
+        """load() from device tensors alone, for overlap scheduling (the host has not read the
+        verify the catch-up follows). rows: [n] the requests' KV rows; path: a
+        speculative.overlap.DevicePath of n <= bs requests. Slots come from req_to_token, so
+        every position the round writes must already hold one (the caller reserves them).
+        Fills the same buffers with the same values as load()."""
+        n, w, dev = rows.shape[0], self.width, rows.device
+        v = self.buf.views(bs)
+        req_to_token = self.model_runner.kv_cache.req_pool.req_to_token
+        cols = torch.arange(w, device=dev)
+        real = cols < path.lens[:, None]  # [n, W]
+        pos = torch.where(real, path.first_pos[:, None] + cols, 0)
+        slots = torch.where(real, req_to_token[rows[:, None], pos].long(), SINK_SLOT)
+        seq_lens = path.first_pos + path.lens
+        values = {"ids": torch.where(real, path.ids, 0), "positions": pos, "slots": slots,
+                  "rows": rows, "seq_lens": seq_lens, "lens": path.lens,
+                  "verify_rows": torch.arange(n, device=dev), "roots": path.roots}
+        pad = {"ids": 0, "positions": 0, "slots": SINK_SLOT, "seq_lens": 1, "lens": 1,
+               "verify_rows": 0, "roots": 0,
+               "rows": self.model_runner.kv_cache.req_pool.pad_row}
+        for name, value in values.items():
+            view = v[name].view(bs, -1)
+            view[:n].copy_(value.view(n, -1))
+            view[n:].fill_(pad[name])
+        chain = v["chain"]
+        if chain.shape[0]:
+            steps = torch.arange(chain.shape[0], device=dev)[:, None]
+            chain[:, :n].copy_(req_to_token[rows[None, :], seq_lens[None, :] + steps])
+            chain[:, n:].fill_(SINK_SLOT)
+        if path.hidden is not None:
+            self.buf.target_hidden[:n * w].view(n, w, -1).copy_(path.hidden)
+
     def catch_up(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
         """After `load`: ([bs, V] logits, [bs, H] hidden) at each request's last accepted row."""
         return self._run("catch_up", bs, seq_lens_cpu, lens_cpu)

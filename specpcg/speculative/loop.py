@@ -45,7 +45,7 @@ class SpecDecoder:
         from specpcg.scheduler import make_batch
 
         draft_tokens = proposal.draft_tokens.to(self.device)
-        tree = (self._chain_tree(draft_tokens) if proposal.parents is None
+        tree = (self.verify_tree(draft_tokens) if proposal.parents is None
                 else tree_from_parents(draft_tokens, proposal.parents.to(self.device)))
         n = self.spec.num_draft_tokens
         prefix_lens = [r.num_cached for r in reqs]  # the root (last token) has no KV yet
@@ -54,10 +54,7 @@ class SpecDecoder:
         batch = make_batch(self.kv_cache, ForwardMode.TARGET_VERIFY, reqs, [[0] * n] * len(reqs),
                            self.device)
         batch.input_ids = draft_tokens.reshape(-1)
-        batch.return_all_logits = True
-        if self.draft.needs_hidden:  # every node's hidden state: the accepted ones feed the draft
-            batch.capture_hidden_mode = CaptureHiddenMode.FULL
-            batch.aux_hidden_layers = self.draft.aux_layers
+        self.verify_outputs(batch)
         if proposal.parents is not None:
             # NOTE: a node sits at prefix_len + depth and sees only its ancestors.
             batch.positions = (to_device(prefix_lens, self.device)[:, None]
@@ -65,7 +62,24 @@ class SpecDecoder:
             batch.tree_mask = tree.tree_mask
         return tree, self.router.forward(batch), prefix_lens
 
-    def _chain_tree(self, draft_tokens):
+    def verify_outputs(self, batch) -> None:
+        """What a TARGET_VERIFY forward returns: every node's logits, and every node's hidden
+        state for a draft that reads them (the accepted ones feed its catch-up)."""
+        batch.return_all_logits = True
+        if self.draft.needs_hidden:
+            batch.capture_hidden_mode = CaptureHiddenMode.FULL
+            batch.aux_hidden_layers = self.draft.aux_layers
+
+    def record(self, req, m: int) -> None:
+        """Counts a verify of `req` that accepted m drafts (and emitted m + 1 tokens)."""
+        req.spec_verify_ct += 1
+        req.spec_accepted_drafts += m
+        req.spec_histogram[m] += 1
+        self.histogram[m] += 1
+        self.num_verify += 1
+        self.num_emitted += m + 1
+
+    def verify_tree(self, draft_tokens):
         """A chain's tree depends on its shape alone: built once per batch size, then only
         the tokens change (a verify step is latency-bound; this saves a handful of ops)."""
         key = tuple(draft_tokens.shape)
@@ -95,16 +109,11 @@ class SpecDecoder:
             if req.return_logprob:  # node path[j]'s logits chose emitted token j
                 chosen = to_device(emitted[-1], logits.device)
                 record_output_logprobs(logits[i, path], chosen, [req] * len(path))
-            req.spec_verify_ct += 1
-            req.spec_accepted_drafts += m
-            req.spec_histogram[m] += 1
-            self.histogram[m] += 1
-        self.num_verify += len(reqs)
-        self.num_emitted += sum(a + 1 for a in accept_lens)
-        self.draft.commit(reqs, accept_lens, self._hidden_paths(out, result, chain))
+            self.record(req, m)
+        self.draft.commit(reqs, accept_lens, self.hidden_paths(out, result, chain))
         return emitted
 
-    def _hidden_paths(self, out, result, chain: bool):
+    def hidden_paths(self, out, result, chain: bool):
         """[bs, N, H']: row i holds the target's hidden states at request i's root and accepted
         drafts first (accept_lens[i] + 1 of them), then rows that mean nothing."""
         if not self.draft.needs_hidden:

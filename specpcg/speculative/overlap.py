@@ -1,0 +1,196 @@
+"""Overlap scheduling for speculative steps: the host queues step n + 1 (draft round, verify,
+accept) while step n's results are still on the device, and only then reads step n's tokens.
+
+Step n + 1's draft catches up on step n's accepted path and its verify starts where that path
+ends; both are computed on the device from step n's accept length (`DevicePath`, the draft's
+`propose_on_device`), so the host never waits for a verify before queuing the next one, and the
+device never idles while the host appends tokens, checks stops and plans the next round. KV
+slots are read from req_to_token on the device: every request keeps allocated, in the target's
+and the draft's cache, every position the steps in flight can write (`_reserve`); `flush` gives
+back what was not used. A request that finished at step n also ran step n + 1: those tokens are
+dropped with the request. Outputs are the synchronous loop's, token for token: the same
+forwards run on the same inputs, only the host reads them one step later.
+
+Used for greedy chains of drafts that support it (heads with round graphs) on an attention
+backend that plans from device tensors; the scheduler falls back to the synchronous step
+(specpcg/speculative/loop.py) whenever the host must look first: a request waiting for prefill,
+sampling or logprobs, a catch-up that is not one verify's path, too few free KV slots.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from specpcg.core import ForwardBatch, ForwardMode
+from specpcg.speculative.accept import accept
+from specpcg.transfer import HostCopy, to_device
+
+
+class DevicePath(NamedTuple):
+    """Each request's accepted path of one verify, which the draft's next round catches up on;
+    row i is request i, all on the device."""
+
+    first_pos: torch.Tensor  # [n] position of ids[:, 0] in the draft (the verify's prefix)
+    lens: torch.Tensor  # [n] tokens on the path: accepted drafts + the bonus
+    roots: torch.Tensor  # [n] the path's last token (the next proposal's root)
+    ids: torch.Tensor  # [n, W] the path's tokens (W = num_draft_tokens), then anything
+    hidden: Optional[torch.Tensor]  # [n, W, H'] the target's hidden states on the path
+
+
+class InflightSpec(NamedTuple):
+    reqs: list  # the requests the step carried, in row order
+    draft_tokens: torch.Tensor  # [n, N] the verify's nodes (root first)
+    accept_len: torch.Tensor  # [n]
+    bonus: torch.Tensor  # [n]
+    prefix: torch.Tensor  # [n] where the verify started (num_cached before it)
+    hidden: Optional[torch.Tensor]  # [n, N, H'] the verify's hidden states
+    host: HostCopy  # [n, 2 + N]: accept_len, bonus, draft_tokens, on their way to the host
+
+
+class SpecOverlap:
+    def __init__(self, scheduler, decoder):
+        self.s, self.dec, self.draft = scheduler, decoder, decoder.draft
+        self.width = decoder.spec.num_draft_tokens
+        self.inflight: Optional[InflightSpec] = None
+        self.num_steps = 0  # steps queued ahead of their results (server info)
+
+    # -- when ----------------------------------------------------------------------------------
+    def usable(self) -> bool:
+        """Whether the next speculative step can be queued ahead of the one in flight."""
+        s, n = self.s, self.width
+        reqs = s.running
+        if s.waiting or not reqs or self.draft.round.bucket(len(reqs)) is None:
+            return False
+        if any(r.return_logprob or not r.params.is_greedy for r in reqs):
+            return False
+        limit = min(s.kv_cache.req_pool.max_context_len,
+                    self.draft.kv_cache.req_pool.max_context_len)
+        if any(r.num_cached + 3 * n > limit for r in reqs):
+            return False
+        target, draft = self._shortfall(reqs)
+        if (sum(target[1]) > s.kv_cache.free_slots
+                or sum(draft[1]) > self.draft.kv_cache.free_slots):
+            return False
+        prev = self.inflight
+        if prev is None:
+            return self.draft.overlap_ready(reqs)
+        carried = {id(r) for r in prev.reqs}
+        return all(id(r) in carried for r in reqs)
+
+    def _shortfall(self, reqs: list):
+        """([req rows], [slots]) each cache lacks so that every request holds positions up to
+        num_cached + 2 N: with its last step unread, a request's next verify starts at most N
+        past num_cached and writes N more (the draft's round stays below that end too)."""
+        target, draft = ([], []), ([], [])
+        for req, row in zip(reqs, self.draft.draft_rows(reqs)):
+            end = req.num_cached + 2 * self.width
+            for cache, idx, out in ((self.s.kv_cache, req.req_pool_idx, target),
+                                    (self.draft.kv_cache, row, draft)):
+                short = end - cache.num_tokens(idx)
+                if short > 0:
+                    out[0].append(idx)
+                    out[1].append(short)
+        return target, draft
+
+    def _reserve(self, reqs: list) -> None:
+        target, draft = self._shortfall(reqs)
+        self.s.kv_cache.extend_many(*target)
+        self.draft.kv_cache.extend_many(*draft)
+
+    # -- a step ---------------------------------------------------------------------------------
+    def step(self) -> tuple:
+        """Queues one speculative step of every running request, then resolves the step before
+        it. Returns (the requests that finished there, the tokens it emitted)."""
+        s, prev = self.s, self.inflight
+        reqs = list(s.running)
+        self._reserve(reqs)
+        self.num_steps += 1
+        device = s.device
+        rows = to_device([[r.req_pool_idx for r in reqs], self.draft.draft_rows(reqs)], device)
+        path = self._path_after(prev, reqs) if prev is not None else self.draft.device_path(reqs)
+        draft_tokens = self.draft.propose_on_device(reqs, rows[1], path)
+        prefix = path.first_pos + path.lens
+        out = self.dec.router.forward(self._verify_batch(reqs, rows[0], prefix, draft_tokens))
+        logits = out.all_logits.view(len(reqs), self.width, -1)
+        tree = self.dec.verify_tree(draft_tokens)
+        result = accept(reqs, tree, None, logits, self.dec.simulate)
+        accept_len, bonus = result.accept_len.long(), result.bonus.long()
+        hidden = self.dec.hidden_paths(out, result, chain=True)
+        host = HostCopy(torch.cat([accept_len[:, None], bonus[:, None], draft_tokens], 1))
+        self.inflight = InflightSpec(reqs, draft_tokens, accept_len, bonus, prefix, hidden, host)
+        if prev is None:
+            return s._collect_aborted(), 0
+        finished, tokens = self._resolve(prev)
+        return s._collect_aborted() + finished, tokens
+
+    def _path_after(self, prev: InflightSpec, reqs: list) -> DevicePath:
+        """The accepted paths of the step in flight, for the requests still running."""
+        row = {id(r): i for i, r in enumerate(prev.reqs)}
+        rows = [row[id(r)] for r in reqs]
+        pick = (lambda t: t) if rows == list(range(len(prev.reqs))) else \
+            (lambda t, i=to_device(rows, prev.accept_len.device): t[i])
+        tokens, m, bonus = pick(prev.draft_tokens), pick(prev.accept_len), pick(prev.bonus)
+        # The path is the accepted drafts (nodes 1..m), then the bonus at column m.
+        cols = torch.arange(self.width, device=m.device)
+        ids = torch.where(cols == m[:, None], bonus[:, None],
+                          torch.cat([tokens[:, 1:], bonus[:, None]], 1))
+        hidden = pick(prev.hidden) if prev.hidden is not None else None
+        return DevicePath(pick(prev.prefix), m + 1, bonus, ids, hidden)
+
+    def _verify_batch(self, reqs: list, rows, prefix, draft_tokens) -> ForwardBatch:
+        """TARGET_VERIFY over each request's N nodes at prefix.., built on the device."""
+        n, width = len(reqs), self.width
+        positions = prefix[:, None] + torch.arange(width, device=prefix.device)  # [n, N]
+        req_to_token = self.s.kv_cache.req_pool.req_to_token
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, input_ids=draft_tokens.reshape(-1),
+            positions=positions.reshape(-1),
+            out_cache_loc=req_to_token[rows[:, None], positions].reshape(-1).long(),
+            req_pool_indices=rows, seq_lens=prefix + width,
+            extend_seq_lens=torch.full((n,), width, dtype=torch.long, device=prefix.device),
+            # Host lengths give the batch's shape only (plans_on_device): these are lower bounds.
+            seq_lens_cpu=[r.num_cached + width for r in reqs], extend_seq_lens_cpu=[width] * n)
+        self.dec.verify_outputs(batch)
+        return batch
+
+    # -- reading a step -------------------------------------------------------------------------
+    def _resolve(self, prev: InflightSpec) -> tuple:
+        """Reads a step's results (the step's one blocking read) and applies them as the
+        synchronous commit does. Returns (finished requests, tokens emitted)."""
+        n = self.width
+        host = prev.host.tolist()
+        reqs, emitted = [], []
+        for i, req in enumerate(prev.reqs):
+            if req.finished:  # it finished (or was aborted) after this step was queued
+                continue
+            m, bonus, nodes = host[i][0], host[i][1], host[i][2:2 + n]
+            prefix = req.num_cached
+            req.num_cached = prefix + m + 1
+            self.dec.record(req, m)
+            self.draft.resolved(req, prefix, prev.hidden, i, m)
+            reqs.append(req)
+            emitted.append(nodes[1:m + 1] + [bonus])
+        finished = self.s._append_and_finish(reqs, emitted)
+        return finished, sum(len(e) for e in emitted)
+
+    def flush(self) -> list:
+        """Resolves the step in flight, if any, and gives back every slot reserved past what
+        the requests hold; the synchronous loop then finds the state its own commit leaves."""
+        prev, self.inflight = self.inflight, None
+        if prev is None:
+            return []
+        finished, _ = self._resolve(prev)
+        for req in self.s.running:
+            self.s.kv_cache.truncate(req.req_pool_idx, req.num_cached)
+            self.draft.trim(req)
+        return finished
+
+
+
+def spec_overlap_fits(decoder, attn_backend, parallel: bool) -> bool:
+    """Whether an engine's speculative steps can overlap: a draft whose rounds load from the
+    device, a chain, one process, and a target backend that plans from device tensors."""
+    return (decoder.draft.supports_overlap and decoder.spec.is_chain and not parallel
+            and attn_backend.plans_on_device)

@@ -1,0 +1,125 @@
+"""Overlapped speculative steps (specpcg/speculative/overlap.py): the host queues step n + 1
+from step n's results on the device. Token for token the synchronous loop's outputs, with the
+same acceptance, and every KV slot given back.
+
+On the synthetic EAGLE world (tests/eagle_world.py: a noisy target, so drafts are sometimes
+rejected; three requests stop at EOS inside an accepted run, the others at different lengths),
+through the Triton backend (the one that plans from device tensors) in the interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from specpcg.speculative.overlap import SpecOverlap
+from tests.eagle_world import ALGOS, _check_no_leak, _engine, world  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+    reason="needs triton and the interpreter (TRITON_INTERPRET=1)")
+
+
+def _run(world, algo, **kw):
+    engine = _engine(world.noisy, algo, world.heads[algo], attention_backend="triton", **kw)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    return engine, outs
+
+
+def _count_steps(monkeypatch) -> list:
+    steps = []
+    real = SpecOverlap.step
+    monkeypatch.setattr(SpecOverlap, "step", lambda self: steps.append(1) or real(self))
+    return steps
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_overlapped_steps_emit_the_synchronous_tokens(world, algo, monkeypatch):
+    _, sync = _run(world, algo, disable_overlap_schedule=True)
+    steps = _count_steps(monkeypatch)
+    engine, over = _run(world, algo)
+    assert len(steps) > 5, "no speculative step was overlapped"
+    assert engine.get_server_info()["speculative"]["overlapped_steps"] == len(steps)
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    for a, b in zip(over, sync):
+        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
+            assert a["meta_info"][key] == b["meta_info"][key], key
+    hist = [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over) for k in range(4)]
+    assert hist[0] > 0 and sum(hist[1:]) > 0, "the world should both accept and reject drafts"
+    _check_no_leak(engine)
+
+
+def test_sampled_requests_take_the_synchronous_step(world, monkeypatch):
+    """A sampled request draws from its generator on the host: no overlapped step runs, and a
+    seeded request gives the same tokens with overlap on or off."""
+    params = [{**p, "temperature": 0.8, "seed": 7} for p in world.params[:4]]
+    algo = "EAGLE3"
+    sync = _engine(world.noisy, algo, world.heads[algo], attention_backend="triton",
+                   disable_overlap_schedule=True).generate(input_ids=world.prompts[:4],
+                                                           sampling_params=params)
+    steps = _count_steps(monkeypatch)
+    engine = _engine(world.noisy, algo, world.heads[algo], attention_backend="triton")
+    over = engine.generate(input_ids=world.prompts[:4], sampling_params=params)
+    assert not steps
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    _check_no_leak(engine)
+
+
+def test_a_request_arriving_mid_run_flushes_the_step_in_flight(world, monkeypatch):
+    """Requests sent one after another into a running engine: each arrival resolves the step in
+    flight before its prefill; outputs match the synchronous loop's."""
+    algo = "EAGLE"
+    sync_engine = _engine(world.noisy, algo, world.heads[algo], attention_backend="triton",
+                          disable_overlap_schedule=True)
+    engine = _engine(world.noisy, algo, world.heads[algo], attention_backend="triton")
+    flushes = []
+    real = SpecOverlap.flush
+    monkeypatch.setattr(SpecOverlap, "flush", lambda self: flushes.append(
+        self.inflight is not None) or real(self))
+    outs = {}
+    for name, eng in (("sync", sync_engine), ("over", engine)):
+        rids, done = [], {}
+        for i in range(4):  # request 0 alone for a few steps, then the others one by one
+            rids.append(eng.submit(input_ids=world.prompts[i], sampling_params=world.params[i]))
+            for _ in range(6 if i == 0 else 3):
+                done.update({o["meta_info"]["id"]: o["output_ids"] for o in eng.step()})
+        while eng.has_unfinished():
+            done.update({o["meta_info"]["id"]: o["output_ids"] for o in eng.step()})
+        outs[name] = [done[r] for r in rids]
+    assert outs["over"] == outs["sync"]
+    assert any(flushes), "no arrival found a step in flight"
+    _check_no_leak(engine)
+
+
+@pytest.mark.cuda
+def test_gpu_overlap_is_bitwise_the_synchronous_loop_in_deterministic_mode():
+    """bf16 on the GPU with graphs, a trained EAGLE3 head: in the batch-invariant mode the
+    overlapped loop gives exactly the synchronous loop's tokens and acceptance (a finished
+    request rides along one extra step there, which the mode makes harmless), and the steps
+    did overlap."""
+    from specpcg import Engine
+    from specpcg.gsm8k import build_prompts
+    from tests.gpu_drafts import gpu_draft
+
+    prompts = build_prompts(48, num_shots=0)[0]
+    params = [{"max_new_tokens": 48 + 8 * (i % 5), "temperature": 0} for i in range(48)]
+    runs = {}
+    for mode in ("sync", "overlap"):
+        engine = Engine(device="cuda", max_total_tokens=65536, speculative_algorithm="EAGLE3",
+                        speculative_draft_model_path=gpu_draft("EAGLE3"),
+                        enable_deterministic_inference=True, disable_adaptive_speculation=True,
+                        disable_overlap_schedule=mode == "sync", show_progress=False)
+        outs = engine.generate(prompt=prompts, sampling_params=params)
+        overlapped = engine.get_server_info()["speculative"]["overlapped_steps"]
+        assert (overlapped is None) if mode == "sync" else overlapped > 20, overlapped
+        runs[mode] = outs
+        stats = {(s["mode"], s["runner"]): s["count"] for s in engine.router.forward_stats()}
+        assert stats.get(("TARGET_VERIFY", "decode_graph"), 0) > 0, stats
+        engine.shutdown()
+    sync, over = runs["sync"], runs["overlap"]
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    assert [o["meta_info"]["spec_accept_histogram"] for o in over] == \
+        [o["meta_info"]["spec_accept_histogram"] for o in sync]
+    assert sum(o["meta_info"]["spec_accept_length"] for o in over) / len(over) > 1.2
