@@ -25,7 +25,8 @@ class DraftWorker:
     aux_layers: tuple = ()
     builds_piecewise = False  # invariant 5: drafts use decode graphs only
     # Rounds that run from device state alone (specpcg/speculative/overlap.py): a draft that
-    # sets it provides overlap_ready, device_path, propose_on_device, draft_rows, resolved, trim.
+    # sets it provides a chain round runner, overlap_ready, device_path, draft_rows, resolved
+    # and trim.
     supports_overlap = False
 
     def propose(self, reqs: list, spec) -> Proposal:

@@ -258,22 +258,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
         return DevicePath(first_pos=ints[:, 0], lens=ints[:, 1], roots=ints[:, 2],
                           ids=ints[:, 3:], hidden=plan.verify_hidden[rows])
 
-    def propose_on_device(self, reqs: list, rows: torch.Tensor, path) -> torch.Tensor:
-        """A greedy chain round from a DevicePath (no host read): the catch-up, then the
-        chain; returns the proposal's [n, num_steps + 1] tokens (root first)."""
-        rnd, n = self.round, len(reqs)
-        bs = rnd.bucket(n)
-        rnd.load_on_device(bs, rows, path)
-        widest = [rnd.width] * bs  # what the graphs were captured with: any length fits
-        logits, hidden = rnd.catch_up(bs, widest, widest)
-        self.router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason)
-        token0 = logits[:n].argmax(-1)
-        columns = [path.roots[:, None], token0[:, None]]
-        if rnd.steps:
-            columns.append(rnd.chain(bs, token0, hidden[:n], widest[:n])[:n])
-            self.router.count("DECODE", rnd.runner_name, rnd.eager_reason, rnd.steps)
-        return torch.cat(columns, 1)
-
     def draft_rows(self, reqs: list) -> list:
         return [self._state(r).req_pool_idx for r in reqs]
 

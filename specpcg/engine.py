@@ -107,8 +107,7 @@ class Engine:
                                    adaptive=self._adaptive(),
                                    min_prefill_requests=cfg.min_prefill_requests,
                                    reserve_outputs=cfg.enable_deterministic_inference,
-                                   spec_overlap=self.spec_decoder is not None and spec_overlap_fits(
-                                       self.spec_decoder, self.attn_backend, self.tp is not None))
+                                   spec_overlap=self._spec_step_graphs())
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         freeze_startup_objects()
 
@@ -135,6 +134,22 @@ class Engine:
             self.draft_ctx.kv_cache = self.kv_cache
             self.draft.setup(self.draft_ctx)
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
+
+    def _spec_step_graphs(self):
+        """The overlapped speculative step's graphs (captured when the target's decode graphs
+        and the draft's round graphs are), or None when speculative steps cannot overlap."""
+        from specpcg.speculative.step_graph import SpecStepGraphs
+
+        cfg, dec = self.config, self.spec_decoder
+        if (dec is None or cfg.disable_overlap_schedule
+                or not spec_overlap_fits(dec, self.attn_backend, self.tp is not None)):
+            return None
+        decode = self.graphs.decode
+        steps = SpecStepGraphs(dec, self.runner, self.draft.round.buckets,
+                               decode.pool if decode else None, cfg.show_progress)
+        if decode is not None and self.draft.round.graphs:
+            steps.capture()
+        return steps
 
     def _adaptive(self):
         """Adaptive speculation, unless pinned off or the acceptance is simulated (a benchmark
@@ -331,6 +346,8 @@ class Engine:
                 **vars(self.spec), "draft": self.draft.info(),
                 "overlapped_steps": None if self.scheduler.spec_overlap is None
                 else self.scheduler.spec_overlap.num_steps,
+                "step_graphs": None if self.scheduler.spec_overlap is None
+                else self.scheduler.spec_overlap.graphs.info(),
                 "adaptive": None if self.scheduler.adaptive is None
                 else self.scheduler.adaptive.info()},
         }

@@ -29,10 +29,11 @@ class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
                  overlap: bool = False, adaptive=None, min_prefill_requests: int = 1,
-                 reserve_outputs: bool = False, spec_overlap: bool = False):
+                 reserve_outputs: bool = False, spec_overlap=None):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
         overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
-        spec_overlap: with overlap, so do speculative ones (specpcg/speculative/overlap.py).
+        spec_overlap: a SpecStepGraphs: with overlap, speculative steps run one ahead of
+        their results too (specpcg/speculative/overlap.py); None: they do not.
         adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
         plain decode steps by running-batch size (None: always speculative).
         min_prefill_requests: see EngineConfig.
@@ -56,7 +57,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.overlap = OverlapDecode(self) if overlap else None
         # Speculative steps queued one ahead of their results (specpcg/speculative/overlap.py).
-        self.spec_overlap = SpecOverlap(self, spec) if overlap and spec_overlap else None
+        self.spec_overlap = (SpecOverlap(self, spec, spec_overlap)
+                             if overlap and spec_overlap is not None else None)
         self.adaptive = adaptive
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
 

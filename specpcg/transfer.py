@@ -60,7 +60,7 @@ class HostCopy:
     def __init__(self, values: torch.Tensor):
         self._done = None
         if values.device.type != "cuda":
-            self._host = values
+            self._host = values.clone()  # a snapshot: `values` may be a buffer reused next step
             return
         self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         self._host.copy_(values, non_blocking=True)

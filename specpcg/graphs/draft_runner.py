@@ -147,7 +147,7 @@ class DraftGraphRunner:
         with forward_context(ForwardContext(batch, attn, batch.num_tokens)):
             return self.model_runner.call_model(batch)
 
-    def _catch_up_body(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
+    def catch_up_body(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
         """Returns ([bs, V] logits, [bs, H] hidden or None) at each request's last real row."""
         v, w = self.buf.views(bs), self.width
         hidden = None
@@ -163,7 +163,7 @@ class DraftGraphRunner:
         logits = self.model.compute_logits(out[last])
         return logits, (aux[0][last] if self.is_head else None)
 
-    def _chain_body(self, bs: int, first_seq_lens: list):
+    def chain_body(self, bs: int, first_seq_lens: list):
         """num_steps - 1 greedy DECODE steps from token0 (and hidden0); returns [bs, steps]."""
         v = self.buf.views(bs)
         token = self.buf.token0[:bs]
@@ -201,10 +201,10 @@ class DraftGraphRunner:
 
     def _body(self, kind: str, bs: int, seq_lens_cpu: list, lens_cpu: list):
         if kind == "catch_up":
-            return self._catch_up_body(bs, seq_lens_cpu, lens_cpu)
+            return self.catch_up_body(bs, seq_lens_cpu, lens_cpu)
         if kind in self.extra:
             return self.extra[kind](bs, seq_lens_cpu)
-        return self._chain_body(bs, seq_lens_cpu)
+        return self.chain_body(bs, seq_lens_cpu)
 
     def _capture_one(self, kind: str, bs: int) -> None:
         # Host lengths only shape the attention plan (its max extend length): capture the widest.

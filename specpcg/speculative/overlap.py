@@ -1,15 +1,16 @@
 """Overlap scheduling for speculative steps: the host queues step n + 1 (draft round, verify,
 accept) while step n's results are still on the device, and only then reads step n's tokens.
 
-Step n + 1's draft catches up on step n's accepted path and its verify starts where that path
-ends; both are computed on the device from step n's accept length (`DevicePath`, the draft's
-`propose_on_device`), so the host never waits for a verify before queuing the next one, and the
-device never idles while the host appends tokens, checks stops and plans the next round. KV
-slots are read from req_to_token on the device: every request keeps allocated, in the target's
-and the draft's cache, every position the steps in flight can write (`_reserve`); `flush` gives
-back what was not used. A request that finished at step n also ran step n + 1: those tokens are
-dropped with the request. Outputs are the synchronous loop's, token for token: the same
-forwards run on the same inputs, only the host reads them one step later.
+Step n + 1 is one replay of a graph (specpcg/speculative/step_graph.py) that reads step n's
+results from static buffers: its draft catches up on step n's accepted path and its verify
+starts where that path ends, both computed on the device, so the host never waits for a verify
+before queuing the next one, and the device never idles while the host appends tokens, checks
+stops and plans the next step. KV slots are read from req_to_token on the device: every request
+keeps allocated, in the target's and the draft's cache, every position the steps in flight can
+write (`_reserve`); `flush` gives back what was not used. A request that finished at step n
+also ran step n + 1: those tokens are dropped with the request. Outputs are the synchronous
+loop's, token for token: the same forwards run on the same inputs, only the host reads them one
+step later.
 
 Used for greedy chains of drafts that support it (heads with round graphs) on an attention
 backend that plans from device tensors; the scheduler falls back to the synchronous step
@@ -23,8 +24,6 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from specpcg.core import ForwardBatch, ForwardMode
-from specpcg.speculative.accept import accept
 from specpcg.transfer import HostCopy, to_device
 
 
@@ -41,17 +40,14 @@ class DevicePath(NamedTuple):
 
 class InflightSpec(NamedTuple):
     reqs: list  # the requests the step carried, in row order
-    draft_tokens: torch.Tensor  # [n, N] the verify's nodes (root first)
-    accept_len: torch.Tensor  # [n]
-    bonus: torch.Tensor  # [n]
-    prefix: torch.Tensor  # [n] where the verify started (num_cached before it)
-    hidden: Optional[torch.Tensor]  # [n, N, H'] the verify's hidden states
-    host: HostCopy  # [n, 2 + N]: accept_len, bonus, draft_tokens, on their way to the host
+    host: HostCopy  # [n, 2 + N]: accept_len, bonus, the verify's nodes, on their way to the host
 
 
 class SpecOverlap:
-    def __init__(self, scheduler, decoder):
+    def __init__(self, scheduler, decoder, step_graphs):
+        """step_graphs: a SpecStepGraphs (specpcg/speculative/step_graph.py)."""
         self.s, self.dec, self.draft = scheduler, decoder, decoder.draft
+        self.graphs = step_graphs
         self.width = decoder.spec.num_draft_tokens
         self.inflight: Optional[InflightSpec] = None
         self.num_steps = 0  # steps queued ahead of their results (server info)
@@ -61,13 +57,13 @@ class SpecOverlap:
         """Whether the next speculative step can be queued ahead of the one in flight."""
         s, n = self.s, self.width
         reqs = s.running
-        if s.waiting or not reqs or self.draft.round.bucket(len(reqs)) is None:
+        if s.waiting or not reqs or self.graphs.bucket(len(reqs)) is None:
             return False
         if any(r.return_logprob or not r.params.is_greedy for r in reqs):
             return False
         limit = min(s.kv_cache.req_pool.max_context_len,
                     self.draft.kv_cache.req_pool.max_context_len)
-        if any(r.num_cached + 3 * n > limit for r in reqs):
+        if any(r.num_cached + 5 * n > limit for r in reqs):  # reservations reach 4 N
             return False
         target, draft = self._shortfall(reqs)
         if (sum(target[1]) > s.kv_cache.free_slots
@@ -82,7 +78,8 @@ class SpecOverlap:
     def _shortfall(self, reqs: list):
         """([req rows], [slots]) each cache lacks so that every request holds positions up to
         num_cached + 2 N: with its last step unread, a request's next verify starts at most N
-        past num_cached and writes N more (the draft's round stays below that end too)."""
+        past num_cached and writes N more (the draft's round stays below that end too). Short
+        requests take 2 N more at once, so most steps allocate nothing."""
         target, draft = ([], []), ([], [])
         for req, row in zip(reqs, self.draft.draft_rows(reqs)):
             end = req.num_cached + 2 * self.width
@@ -91,13 +88,15 @@ class SpecOverlap:
                 short = end - cache.num_tokens(idx)
                 if short > 0:
                     out[0].append(idx)
-                    out[1].append(short)
+                    out[1].append(short + 2 * self.width)
         return target, draft
 
     def _reserve(self, reqs: list) -> None:
         target, draft = self._shortfall(reqs)
-        self.s.kv_cache.extend_many(*target)
-        self.draft.kv_cache.extend_many(*draft)
+        if target[0]:
+            self.s.kv_cache.extend_many(*target)
+        if draft[0]:
+            self.draft.kv_cache.extend_many(*draft)
 
     # -- a step ---------------------------------------------------------------------------------
     def step(self) -> tuple:
@@ -106,54 +105,30 @@ class SpecOverlap:
         s, prev = self.s, self.inflight
         reqs = list(s.running)
         self._reserve(reqs)
+        bs = self.graphs.bucket(len(reqs))
+        self._arrange(prev, reqs, bs)
+        self.graphs.run(bs)
         self.num_steps += 1
-        device = s.device
-        rows = to_device([[r.req_pool_idx for r in reqs], self.draft.draft_rows(reqs)], device)
-        path = self._path_after(prev, reqs) if prev is not None else self.draft.device_path(reqs)
-        draft_tokens = self.draft.propose_on_device(reqs, rows[1], path)
-        prefix = path.first_pos + path.lens
-        out = self.dec.router.forward(self._verify_batch(reqs, rows[0], prefix, draft_tokens))
-        logits = out.all_logits.view(len(reqs), self.width, -1)
-        tree = self.dec.verify_tree(draft_tokens)
-        result = accept(reqs, tree, None, logits, self.dec.simulate)
-        accept_len, bonus = result.accept_len.long(), result.bonus.long()
-        hidden = self.dec.hidden_paths(out, result, chain=True)
-        host = HostCopy(torch.cat([accept_len[:, None], bonus[:, None], draft_tokens], 1))
-        self.inflight = InflightSpec(reqs, draft_tokens, accept_len, bonus, prefix, hidden, host)
+        self.inflight = InflightSpec(reqs, HostCopy(self.graphs.state.out[:len(reqs)]))
         if prev is None:
             return s._collect_aborted(), 0
         finished, tokens = self._resolve(prev)
         return s._collect_aborted() + finished, tokens
 
-    def _path_after(self, prev: InflightSpec, reqs: list) -> DevicePath:
-        """The accepted paths of the step in flight, for the requests still running."""
+    def _arrange(self, prev: Optional[InflightSpec], reqs: list, bs: int) -> None:
+        """Puts request i's state in row i: from the host's view when no step is in flight,
+        else by moving the rows of requests still running (those that finished dropped)."""
+        g = self.graphs
+        if prev is None:
+            rows = to_device([[r.req_pool_idx for r in reqs], self.draft.draft_rows(reqs)],
+                             self.s.device)
+            g.state.seed(len(reqs), bs, rows, self.draft.device_path(reqs), g.pad_rows)
+            return
         row = {id(r): i for i, r in enumerate(prev.reqs)}
-        rows = [row[id(r)] for r in reqs]
-        pick = (lambda t: t) if rows == list(range(len(prev.reqs))) else \
-            (lambda t, i=to_device(rows, prev.accept_len.device): t[i])
-        tokens, m, bonus = pick(prev.draft_tokens), pick(prev.accept_len), pick(prev.bonus)
-        # The path is the accepted drafts (nodes 1..m), then the bonus at column m.
-        cols = torch.arange(self.width, device=m.device)
-        ids = torch.where(cols == m[:, None], bonus[:, None],
-                          torch.cat([tokens[:, 1:], bonus[:, None]], 1))
-        hidden = pick(prev.hidden) if prev.hidden is not None else None
-        return DevicePath(pick(prev.prefix), m + 1, bonus, ids, hidden)
-
-    def _verify_batch(self, reqs: list, rows, prefix, draft_tokens) -> ForwardBatch:
-        """TARGET_VERIFY over each request's N nodes at prefix.., built on the device."""
-        n, width = len(reqs), self.width
-        positions = prefix[:, None] + torch.arange(width, device=prefix.device)  # [n, N]
-        req_to_token = self.s.kv_cache.req_pool.req_to_token
-        batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY, input_ids=draft_tokens.reshape(-1),
-            positions=positions.reshape(-1),
-            out_cache_loc=req_to_token[rows[:, None], positions].reshape(-1).long(),
-            req_pool_indices=rows, seq_lens=prefix + width,
-            extend_seq_lens=torch.full((n,), width, dtype=torch.long, device=prefix.device),
-            # Host lengths give the batch's shape only (plans_on_device): these are lower bounds.
-            seq_lens_cpu=[r.num_cached + width for r in reqs], extend_seq_lens_cpu=[width] * n)
-        self.dec.verify_outputs(batch)
-        return batch
+        keep = [row[id(r)] for r in reqs]
+        if keep == list(range(len(prev.reqs))):
+            return
+        g.state.keep(to_device(keep, self.s.device), bs, g.pad_rows)
 
     # -- reading a step -------------------------------------------------------------------------
     def _resolve(self, prev: InflightSpec) -> tuple:
@@ -161,6 +136,7 @@ class SpecOverlap:
         synchronous commit does. Returns (finished requests, tokens emitted)."""
         n = self.width
         host = prev.host.tolist()
+        hidden = self.graphs.state.hidden
         reqs, emitted = [], []
         for i, req in enumerate(prev.reqs):
             if req.finished:  # it finished (or was aborted) after this step was queued
@@ -169,7 +145,7 @@ class SpecOverlap:
             prefix = req.num_cached
             req.num_cached = prefix + m + 1
             self.dec.record(req, m)
-            self.draft.resolved(req, prefix, prev.hidden, i, m)
+            self.draft.resolved(req, prefix, hidden, i, m)
             reqs.append(req)
             emitted.append(nodes[1:m + 1] + [bonus])
         finished = self.s._append_and_finish(reqs, emitted)
@@ -186,8 +162,6 @@ class SpecOverlap:
             self.s.kv_cache.truncate(req.req_pool_idx, req.num_cached)
             self.draft.trim(req)
         return finished
-
-
 
 def spec_overlap_fits(decoder, attn_backend, parallel: bool) -> bool:
     """Whether an engine's speculative steps can overlap: a draft whose rounds load from the

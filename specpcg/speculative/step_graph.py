@@ -1,0 +1,188 @@
+"""A whole speculative step in one CUDA graph per batch-size bucket (overlap scheduling).
+
+The graph reads the last step's results from static state buffers and writes this step's
+there: the draft's catch-up on the last verify's accepted path and its chain of drafts (the
+round runner's bodies, specpcg/graphs/draft_runner.py), the target's TARGET_VERIFY forward over
+the proposal, the greedy accept, and the new path. So the host's whole share of a step is one
+replay and one queued copy of the results: the step before it is read while this one runs.
+
+Padded rows (a bucket larger than the batch) sit on both caches' padding rows, whose slots are
+all the sink: their state stays at position 0, length 1. Without CUDA graphs the same body runs
+eagerly, so the CPU tests exercise exactly what a graph replays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.verify import verify_greedy
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+from specpcg.forward_context import ForwardContext, forward_context
+from specpcg.graphs.breakable import CaptureCost, warm_and_capture
+
+
+class StepState:
+    """The last step's results, row i = request i (a bucket's padding after the batch)."""
+
+    def __init__(self, max_bs: int, width: int, hidden_size: int, dtype, device):
+        z = dict(dtype=torch.long, device=device)
+        self.rows = torch.zeros(2, max_bs, **z)  # [target, draft] KV rows
+        self.live = torch.zeros(max_bs, dtype=torch.bool, device=device)
+        self.tokens = torch.zeros(max_bs, width, **z)  # the verify's nodes, root first
+        self.accept_len = torch.zeros(max_bs, **z)
+        self.bonus = torch.zeros(max_bs, **z)
+        self.prefix = torch.zeros(max_bs, **z)  # where the verify started
+        self.hidden = (torch.zeros(max_bs, width, hidden_size, dtype=dtype, device=device)
+                       if hidden_size else None)
+        self.out = torch.zeros(max_bs, 2 + width, **z)  # what the host reads
+
+    def path(self, bs: int, cols: torch.Tensor):
+        """The accepted path of the last verify, rows :bs (a DevicePath)."""
+        from specpcg.speculative.overlap import DevicePath
+
+        m, bonus = self.accept_len[:bs], self.bonus[:bs]
+        # Accepted drafts are nodes 1..m; the bonus follows at column m.
+        ids = torch.where(cols == m[:, None], bonus[:, None],
+                          torch.cat([self.tokens[:bs, 1:], bonus[:, None]], 1))
+        hidden = self.hidden[:bs] if self.hidden is not None else None
+        return DevicePath(self.prefix[:bs], m + 1, bonus, ids, hidden)
+
+    def seed(self, n: int, bs: int, rows, path, pad_rows: tuple) -> None:
+        """Rows :n from a DevicePath (the host's view after a synchronous step), padding
+        rows n:bs at position 0."""
+        self.rows[:, :n].copy_(rows)
+        self.live[:n] = True
+        self.prefix[:n].copy_(path.first_pos)
+        self.accept_len[:n].copy_(path.lens - 1)
+        self.bonus[:n].copy_(path.roots)
+        self.tokens[:n, 1:].copy_(path.ids[:, :-1])
+        if self.hidden is not None:
+            self.hidden[:n].copy_(path.hidden)
+        self.pad(n, bs, pad_rows)
+
+    def keep(self, rows: torch.Tensor, bs: int, pad_rows: tuple) -> None:
+        """Keeps the state rows `rows` ([n] device indices), in that order, at 0..n - 1."""
+        n = rows.shape[0]
+        for t in (self.rows[0], self.rows[1], self.tokens, self.accept_len, self.bonus,
+                  self.prefix, self.hidden):
+            if t is not None:
+                t[:n] = t[rows]
+        self.pad(n, bs, pad_rows)
+
+    def pad(self, n: int, bs: int, pad_rows: tuple) -> None:
+        for i, row in enumerate(pad_rows):
+            self.rows[i, n:bs].fill_(row)
+        self.live[n:bs] = False
+        for t in (self.accept_len, self.bonus, self.prefix):
+            t[n:bs].zero_()
+
+
+class SpecStepGraphs:
+    def __init__(self, decoder, target_runner, buckets: list, pool, show_progress: bool):
+        """decoder: the SpecDecoder (its draft has a chain round runner); target_runner: the
+        target's ModelRunner; buckets: batch sizes (the draft round's)."""
+        self.dec, self.draft, self.target = decoder, decoder.draft, target_runner
+        self.rnd = self.draft.round
+        self.width = decoder.spec.num_draft_tokens
+        self.buckets, self.pool, self.show_progress = sorted(buckets), pool, show_progress
+        device = target_runner.device
+        hidden = self.rnd.buf.target_hidden  # [max_bs * N, H'] (None: no hidden states)
+        self.state = StepState(self.buckets[-1], self.width,
+                               hidden.shape[1] if hidden is not None else 0,
+                               hidden.dtype if hidden is not None else None, device)
+        self.cols = torch.arange(self.width, device=device)
+        self.pad_rows = (target_runner.kv_cache.req_pool.pad_row,
+                         self.draft.kv_cache.req_pool.pad_row)
+        self.graphs: dict = {}
+        self.cost = CaptureCost()
+
+    # -- the body ---------------------------------------------------------------------------
+    def _body(self, bs: int) -> None:
+        st, rnd, n = self.state, self.rnd, self.width
+        path = st.path(bs, self.cols)
+        rnd.load_on_device(bs, st.rows[1, :bs], path)
+        widest = [rnd.width] * bs  # the plan's shape: any accept length fits
+        logits, hidden = rnd.catch_up_body(bs, widest, widest)
+        token0 = logits.argmax(-1)
+        columns = [path.roots[:, None], token0[:, None]]
+        if rnd.steps:
+            rnd.buf.token0[:bs].copy_(token0)
+            if hidden is not None:
+                rnd.buf.hidden0[:bs].copy_(hidden)
+            columns.append(rnd.chain_body(bs, widest))
+        tokens = torch.cat(columns, 1)  # [bs, N]
+        prefix = torch.where(st.live[:bs], path.first_pos + path.lens, 0)
+        out_hidden, aux, logits = self._verify(bs, st.rows[0, :bs], prefix, tokens)
+        tree = self.dec.verify_tree(tokens)
+        simulate = self.dec.simulate
+        predict = logits.view(bs, n, -1).argmax(-1)
+        if simulate is None:
+            result = verify_greedy(tokens, tree.first_child, tree.next_sibling, predict, n - 1)
+        else:  # benchmark only; the default generator, which graphs replay safely
+            from specpcg.speculative.accept import simulate_accept
+
+            coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
+            result = simulate_accept(tree.first_child, predict, coins)
+        m = torch.where(st.live[:bs], result.accept_len.long(), 0)
+        st.tokens[:bs].copy_(tokens)
+        st.accept_len[:bs].copy_(m)
+        st.bonus[:bs].copy_(result.bonus.long())
+        st.prefix[:bs].copy_(prefix)
+        if st.hidden is not None:
+            rows = torch.cat(aux, -1) if self.draft.aux_layers else out_hidden
+            st.hidden[:bs].copy_(rows.view(bs, n, -1))
+        torch.cat([m[:, None], st.bonus[:bs, None], tokens], 1, out=st.out[:bs])
+
+    def _verify(self, bs: int, rows, prefix, tokens):
+        """The target's TARGET_VERIFY body over [bs, N] nodes at prefix.. (metadata planned
+        in the body: inside the graph)."""
+        n = self.width
+        positions = prefix[:, None] + self.cols  # [bs, N]
+        req_to_token = self.target.kv_cache.req_pool.req_to_token
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, input_ids=tokens.reshape(-1),
+            positions=positions.reshape(-1),
+            out_cache_loc=req_to_token[rows[:, None], positions].reshape(-1).long(),
+            req_pool_indices=rows, seq_lens=prefix + n,
+            extend_seq_lens=torch.full((bs,), n, dtype=torch.long, device=rows.device),
+            seq_lens_cpu=[n] * bs, extend_seq_lens_cpu=[n] * bs)  # host lists: shape only
+        if self.draft.needs_hidden:
+            batch.capture_hidden_mode = CaptureHiddenMode.FULL
+            batch.aux_hidden_layers = self.draft.aux_layers
+        attn = self.target.attn_backend
+        attn.init_forward_metadata(batch)
+        with forward_context(ForwardContext(batch, attn, bs * n)):
+            hidden, aux = self.target.call_model(batch)
+        return hidden, aux, self.target.model.compute_logits(hidden)
+
+    # -- capture and replay -------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        from tqdm import tqdm
+
+        with self.cost.measure("speculative step graphs", len(self.buckets)):
+            for bs in tqdm(sorted(self.buckets, reverse=True), desc="capturing speculative step "
+                           "graphs", disable=not self.show_progress):
+                self.state.pad(0, bs, self.pad_rows)  # all padding: sink slots only
+                self.graphs[bs], _ = warm_and_capture(lambda: self._body(bs), self.pool)
+
+    def bucket(self, n: int):
+        return self.rnd.bucket(n)
+
+    @torch.inference_mode()
+    def run(self, bs: int) -> None:
+        graph = self.graphs.get(bs)
+        if graph is None:
+            self._body(bs)
+        else:
+            graph.replay()
+        self.draft.router.count("DRAFT_EXTEND", self.runner_name)
+        self.draft.router.count("DECODE", self.runner_name, None, self.rnd.steps)
+        self.dec.router.count("TARGET_VERIFY", self.runner_name)
+
+    @property
+    def runner_name(self) -> str:
+        return "spec_step_graph" if self.graphs else "spec_step_eager"
+
+    def info(self) -> dict:
+        return {"batch_sizes": self.buckets, "captured": bool(self.graphs), **self.cost.info()}
