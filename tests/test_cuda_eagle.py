@@ -12,6 +12,7 @@ from specpcg import Engine
 from tests.test_cuda_spec import PARAMS, count_identical_check_near_ties, plain, prompts  # noqa: F401
 
 pytestmark = pytest.mark.cuda
+GRAPHED = ("decode_graph", "draft_round_graph", "spec_step_graph")
 
 
 def _stats(router) -> dict:
@@ -34,12 +35,15 @@ def test_head_bf16_matches_plain_and_graphs_serve(algo, prompts, plain):  # noqa
     assert same >= 10 and avg > 1.5  # a trained head accepts well beyond the bonus token
     target = _stats(engine.router)
     assert target.get(("EXTEND", "piecewise"), 0) > 0 and ("EXTEND", "eager") not in target
-    assert target.get(("TARGET_VERIFY", "decode_graph"), 0) > 0
+    # Verify on the decode graphs, or inside the overlapped step's graph.
+    assert sum(target.get(("TARGET_VERIFY", r), 0) for r in GRAPHED) > 0, target
     assert ("TARGET_VERIFY", "eager") not in target
     draft = _stats(engine.draft.router)
-    # Greedy chain rounds: the catch-up and every draft step replay the round's graphs.
-    assert draft.get(("DRAFT_EXTEND", "draft_round_graph"), 0) > 0, draft
-    assert draft.get(("DECODE", "draft_round_graph"), 0) > 0 and ("DECODE", "eager") not in draft
+    # Greedy chain rounds: the catch-up and every draft step replay the round's graphs (or the
+    # overlapped step's, which holds the same bodies).
+    assert sum(draft.get(("DRAFT_EXTEND", r), 0) for r in GRAPHED) > 0, draft
+    assert sum(draft.get(("DECODE", r), 0) for r in GRAPHED) > 0, draft
+    assert ("DECODE", "eager") not in draft
     assert engine.draft.round.info()["captured"]
     assert not any(r == "piecewise" for _, r in draft)  # invariant 5
     kv = info["kv_cache"]
