@@ -53,6 +53,35 @@ def test_overlapped_steps_emit_the_synchronous_tokens(world, algo, monkeypatch):
 
 
 @needs_interpreter
+def test_padded_buckets_leave_the_real_rows_alone(world, monkeypatch):
+    """On a GPU a step runs at its bucket's size, the rows past the batch padding (on the
+    caches' padding rows, at position 0). Here every step runs with padding rows after the
+    batch: outputs and acceptance stay the synchronous loop's, the padding never moves."""
+    from specpcg.speculative.step_graph import SpecStepGraphs
+
+    algo = "EAGLE3"
+    _, sync = _run(world, algo, disable_overlap_schedule=True)
+    sizes = []
+
+    def padded(self, n):
+        bs = min(2 * n + 1, self.rnd.max_bs)
+        sizes.append((n, bs))
+        return bs if bs > n else None
+
+    monkeypatch.setattr(SpecStepGraphs, "bucket", padded)
+    engine, over = _run(world, algo)
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    assert [o["meta_info"]["spec_accept_histogram"] for o in over] == \
+        [o["meta_info"]["spec_accept_histogram"] for o in sync]
+    assert engine.get_server_info()["speculative"]["overlapped_steps"] > 5
+    assert any(bs > n for n, bs in sizes)
+    state = engine.scheduler.spec_overlap.graphs.state
+    assert not state.live.all() and state.live.any()
+    assert not state.prefix[~state.live].any(), "a padding row moved off position 0"
+    _check_no_leak(engine)
+
+
+@needs_interpreter
 def test_sampled_requests_take_the_synchronous_step(world, monkeypatch):
     """A sampled request draws from its generator on the host: no overlapped step runs, and a
     seeded request gives the same tokens with overlap on or off."""
