@@ -50,6 +50,7 @@ class SpecOverlap:
         self.graphs = step_graphs
         self.width = decoder.spec.num_draft_tokens
         self.inflight: Optional[InflightSpec] = None
+        self._shortage = None  # usable()'s _shortfall, which the step it allows allocates
         self.num_steps = 0  # steps queued ahead of their results (server info)
 
     # -- when ----------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ class SpecOverlap:
                     self.draft.kv_cache.req_pool.max_context_len)
         if any(r.num_cached + 5 * n > limit for r in reqs):  # reservations reach 4 N
             return False
-        target, draft = self._shortfall(reqs)
+        target, draft = self._shortage = self._shortfall(reqs)
         if (sum(target[1]) > s.kv_cache.free_slots
                 or sum(draft[1]) > self.draft.kv_cache.free_slots):
             return False
@@ -92,7 +93,8 @@ class SpecOverlap:
         return target, draft
 
     def _reserve(self, reqs: list) -> None:
-        target, draft = self._shortfall(reqs)
+        """Allocates what usable() found short (it ran for these requests just before)."""
+        target, draft = self._shortage
         if target[0]:
             self.s.kv_cache.extend_many(*target)
         if draft[0]:

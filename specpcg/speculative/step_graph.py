@@ -16,9 +16,11 @@ from __future__ import annotations
 import torch
 
 from kernels.verify import verify_greedy
-from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+from specpcg.core import ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
+from specpcg.speculative.accept import simulate_accept
+from specpcg.speculative.overlap import DevicePath
 
 
 class StepState:
@@ -38,8 +40,6 @@ class StepState:
 
     def path(self, bs: int, cols: torch.Tensor):
         """The accepted path of the last verify, rows :bs (a DevicePath)."""
-        from specpcg.speculative.overlap import DevicePath
-
         m, bonus = self.accept_len[:bs], self.bonus[:bs]
         # Accepted drafts are nodes 1..m; the bonus follows at column m.
         ids = torch.where(cols == m[:, None], bonus[:, None],
@@ -119,8 +119,6 @@ class SpecStepGraphs:
         if simulate is None:
             result = verify_greedy(tokens, tree.first_child, tree.next_sibling, predict, n - 1)
         else:  # benchmark only; the default generator, which graphs replay safely
-            from specpcg.speculative.accept import simulate_accept
-
             coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
             result = simulate_accept(tree.first_child, predict, coins)
         m = torch.where(st.live[:bs], result.accept_len.long(), 0)
@@ -129,7 +127,8 @@ class SpecStepGraphs:
         st.bonus[:bs].copy_(result.bonus.long())
         st.prefix[:bs].copy_(prefix)
         if st.hidden is not None:
-            rows = torch.cat(aux, -1) if self.draft.aux_layers else out_hidden
+            rows = self.draft.target_hidden(ModelOutput(logits, hidden_states=out_hidden,
+                                                        aux_hidden_states=aux))
             st.hidden[:bs].copy_(rows.view(bs, n, -1))
         torch.cat([m[:, None], st.bonus[:bs, None], tokens], 1, out=st.out[:bs])
 
@@ -146,9 +145,7 @@ class SpecStepGraphs:
             req_pool_indices=rows, seq_lens=prefix + n,
             extend_seq_lens=torch.full((bs,), n, dtype=torch.long, device=rows.device),
             seq_lens_cpu=[n] * bs, extend_seq_lens_cpu=[n] * bs)  # host lists: shape only
-        if self.draft.needs_hidden:
-            batch.capture_hidden_mode = CaptureHiddenMode.FULL
-            batch.aux_hidden_layers = self.draft.aux_layers
+        self.dec.verify_outputs(batch)
         attn = self.target.attn_backend
         attn.init_forward_metadata(batch)
         with forward_context(ForwardContext(batch, attn, bs * n)):
