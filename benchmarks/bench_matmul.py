@@ -74,7 +74,8 @@ def bench_shape(model: str, name: str, n: int, k: int, rows: list, out: list) ->
 def launches() -> list:
     """Wide launches for many rows: every one keeps the rule tiling's K steps and split order."""
     shapes = [(64, 64, 4, 4), (64, 128, 4, 4), (64, 128, 8, 4), (128, 64, 8, 4), (128, 128, 8, 3),
-              (128, 128, 4, 3)]
+              (128, 128, 4, 3), (128, 128, 8, 4), (128, 256, 8, 2), (128, 256, 8, 3),
+              (256, 128, 8, 2), (128, 256, 4, 3)]
     return [mm.Launch(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
                       fuse_splits=True) for bm, bn, warps, stages in shapes]
 
@@ -102,7 +103,7 @@ def bench_launches(model: str, name: str, n: int, k: int, rows: list, out: list)
             same = bool(torch.equal(y, ref))
             us = time_us(lambda a, w, lc=lc: mm.matmul(a, w, None, y, t, lc), weights, x)
             out.append({**base, "impl": "triton", "launch": lc.__dict__, "rule":
-                        lc == mm.launch_for(m, dev), "bitwise": same, "us": us})
+                        lc == mm.launch_for(m, n, dev), "bitwise": same, "us": us})
     del weights
     torch.cuda.empty_cache()
 

@@ -1,8 +1,8 @@
-"""What adaptive speculation did, step by step, on one batch: its choices and measured rates per
-bucket, and which runner served every forward (a plain step that fell back to eager would
-explain a slow plain rate).
+"""What adaptive speculation did on a few batch sizes: its choices and measured rates per
+bucket, which runner served every forward (a plain step that fell back to eager would explain a
+slow plain rate), and, on the same prompts in the same process, pinned speculation and no-spec.
 
-    python benchmarks/probe_adaptive.py --draft DIR [--batch 1] [--max-new-tokens 128]
+    python benchmarks/probe_adaptive.py --draft DIR [--batches 1 16 64] [--max-new-tokens 128]
 """
 
 from __future__ import annotations
@@ -16,33 +16,53 @@ import common
 common.add_repo_to_path()
 from specpcg import Engine  # noqa: E402
 
+SYSTEMS = {"adaptive": {}, "pinned": {"disable_adaptive_speculation": True}, "no-spec": None}
+
+
+def engine_for(system: str, args) -> Engine:
+    extra = SYSTEMS[system]
+    if extra is None:
+        return Engine(model_path=args.model_path, show_progress=False)
+    return Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
+                  speculative_draft_model_path=args.draft, show_progress=False, **extra)
+
+
+def timed(engine: Engine, prompts: list, params: dict, runs: int) -> list:
+    rates = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        rates.append(round(tokens / (time.perf_counter() - t0)))
+    return rates
+
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None)
     p.add_argument("--draft", required=True, help="an EAGLE3 head")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
     args = p.parse_args(argv)
     from drafts.data import heldout_samples
     from drafts.distill import first_prompts
 
-    engine = Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
-                    speculative_draft_model_path=args.draft, show_progress=False)
-    prompts = first_prompts(heldout_samples("sharegpt", 4 * args.batch), engine.tokenizer,
-                            args.batch)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
-    for run in range(3):
-        t0 = time.perf_counter()
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
-        seconds = time.perf_counter() - t0
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        print(f"run {run}: {tokens / seconds:.0f} tok/s")
-    info = engine.get_server_info()
-    print(json.dumps({"adaptive": info["speculative"]["adaptive"],
-                      "overlapped_steps": info["speculative"]["overlapped_steps"],
-                      "target": info["forward_stats"],
-                      "draft": engine.draft.router.forward_stats()}, indent=1))
+    for system in SYSTEMS:
+        engine = engine_for(system, args)
+        for bs in args.batches:
+            prompts = first_prompts(heldout_samples("sharegpt", 4 * bs), engine.tokenizer, bs)
+            print(json.dumps({"system": system, "batch": bs,
+                              "tok_s": timed(engine, prompts, params, args.runs)}), flush=True)
+        info = engine.get_server_info()
+        spec = info.get("speculative") or {}
+        print(json.dumps({"system": system, "adaptive": spec.get("adaptive"),
+                          "overlapped_steps": spec.get("overlapped_steps"),
+                          "target": info["forward_stats"],
+                          "draft": engine.draft.router.forward_stats() if engine.draft else None},
+                         indent=1), flush=True)
+        engine.shutdown()
 
 
 if __name__ == "__main__":
