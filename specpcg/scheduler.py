@@ -95,6 +95,9 @@ class Scheduler:
                 kind = self._overlap_kind()
         picked = self._schedule_prefill()
         if picked:
+            if self.adaptive is not None:
+                # The next step's draft first catches up on these prompts: not a step's speed.
+                self.adaptive.interrupt()
             return done + self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
             run = {"plain": self._run_overlapped, "spec": self._run_spec_overlapped}.get(
@@ -224,8 +227,10 @@ class Scheduler:
         adaptive speculation: in steady state a call lasts one device step."""
         start, bs = time.perf_counter(), len(self.running)
         self._speculate = None
+        resolves = self.overlap.inflight is not None  # else this call only launches
         finished = self.overlap.step()
-        self._record(bs, False, bs, start)
+        if resolves:
+            self._record(bs, False, bs, start)
         return finished
 
     def _run_spec_overlapped(self) -> list:

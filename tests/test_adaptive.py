@@ -76,6 +76,60 @@ def test_the_step_after_a_switch_is_not_counted():
     assert picks[-EXPLORE_EVERY:].count(True) >= EXPLORE_EVERY - EXPLORE_STEPS
 
 
+def test_the_step_after_a_prefill_is_not_counted():
+    """The step after a prefill also lets the draft catch up on the new prompts: counted, its
+    seconds made speculation look slower than plain steps (EAGLE3, batch 16, H100)."""
+    ctrl = AdaptiveSpeculation()
+    ctrl.record(16, True, 16 * 3, 1.0)
+    ctrl.interrupt()
+    ctrl.record(16, True, 16 * 3, 50.0)  # the catch-up step
+    ctrl.record(16, True, 16 * 3, 1.0)
+    assert ctrl.info()["16"]["spec_tok_s_per_req"] == pytest.approx(3.0)
+
+
+class _Recorder:
+    """An adaptive controller that always speculates (or never) and keeps what it is told."""
+
+    def __init__(self, spec: bool):
+        self.spec, self.records, self.interrupts = spec, [], 0
+
+    def use_spec(self, batch_size, finish=None):
+        return self.spec
+
+    def record(self, batch_size, spec, tokens, seconds):
+        self.records.append((batch_size, spec, tokens))
+
+    def interrupt(self):
+        self.interrupts += 1
+        self.records.append("prefill")
+
+
+def steps_of(rec: _Recorder) -> list:
+    return [r for r in rec.records if r != "prefill"]
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_the_scheduler_times_only_steps_that_resolved_tokens(world, spec):
+    """An overlapped plain call that only launched its step emitted nothing yet: it must not be
+    recorded as a step of bs tokens in a launch's time. Every prefill interrupts."""
+    engine = _engine(world.noisy, "EAGLE3", world.heads["EAGLE3"])
+    rec = engine.scheduler.adaptive = _Recorder(spec)
+    ov, resolving = engine.scheduler.overlap, []
+    step = ov.step
+    ov.step = lambda: resolving.append(ov.inflight is not None) or step()
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    if not spec:  # one record per overlapped call that resolved a step, none for a launch
+        assert False in resolving and len(steps_of(rec)) == resolving.count(True)
+    emitted = sum(len(o["output_ids"]) - 1 for o in outs)  # the first token is the prefill's
+    steps = steps_of(rec)
+    assert rec.interrupts >= 1 and rec.records[0] == "prefill"
+    assert all(side == spec for _, side, _ in steps)
+    # Each resolved token is recorded once at most; a request's last step may run past its end
+    # (a plain step one token, a verify its accepted path), and those tokens are dropped.
+    overshoot = len(world.prompts) * (engine.scheduler.spec.tokens_per_request if spec else 1)
+    assert 0 < sum(t for _, _, t in steps) <= emitted + overshoot
+
+
 def test_each_batch_size_bucket_chooses_for_itself():
     ctrl = AdaptiveSpeculation()
     _run(ctrl, 1, spec_rate=900, decode_rate=300, steps=2 * WARMUP_STEPS + 1)

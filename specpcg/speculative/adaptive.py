@@ -12,12 +12,17 @@ EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs
 steps of the slower side. The side in use keeps its place unless the other is SWITCH_MARGIN
 faster.
 
-Only steady-state steps count: the first step after a switch of side is not recorded. A
+Only steady-state steps count: the first step after a switch of side, and the first after a
+prefill, are not recorded; nor is an overlapped plain call that only launched its step. A
 speculative step after a plain one first waits for the plain step still in flight (overlap
 scheduling) and lets the draft catch up on the hidden states it missed; a plain step after a
 speculative one starts with an empty pipeline. Counting those switches made speculation at
 batch 1 look 0.57x as fast as it runs (H100, EAGLE3: 563 tok/s measured against 995 pinned), so
-the engine chose plain decoding where speculating was 1.6x faster.
+the engine chose plain decoding where speculating was 1.6x faster. Counting the step after a
+prefill (its draft catching up on whole prompts) made EAGLE3 at batch 16 measure its
+speculative steps at 748 tokens per second per request and its plain ones at 806, so it ran
+plain steps at 0.83x no-spec where pinned speculation ran 1.31x (H100, 4a5cc11,
+`probe_adaptive.py`).
 
 Rates are per request (tokens per second per running request): a bucket spans batch sizes a
 factor of two apart, and as requests finish a batch shrinks through it, so the side measured
@@ -206,6 +211,7 @@ class AdaptiveSpeculation:
         self._buckets: dict = {}  # bucket -> _Bucket
         self.chosen: Counter = Counter()  # (bucket, "spec" | "decode") -> steps run
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
+        self._interrupted = False  # a prefill ran since the last step: the next is not counted
 
     def use_spec(self, batch_size: int, finish: Optional[Finish] = None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -253,10 +259,17 @@ class AdaptiveSpeculation:
         second per request. The first step after a switch of side is not counted (module
         docstring)."""
         switched, self._last_spec = self._last_spec is not None and spec != self._last_spec, spec
-        if seconds <= 0 or switched or batch_size <= 0:
+        interrupted, self._interrupted = self._interrupted, False
+        if seconds <= 0 or switched or interrupted or batch_size <= 0:
             return
         b = self._buckets.setdefault(bucket_of(batch_size), _Bucket())
         (b.spec if spec else b.decode).add(tokens / batch_size, seconds)
+
+    def interrupt(self) -> None:
+        """A prefill ran: the next decode step is not counted. A speculative one first lets the
+        draft catch up on the new prompts (an eager forward over all their positions), a plain
+        one with overlap scheduling starts with an empty pipeline (module docstring)."""
+        self._interrupted = True
 
     def info(self) -> dict:
         """Per bucket: each side's measured tok/s per request and how many steps it ran."""
