@@ -3,7 +3,8 @@ into speculative ones keeps every greedy token and hands its draft what it needs
 
 import pytest
 
-from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, PRIOR_VERIFIES,
+from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, LOOK_BUDGET,
+                                          PRIOR_VERIFIES,
                                           WARMUP_STEPS, WINDOW, AdaptiveSpeculation, Finish,
                                           bucket_of, finish_seconds)
 from tests.eagle_world import (ALGOS, SETTINGS, _check_no_leak, _engine,  # noqa: F401
@@ -74,6 +75,18 @@ def test_the_step_after_a_switch_is_not_counted():
     assert info["spec_tok_s_per_req"] == pytest.approx(1000)
     assert info["decode_tok_s_per_req"] == pytest.approx(620)
     assert picks[-EXPLORE_EVERY:].count(True) >= EXPLORE_EVERY - EXPLORE_STEPS
+
+
+def test_costly_switches_make_looks_rare():
+    """A look switches twice; when a switch costs 20 steady steps, looking every EXPLORE_EVERY
+    steps would spend a fifth of the time switching. Looks must keep that near LOOK_BUDGET."""
+    ctrl = AdaptiveSpeculation()
+    picks = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=40 * EXPLORE_EVERY,
+                 switch_cost=20.0)
+    switches = sum(a != b for a, b in zip(picks, picks[1:]))
+    steady = 0.1  # seconds of a plain step (100 tokens at 1000 tok/s)
+    total = sum(100 / (500 if p else 1000) for p in picks) + switches * 19 * steady
+    assert switches * 19 * steady / total < 2.5 * LOOK_BUDGET, switches
 
 
 def test_the_step_after_a_prefill_is_not_counted():

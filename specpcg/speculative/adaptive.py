@@ -9,7 +9,8 @@ faster. Each side is tried WARMUP_STEPS times before the first choice, and the s
 again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
 change. Each look that confirms the choice doubles the wait before the next (up to
 EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
-steps of the slower side. The side in use keeps its place unless the other is SWITCH_MARGIN
+steps of the slower side, and a look waits long enough that its switches, as measured, cost at
+most LOOK_BUDGET of the time. The side in use keeps its place unless the other is SWITCH_MARGIN
 faster.
 
 Only steady-state steps count: the first step after a switch of side, and the first after a
@@ -79,6 +80,12 @@ EXPLORE_MAX_EVERY = 1024
 # its two rates 7% apart and about half of its steps on each side).
 SWITCH_MARGIN = 0.05
 WINDOW = 32  # recorded steps a side's rate is measured over
+# Looks cost at most this share of the time: a switch back to speculation lets the draft catch
+# up, eagerly, on every position it missed, and a switch to plain steps drains the overlapped
+# pipeline. Looks every 32 steps at 3 steps each cost EAGLE3 at batch 16 and 64 more than its
+# choice gained: 0.85 / 0.77x no-spec where pinned speculation ran 0.94 / 0.90x and plain steps
+# alone about 1.0x (H100, 73d57f9, bench_adaptive).
+LOOK_BUDGET = 0.03
 # A look this many times off its side's window restarts that window: the speed has changed
 # (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
 # lucky looks cost a losing draft 2-5% in simulation).
@@ -180,6 +187,16 @@ class _Bucket:
     explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
     explored_from: Optional[bool] = None  # the choice before the look in progress or just run
     spec_chosen: Optional[bool] = None  # the side chosen last (not counting looks)
+    # Seconds a switch step took beyond the steady step after it, the last few.
+    switch_s: deque = field(default_factory=lambda: deque(maxlen=8))
+
+    def look_wait(self, spec: bool) -> float:
+        """Steps of the `spec` side between two looks so that a look's two switches cost at
+        most LOOK_BUDGET of the time (0 until a switch was measured)."""
+        side = self.spec if spec else self.decode
+        if not self.switch_s or side.step_s <= 0:
+            return 0.0
+        return 2 * sum(self.switch_s) / len(self.switch_s) / (LOOK_BUDGET * side.step_s)
 
     def prefer_spec(self, finish: Optional[Finish], step_s) -> bool:
         """The faster side (per request; with `finish`, the one that ends the batch sooner,
@@ -212,6 +229,7 @@ class AdaptiveSpeculation:
         self.chosen: Counter = Counter()  # (bucket, "spec" | "decode") -> steps run
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
+        self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
 
     def use_spec(self, batch_size: int, finish: Optional[Finish] = None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -238,7 +256,7 @@ class AdaptiveSpeculation:
                                    else EXPLORE_EVERY)
                 b.explored_from = None
             b.since_explore += 1
-            if b.since_explore >= b.explore_every:  # look at the other side again
+            if b.since_explore >= max(b.explore_every, b.look_wait(choice)):  # look again
                 b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
@@ -260,9 +278,17 @@ class AdaptiveSpeculation:
         docstring)."""
         switched, self._last_spec = self._last_spec is not None and spec != self._last_spec, spec
         interrupted, self._interrupted = self._interrupted, False
-        if seconds <= 0 or switched or interrupted or batch_size <= 0:
+        if seconds <= 0 or interrupted or batch_size <= 0:
             return
-        b = self._buckets.setdefault(bucket_of(batch_size), _Bucket())
+        key = bucket_of(batch_size)
+        b = self._buckets.setdefault(key, _Bucket())
+        pending, self._switch = self._switch, (key, spec, seconds) if switched else None
+        if switched:
+            return
+        if pending is not None and pending[:2] == (key, spec):
+            # What the switch cost beyond the steady step after it (look_wait): against that
+            # step, not the side's window, which a change of speed leaves stale.
+            b.switch_s.append(max(pending[2] - seconds, 0.0))
         (b.spec if spec else b.decode).add(tokens / batch_size, seconds)
 
     def interrupt(self) -> None:
