@@ -27,13 +27,22 @@ def engine_for(system: str, args) -> Engine:
                   speculative_draft_model_path=args.draft, show_progress=False, **extra)
 
 
+def overlapped(engine: Engine) -> int:
+    return (engine.get_server_info().get("speculative") or {}).get("overlapped_steps") or 0
+
+
 def timed(engine: Engine, prompts: list, params: dict, runs: int) -> list:
+    """Per run: tok/s, overlapped speculative steps, verifies and plain decode tokens."""
     rates = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        before, t0 = overlapped(engine), time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=params)
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        rates.append(round(tokens / (time.perf_counter() - t0)))
+        seconds = time.perf_counter() - t0
+        metas = [o["meta_info"] for o in outs]
+        rates.append({"tok_s": round(sum(m["completion_tokens"] for m in metas) / seconds),
+                      "overlapped": overlapped(engine) - before,
+                      "verifies": sum(m.get("spec_verify_ct", 0) for m in metas),
+                      "plain_tokens": sum(m.get("plain_decode_tokens", 0) for m in metas)})
     return rates
 
 
@@ -44,7 +53,10 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--bench-prompts", action="store_true",
+                   help="bench_adaptive's prompts: the first `batch` of its 64")
     args = p.parse_args(argv)
+    from bench_adaptive import prompts_for
     from drafts.data import heldout_samples
     from drafts.distill import first_prompts
 
@@ -52,9 +64,10 @@ def main(argv=None) -> None:
     for system in SYSTEMS:
         engine = engine_for(system, args)
         for bs in args.batches:
-            prompts = first_prompts(heldout_samples("sharegpt", 4 * bs), engine.tokenizer, bs)
+            prompts = (prompts_for(engine, max(args.batches), 128)[:bs] if args.bench_prompts else
+                       first_prompts(heldout_samples("sharegpt", 4 * bs), engine.tokenizer, bs))
             print(json.dumps({"system": system, "batch": bs,
-                              "tok_s": timed(engine, prompts, params, args.runs)}), flush=True)
+                              "runs": timed(engine, prompts, params, args.runs)}), flush=True)
         info = engine.get_server_info()
         spec = info.get("speculative") or {}
         print(json.dumps({"system": system, "adaptive": spec.get("adaptive"),
