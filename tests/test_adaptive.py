@@ -43,11 +43,12 @@ def _bursts(picks: list, side: bool) -> list:
 
 
 def test_tries_both_sides_then_runs_the_faster_and_looks_again_ever_less_often():
+    # Speculation 10% slower: its looks' own steps cost little (look_wait < EXPLORE_EVERY).
     ctrl = AdaptiveSpeculation()
     # The first plain step is a switch, not counted: one more to warm that side up.
-    warm = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 1)
+    warm = _run(ctrl, 16, spec_rate=900, decode_rate=1000, steps=2 * WARMUP_STEPS + 1)
     assert warm == [True] * WARMUP_STEPS + [False] * (WARMUP_STEPS + 1)
-    later = _run(ctrl, 16, spec_rate=500, decode_rate=1000, steps=40 * EXPLORE_EVERY)
+    later = _run(ctrl, 16, spec_rate=900, decode_rate=1000, steps=40 * EXPLORE_EVERY)
     looks = _bursts(later, True)
     assert [n for _, n in looks] == [EXPLORE_STEPS] * len(looks)
     assert looks[0][0] == EXPLORE_EVERY - 1
@@ -60,7 +61,7 @@ def test_tries_both_sides_then_runs_the_faster_and_looks_again_ever_less_often()
     grown = gaps[fill - 1:]
     assert len(grown) >= 3 and all(b > 1.9 * a for a, b in zip(grown, grown[1:])), gaps
     info = ctrl.info()["16"]
-    assert info["spec_tok_s_per_req"] == pytest.approx(500 / 16)
+    assert info["spec_tok_s_per_req"] == pytest.approx(900 / 16)
     assert info["decode_tok_s_per_req"] == pytest.approx(1000 / 16)
     assert info["spec_steps"] == WARMUP_STEPS + EXPLORE_STEPS * len(looks)
 
@@ -87,6 +88,18 @@ def test_costly_switches_make_looks_rare():
     steady = 0.1  # seconds of a plain step (100 tokens at 1000 tok/s)
     total = sum(100 / (500 if p else 1000) for p in picks) + switches * 19 * steady
     assert switches * 19 * steady / total < 2.5 * LOOK_BUDGET, switches
+
+
+def test_looks_at_a_much_slower_side_are_rare():
+    """Each look runs EXPLORE_STEPS steps of the slower side; when it is half as fast, looking
+    every EXPLORE_EVERY steps would lose about 9% of the time, so looks must come far less often
+    (cheap switches: only the slower steps themselves cost)."""
+    ctrl = AdaptiveSpeculation()
+    picks = _run(ctrl, 1, spec_rate=500, decode_rate=1000, steps=16 * EXPLORE_EVERY)
+    later = picks[2 * WARMUP_STEPS + 1:]  # before speculation's window fills (no doubling yet)
+    spent = sum(0.2 if p else 0.1 for p in later)  # seconds: 100 tokens at 500 or 1000 tok/s
+    lost = later.count(True) * 0.1  # a look's step instead of a plain one's for its tokens
+    assert lost / spent < 1.5 * LOOK_BUDGET, later.count(True)
 
 
 def test_the_step_after_a_prefill_is_not_counted():
@@ -322,7 +335,8 @@ def test_a_look_that_overturns_the_choice_resets_the_wait():
 
     ctrl = AdaptiveSpeculation()
     _run(ctrl, 8, spec_rate=300, decode_rate=900, steps=1500)  # plain wins; looks grow rare
-    assert ctrl._buckets[8].explore_every > 4 * EXPLORE_EVERY
+    b = ctrl._buckets[8]
+    assert max(b.explore_every, b.look_wait(False)) > 4 * EXPLORE_EVERY
     # Speculation turns 3x faster than plain: the next look finds it and the engine switches.
     picks = []
     while not picks or not picks[-1]:  # until the look at speculation starts
