@@ -209,6 +209,27 @@ def test_with_nothing_waiting_the_batch_ends_with_its_slowest_request():
                                                            / (2 + PRIOR_VERIFIES)))
 
 
+def test_a_batch_near_its_end_does_not_switch_for_less_than_a_switch_costs():
+    from specpcg.speculative.adaptive import _Bucket
+
+    def bucket(switch: float) -> _Bucket:
+        b = _Bucket(spec_chosen=True)
+        for _ in range(WINDOW):
+            b.spec.add(2.0, 0.020)  # 100 tok/s per request
+            b.decode.add(1.0, 0.0085)  # 118 tok/s per request: plain finishes 15% sooner
+        b.switch_s.extend([switch] * 4)
+        return b
+
+    near_end = Finish(remaining=(20,) * 4, spec_tokens=(20,) * 4, verifies=(10,) * 4)
+    step_s = lambda b_: lambda spec, size: (b_.spec if spec else b_.decode).step_s  # noqa: E731
+    cheap = bucket(0.0)
+    assert not cheap.prefer_spec(near_end, step_s(cheap))  # plain ends the batch sooner
+    costly = bucket(0.05)  # a switch costs what 2.5 speculative steps do; the gain is 0.03 s
+    assert costly.prefer_spec(near_end, step_s(costly))
+    far = Finish(remaining=(400,) * 4, spec_tokens=(20,) * 4, verifies=(10,) * 4)
+    assert not costly.prefer_spec(far, step_s(costly))  # far from the end the gain pays it
+
+
 def test_the_finish_counts_the_batch_shrinking_as_requests_end():
     """The same uneven batch as above, where the small buckets are measured: 63 requests end
     after about 58 speculative steps and the slowest runs its last 46 alone, where a

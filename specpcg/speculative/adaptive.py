@@ -213,6 +213,12 @@ class _Bucket:
             spec_time = finish_seconds(finish.spec_steps_each(self.spec.per_req),
                                        lambda b: step_s(True, b))
             plain_time = finish_seconds(list(finish.remaining), lambda b: step_s(False, b))
+            # Going over to the other side costs a switch (measured): near the batch's end, or
+            # where the two sides finish alike, flipping back and forth cost more than it won.
+            switch = sum(self.switch_s) / len(self.switch_s) if self.switch_s else 0.0
+            if self.spec_chosen is not None:
+                plain_time, spec_time = ((plain_time + switch, spec_time) if self.spec_chosen
+                                         else (plain_time, spec_time + switch))
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
             self.spec_chosen = spec >= plain
