@@ -1,14 +1,11 @@
-"""Adaptive speculation: the controller's choices, and an engine that mixes plain decode steps
-into speculative ones keeps every greedy token and hands its draft what it needs."""
+"""Adaptive speculation: the controller's choices (tests/test_adaptive_engine.py: inside the
+engine)."""
 
 import pytest
 
 from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, LOOK_BUDGET,
-                                          PRIOR_VERIFIES,
-                                          WARMUP_STEPS, WINDOW, AdaptiveSpeculation, Finish,
-                                          bucket_of, finish_seconds)
-from tests.eagle_world import (ALGOS, SETTINGS, _check_no_leak, _engine,  # noqa: F401
-                               _exact_outputs_all_accepted, plain, world)
+                                          PRIOR_VERIFIES, WARMUP_STEPS, WINDOW,
+                                          AdaptiveSpeculation, Finish, bucket_of, finish_seconds)
 
 
 def test_buckets_are_powers_of_two():
@@ -111,49 +108,6 @@ def test_the_step_after_a_prefill_is_not_counted():
     ctrl.record(16, True, 16 * 3, 50.0)  # the catch-up step
     ctrl.record(16, True, 16 * 3, 1.0)
     assert ctrl.info()["16"]["spec_tok_s_per_req"] == pytest.approx(3.0)
-
-
-class _Recorder:
-    """An adaptive controller that always speculates (or never) and keeps what it is told."""
-
-    def __init__(self, spec: bool):
-        self.spec, self.records, self.interrupts = spec, [], 0
-
-    def use_spec(self, batch_size, finish=None):
-        return self.spec
-
-    def record(self, batch_size, spec, tokens, seconds):
-        self.records.append((batch_size, spec, tokens))
-
-    def interrupt(self):
-        self.interrupts += 1
-        self.records.append("prefill")
-
-
-def steps_of(rec: _Recorder) -> list:
-    return [r for r in rec.records if r != "prefill"]
-
-
-@pytest.mark.parametrize("spec", [False, True])
-def test_the_scheduler_times_only_steps_that_resolved_tokens(world, spec):
-    """An overlapped plain call that only launched its step emitted nothing yet: it must not be
-    recorded as a step of bs tokens in a launch's time. Every prefill interrupts."""
-    engine = _engine(world.noisy, "EAGLE3", world.heads["EAGLE3"])
-    rec = engine.scheduler.adaptive = _Recorder(spec)
-    ov, resolving = engine.scheduler.overlap, []
-    step = ov.step
-    ov.step = lambda: resolving.append(ov.inflight is not None) or step()
-    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
-    if not spec:  # one record per overlapped call that resolved a step, none for a launch
-        assert False in resolving and len(steps_of(rec)) == resolving.count(True)
-    emitted = sum(len(o["output_ids"]) - 1 for o in outs)  # the first token is the prefill's
-    steps = steps_of(rec)
-    assert rec.interrupts >= 1 and rec.records[0] == "prefill"
-    assert all(side == spec for _, side, _ in steps)
-    # Each resolved token is recorded once at most; a request's last step may run past its end
-    # (a plain step one token, a verify its accepted path), and those tokens are dropped.
-    overshoot = len(world.prompts) * (engine.scheduler.spec.tokens_per_request if spec else 1)
-    assert 0 < sum(t for _, _, t in steps) <= emitted + overshoot
 
 
 def test_each_batch_size_bucket_chooses_for_itself():
@@ -267,69 +221,6 @@ def test_the_choice_follows_a_change_in_speed():
     picks = _run(ctrl, 4, spec_rate=100, decode_rate=300, steps=3 * EXPLORE_EVERY)
     # plain steps, and one look back (EXPLORE_STEPS long) per period
     assert 1 <= picks[-EXPLORE_EVERY:].count(True) <= EXPLORE_STEPS
-
-
-class Alternating(AdaptiveSpeculation):
-    """Speculative and plain steps by turns, whatever they measure."""
-
-    def __init__(self):
-        super().__init__()
-        self.turn = 0
-
-    def use_spec(self, batch_size: int, finish=None) -> bool:
-        self.turn += 1
-        return self.turn % 2 == 1
-
-
-@pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("algo", ALGOS)
-def test_plain_steps_between_speculative_ones_hand_the_head_every_state(world, algo, setting):
-    """On the exact target a synthetic head is right only when handed the target state of the
-    right position: after each plain step it must still accept every draft."""
-    engine = _engine(world.exact, algo, world.heads[algo], **SETTINGS[setting])
-    engine.scheduler.adaptive = Alternating()
-    for out in _exact_outputs_all_accepted(world, engine):
-        meta = out["meta_info"]
-        assert meta["plain_decode_tokens"] > 0
-        spec_tokens = meta["completion_tokens"] - meta["plain_decode_tokens"]
-        assert meta["spec_accept_length"] == pytest.approx(spec_tokens / meta["spec_verify_ct"])
-    _check_no_leak(engine)
-
-
-@pytest.mark.parametrize("algo", ALGOS + ("NGRAM",))
-def test_alternating_steps_keep_the_greedy_tokens(world, plain, algo):  # noqa: F811
-    head = world.heads.get(algo)
-    engine = _engine(world.noisy, algo, head)
-    engine.scheduler.adaptive = Alternating()
-    ov, launched = engine.scheduler.overlap, []
-    step = ov.step
-    ov.step = lambda: launched.append(1) or step()  # plain steps run ahead of their results
-    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
-    assert [o["output_ids"] for o in outs] == plain.batch
-    assert all(o["meta_info"]["plain_decode_tokens"] > 0 for o in outs)
-    assert launched, "no plain step was overlapped"
-    # Plain tokens resolved a step late are still counted as plain: what is left of each output
-    # is its prefill's first token and what verifies emitted.
-    metas = [o["meta_info"] for o in outs]
-    state = engine.get_server_info()["internal_states"][0]
-    emitted = state["avg_spec_accept_length"] * state["spec_verify_ct"]
-    spec_tokens = sum(m["completion_tokens"] - m["plain_decode_tokens"] - 1 for m in metas)
-    assert spec_tokens <= emitted + 1e-6, (spec_tokens, emitted)
-    if head:
-        _check_no_leak(engine)
-
-
-def test_adaptive_is_on_by_default_reported_and_can_be_pinned(world):
-    engine = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=False)
-    engine.generate(input_ids=world.prompts, sampling_params=world.params)
-    adaptive = engine.get_server_info()["speculative"]["adaptive"]
-    assert adaptive and all(b["spec_steps"] + b["decode_steps"] > 0 for b in adaptive.values())
-    pinned = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=True)
-    assert pinned.scheduler.adaptive is None
-    assert pinned.get_server_info()["speculative"]["adaptive"] is None
-    simulated = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=False,
-                        speculative_simulate_accept_prob=0.5)
-    assert simulated.scheduler.adaptive is None  # a benchmark of the speculative path itself
 
 
 def test_bench_adaptive_renders_the_latest_speedups(tmp_path):
