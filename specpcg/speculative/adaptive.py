@@ -107,18 +107,30 @@ def _ratio(steps) -> float:
 @dataclass
 class _Rate:
     """A side's last WINDOW recorded steps. Its rate is their tokens over their seconds (a ratio
-    of sums, not an average of per-step ratios): see the module docstring."""
+    of sums, not an average of per-step ratios): see the module docstring. The sums are kept
+    until the window changes: a batch with nothing waiting asks for them once per request and
+    step (`finish_seconds`), on the host's critical path."""
     recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     steps: int = 0
+    _sums: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def add(self, per_req: float, seconds: float) -> None:
         self.recent.append((per_req, seconds))
         self.steps += 1
+        self._sums = None
+
+    def _totals(self) -> tuple:
+        """(tokens, seconds, steps) over the window."""
+        if self._sums is None:
+            self._sums = (sum(t for t, _ in self.recent), sum(s for _, s in self.recent),
+                          len(self.recent))
+        return self._sums
 
     @property
     def tok_s(self) -> float:
         """Tokens per second per request."""
-        return _ratio(self.recent)
+        tokens, seconds, _ = self._totals()
+        return tokens / seconds if seconds > 0 else 0.0
 
     def restart_if_changed(self, last: int) -> None:
         """After a look: when its `last` steps ran CHANGE_FACTOR times slower or faster than the
@@ -127,17 +139,19 @@ class _Rate:
             return
         look = list(self.recent)[-last:]
         if not self.tok_s / CHANGE_FACTOR <= _ratio(look) <= CHANGE_FACTOR * self.tok_s:
-            self.recent = deque(look, maxlen=WINDOW)
+            self.recent, self._sums = deque(look, maxlen=WINDOW), None
 
     @property
     def step_s(self) -> float:
         """Seconds per step."""
-        return sum(s for _, s in self.recent) / len(self.recent) if self.recent else 0.0
+        _, seconds, n = self._totals()
+        return seconds / n if n else 0.0
 
     @property
     def per_req(self) -> float:
         """Tokens per request per step (a speculative step's accept length)."""
-        return sum(t for t, _ in self.recent) / len(self.recent) if self.recent else 0.0
+        tokens, _, n = self._totals()
+        return tokens / n if n else 0.0
 
 
 @dataclass(frozen=True)
@@ -211,8 +225,9 @@ class _Bucket:
         spec, plain = self.spec.tok_s, self.decode.tok_s
         if finish is not None and self.spec.step_s > 0 and self.decode.step_s > 0:
             spec_time = finish_seconds(finish.spec_steps_each(self.spec.per_req),
-                                       lambda b: step_s(True, b))
-            plain_time = finish_seconds(list(finish.remaining), lambda b: step_s(False, b))
+                                       _per_bucket(lambda b: step_s(True, b)))
+            plain_time = finish_seconds(list(finish.remaining),
+                                        _per_bucket(lambda b: step_s(False, b)))
             # Going over to the other side costs a switch (measured): near the batch's end, or
             # where the two sides finish alike, flipping back and forth cost more than it won.
             switch = sum(self.switch_s) / len(self.switch_s) if self.switch_s else 0.0
@@ -227,6 +242,19 @@ class _Bucket:
         elif not self.spec_chosen and spec > plain * (1 + SWITCH_MARGIN):
             self.spec_chosen = True
         return self.spec_chosen
+
+
+def _per_bucket(step_s):
+    """step_s(b), asked once per batch-size bucket: finish_seconds asks for every size the
+    batch shrinks through, and the answer depends only on the size's bucket."""
+    known: dict = {}
+
+    def ask(size: int) -> float:
+        key = bucket_of(size)
+        if key not in known:
+            known[key] = step_s(size)
+        return known[key]
+    return ask
 
 
 def bucket_of(batch_size: int) -> int:
