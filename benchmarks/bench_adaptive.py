@@ -118,6 +118,12 @@ def _latest(records: list) -> dict:
     """(model, algorithm, batch) -> {system: its latest line}."""
     table, _ = common.latest_by(records, "adaptive",
                                 lambda r: (r["model"], r["algorithm"], r["batch"]))
+    # Systems of an older run (another commit) than the cell's adaptive line are left out:
+    # beside it they would compare two engines, settings or drafts as if one run.
+    for row in table.values():
+        run = row.get("adaptive", {}).get("git")
+        for system in [s for s in row if run and row[s].get("git") != run]:
+            del row[system]
     return table
 
 
