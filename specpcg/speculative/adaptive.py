@@ -11,8 +11,8 @@ change. Each look that confirms the choice doubles the wait before the next (up 
 EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
 steps of the slower side, and a look waits long enough that it costs at most LOOK_BUDGET of the
 time (its switches as measured, and its steps on the slower side: NGRAM at batch 1 on the H100
-spent about a tenth of its steps in looks at 0.6x the plain rate, and ran 0.94x no-spec). The side in use keeps its place unless the other is SWITCH_MARGIN
-faster.
+spent about a tenth of its steps in looks at 0.6x the plain rate, and ran 0.94x no-spec). The
+side in use keeps its place unless the other is SWITCH_MARGIN faster.
 
 Only steady-state steps count: the first step after a switch of side, and the first after a
 prefill, are not recorded; nor is an overlapped plain call that only launched its step. A
@@ -83,9 +83,9 @@ SWITCH_MARGIN = 0.05
 WINDOW = 32  # recorded steps a side's rate is measured over
 # Looks cost at most this share of the time: a switch back to speculation lets the draft catch
 # up, eagerly, on every position it missed, and a switch to plain steps drains the overlapped
-# pipeline. Looks every 32 steps at 3 steps each cost EAGLE3 at batch 16 and 64 more than its
-# choice gained: 0.85 / 0.77x no-spec where pinned speculation ran 0.94 / 0.90x and plain steps
-# alone about 1.0x (H100, 73d57f9, bench_adaptive).
+# pipeline. With a look every 32 steps, EAGLE3 (7, 1, 8) ran adaptive at 0.85 / 0.77x no-spec
+# at batch 16 / 64 where pinned speculation ran 0.94 / 0.90x (H100, 73d57f9, bench_adaptive);
+# with this budget, 0.87 / 0.87x against 0.98 / 0.89x (53c19ec).
 LOOK_BUDGET = 0.03
 # A look this many times off its side's window restarts that window: the speed has changed
 # (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
