@@ -3,9 +3,9 @@ mode, in one run, at batch 1, 16 and 64, no-spec and speculative, on the default
 8B shape (random weights).
 
 Speculative: EAGLE3 (7,1,8) on the default model, with --draft DIR or else the cached default
-draft (trained first on a miss: about ten minutes on one H100); on the 8B shape,
-which has no draft, NGRAM with synthetic acceptance (speculative_simulate_accept_prob, a
-benchmark-only mode). Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
+draft (trained first on a miss: about ten minutes on one H100); on the 8B shape, which has no
+trained draft, --big-spec EAGLE3 (a random head) or NGRAM, with synthetic acceptance
+(speculative_simulate_accept_prob, a benchmark-only mode). Runs before 18104ba used NGRAM there. Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
 tok/s = batch * new tokens / wall time of the generate call (median of --repeats). The two
 modes' engines live side by side and their timed runs alternate, so both share one history:
 with one engine after the other, the default engine of the 8B shape once decoded batch 64 at
@@ -32,8 +32,16 @@ def spec_kwargs(model: str, spec: bool, args) -> dict:
     if not spec:
         return {}
     if model == BIG:
-        return dict(speculative_algorithm="NGRAM", speculative_simulate_accept_prob=args.accept,
-                    speculative_num_steps=7, speculative_num_draft_tokens=8)
+        head = None
+        if args.big_spec == "EAGLE3":  # the issue's cell: overlapped steps, like a real head's
+            import tempfile
+
+            from bench_spec_overlap import random_head
+
+            head = random_head(BIG, tempfile.mkdtemp())
+        return dict(speculative_algorithm=args.big_spec, speculative_draft_model_path=head,
+                    speculative_simulate_accept_prob=args.accept, speculative_num_steps=7,
+                    speculative_eagle_topk=1, speculative_num_draft_tokens=8)
     if args.draft is None:
         from drafts.train import ensure_draft
 
@@ -89,6 +97,8 @@ def run(args) -> list:
             for b in args.batches:
                 lines.append({"bench": "deterministic_cost", "model": model or "default",
                               "spec": spec, "batch": b, "default_tok_s": rates[b][False],
+                              "algorithm": (args.big_spec if model == BIG else "EAGLE3")
+                              if spec else None,
                               "deterministic_tok_s": rates[b][True],
                               "cost": 1 - rates[b][True] / rates[b][False],
                               "repeats": args.repeats, "interleaved": True,
@@ -137,6 +147,8 @@ def main(argv=None) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--accept", type=float, default=0.7, help="8B shape: simulated acceptance")
+    p.add_argument("--big-spec", choices=("EAGLE3", "NGRAM"), default="EAGLE3",
+                   help="the 8B shape's speculative cells (synthetic acceptance)")
     p.add_argument("--skip-8b", action="store_true")
     p.add_argument("--skip-default", action="store_true", help="the 8B shape's cells only")
     p.add_argument("--draft", default=None, metavar="DIR", help="the default model's EAGLE3 draft")
