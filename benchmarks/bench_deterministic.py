@@ -5,7 +5,8 @@ mode, in one run, at batch 1, 16 and 64, no-spec and speculative, on the default
 Speculative: EAGLE3 (7,1,8) on the default model, with --draft DIR or else the cached default
 draft (trained first on a miss: about ten minutes on one H100); on the 8B shape, which has no
 trained draft, --big-spec EAGLE3 (a random head) or NGRAM, with synthetic acceptance
-(speculative_simulate_accept_prob, a benchmark-only mode). Runs before 18104ba used NGRAM there. Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
+(speculative_simulate_accept_prob, a benchmark-only mode); lines without an `algorithm` field
+ran NGRAM there. Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
 tok/s = batch * new tokens / wall time of the generate call (median of --repeats). The two
 modes' engines live side by side and their timed runs alternate, so both share one history:
 with one engine after the other, the default engine of the 8B shape once decoded batch 64 at
@@ -19,6 +20,7 @@ with one engine after the other, the default engine of the 8B shape once decoded
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 import common
@@ -28,17 +30,16 @@ common.add_repo_to_path()
 BIG = "shape:llama-3-8b"
 
 
-def spec_kwargs(model: str, spec: bool, args) -> dict:
+def spec_kwargs(model: str, spec: bool, args, tmp: str) -> dict:
+    """The engine options of a cell (one call per cell: an 8B-shaped head is 1.3 GB, in tmp)."""
     if not spec:
         return {}
     if model == BIG:
         head = None
         if args.big_spec == "EAGLE3":  # the issue's cell: overlapped steps, like a real head's
-            import tempfile
-
             from bench_spec_overlap import random_head
 
-            head = random_head(BIG, tempfile.mkdtemp())
+            head = random_head(BIG, tmp)
         return dict(speculative_algorithm=args.big_spec, speculative_draft_model_path=head,
                     speculative_simulate_accept_prob=args.accept, speculative_num_steps=7,
                     speculative_eagle_topk=1, speculative_num_draft_tokens=8)
@@ -86,10 +87,12 @@ def run(args) -> list:
     lines = []
     for model in models:
         for spec in (False, True):
-            engines = {det: Engine(model_path=model, enable_deterministic_inference=det,
-                                   max_running_requests=max(args.batches), show_progress=False,
-                                   max_total_tokens=kv_tokens, **spec_kwargs(model, spec, args))
-                       for det in (False, True)}
+            with tempfile.TemporaryDirectory() as tmp:
+                kw = spec_kwargs(model, spec, args, tmp)
+                engines = {det: Engine(model_path=model, enable_deterministic_inference=det,
+                                       max_running_requests=max(args.batches),
+                                       show_progress=False, max_total_tokens=kv_tokens, **kw)
+                           for det in (False, True)}
             rates = {b: measure_pair(engines, b, args) for b in args.batches}
             device = engines[False].device
             for engine in engines.values():
@@ -97,8 +100,7 @@ def run(args) -> list:
             for b in args.batches:
                 lines.append({"bench": "deterministic_cost", "model": model or "default",
                               "spec": spec, "batch": b, "default_tok_s": rates[b][False],
-                              "algorithm": (args.big_spec if model == BIG else "EAGLE3")
-                              if spec else None,
+                              "algorithm": kw.get("speculative_algorithm"),
                               "deterministic_tok_s": rates[b][True],
                               "cost": 1 - rates[b][True] / rates[b][False],
                               "repeats": args.repeats, "interleaved": True,

@@ -205,6 +205,11 @@ class _Bucket:
     # Seconds a switch step took beyond the steady step after it, the last few.
     switch_s: deque = field(default_factory=lambda: deque(maxlen=8))
 
+    @property
+    def switch_cost(self) -> float:
+        """Seconds a switch costs, as measured lately (0 before any)."""
+        return sum(self.switch_s) / len(self.switch_s) if self.switch_s else 0.0
+
     def look_wait(self, spec: bool) -> float:
         """Steps of the chosen (`spec`) side between two looks so that a look costs at most
         LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
@@ -212,7 +217,7 @@ class _Bucket:
         side, other = (self.spec, self.decode) if spec else (self.decode, self.spec)
         if side.step_s <= 0 or side.tok_s <= 0:
             return 0.0
-        switches = 2 * sum(self.switch_s) / len(self.switch_s) if self.switch_s else 0.0
+        switches = 2 * self.switch_cost
         slower = max(other.step_s - other.per_req / side.tok_s, 0.0) if other.recent else 0.0
         return min((switches + EXPLORE_STEPS * slower) / (LOOK_BUDGET * side.step_s),
                    EXPLORE_MAX_EVERY)
@@ -230,10 +235,10 @@ class _Bucket:
                                         _per_bucket(lambda b: step_s(False, b)))
             # Going over to the other side costs a switch (measured): near the batch's end, or
             # where the two sides finish alike, flipping back and forth cost more than it won.
-            switch = sum(self.switch_s) / len(self.switch_s) if self.switch_s else 0.0
             if self.spec_chosen is not None:
-                plain_time, spec_time = ((plain_time + switch, spec_time) if self.spec_chosen
-                                         else (plain_time, spec_time + switch))
+                plain_time, spec_time = ((plain_time + self.switch_cost, spec_time)
+                                         if self.spec_chosen
+                                         else (plain_time, spec_time + self.switch_cost))
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
             self.spec_chosen = spec >= plain
