@@ -77,7 +77,8 @@ def launches() -> list:
               (128, 128, 4, 3), (128, 128, 8, 4), (128, 256, 8, 2), (128, 256, 8, 3),
               (256, 128, 8, 2), (128, 256, 4, 3)]
     return [mm.Launch(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
-                      fuse_splits=True) for bm, bn, warps, stages in shapes]
+                      fuse_splits=True, tma=tma)
+            for bm, bn, warps, stages in shapes for tma in (False, True)]
 
 
 def bench_launches(model: str, name: str, n: int, k: int, rows: list, out: list) -> None:

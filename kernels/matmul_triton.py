@@ -23,6 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-built TMA descriptors (Triton >= 3.4); without them no launch asks for TMA
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
 BLOCK_M = 64
 
 
@@ -116,6 +121,40 @@ def _matmul_kernel(
 
 
 @triton.jit
+def _matmul_tma_kernel(x_desc, w_desc, y_desc, b_ptr, N, K, K_PER_SPLIT,
+                       HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """_matmul_kernel's wide launch with tiles copied in by the TMA engine (Hopper and later):
+    the same BLOCK_K steps, and the same split sums added in the same order, so the same bits.
+    The descriptors zero what lies past M, N and K, as the masked loads do."""
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    steps = tl.cdiv(K, BLOCK_K)
+    if SPLITS == 1:  # as _dot_range: one sum from zero
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for i in range(0, steps):
+            acc = tl.dot(x_desc.load([off_m, i * BLOCK_K]), w_desc.load([off_n, i * BLOCK_K]).T,
+                         acc, input_precision=DOT_PRECISION)
+    else:  # as _dot_splits
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        per_split = K_PER_SPLIT // BLOCK_K
+        for i in range(0, steps):
+            part = tl.dot(x_desc.load([off_m, i * BLOCK_K]), w_desc.load([off_n, i * BLOCK_K]).T,
+                          part, input_precision=DOT_PRECISION)
+            if ((i + 1) % per_split == 0) | (i + 1 == steps):
+                acc += part
+                part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if tl.cdiv(steps, per_split) < SPLITS:
+            acc += tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if HAS_BIAS:
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+
+
+@triton.jit
 def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ps, stride_pm, stride_ym,
                        HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -175,6 +214,7 @@ class Launch:
     num_warps: int | None = None
     num_stages: int | None = None
     fuse_splits: bool = False
+    tma: bool = False  # tiles copied in by descriptors (fuse_splits implied; Hopper and later)
 
 
 WIDE_FROM_ROWS = 128  # from this many rows on, a CUDA call may take a wide launch
@@ -228,7 +268,32 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     _launch(x, weight, bias, out, t, Launch())
 
 
+def tma_fits(*tensors: torch.Tensor) -> bool:
+    """TMA copies need 16-byte aligned bases and row strides."""
+    return TensorDescriptor is not None and all(
+        t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
+
+
+def _launch_tma(x, weight, bias, out, t: Tiling, lc: Launch) -> None:
+    m, k = x.shape
+    n = weight.shape[0]
+    block_n = lc.block_n or t.block_n
+    _matmul_tma_kernel[(triton.cdiv(m, lc.block_m), triton.cdiv(n, block_n))](
+        TensorDescriptor.from_tensor(x, [lc.block_m, t.block_k]),
+        TensorDescriptor.from_tensor(weight, [block_n, t.block_k]),
+        TensorDescriptor.from_tensor(out, [lc.block_m, block_n]),
+        bias if bias is not None else weight, n, k,
+        triton.cdiv(triton.cdiv(k, t.block_k), t.split_k) * t.block_k,
+        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        SPLITS=t.split_k, BLOCK_M=lc.block_m, BLOCK_N=block_n, BLOCK_K=t.block_k,
+        num_warps=lc.num_warps or t.num_warps, num_stages=lc.num_stages or t.num_stages)
+
+
 def _launch(x, weight, bias, out, t: Tiling, lc: Launch) -> None:
+    if lc.tma:
+        if tma_fits(x, weight, out):
+            return _launch_tma(x, weight, bias, out, t, lc)
+        lc = Launch(lc.block_m, lc.block_n, lc.num_warps, lc.num_stages, fuse_splits=True)
     m, k = x.shape
     n = weight.shape[0]
     block_n = lc.block_n or t.block_n

@@ -182,8 +182,9 @@ def test_every_tiling_keeps_a_row_the_same_whatever_rows_come_with_it(block_n, s
 @pytest.mark.parametrize("split_k,k,bias", [(2, 200, True), (3, 200, False), (1, 200, True),
                                            (4, 160, False)])  # 4 x 160: the last split is empty
 def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias):
-    """The wide launch (each program sums every K split itself, no fp32 workspace) adds the
-    same partial sums in the same order as the split kernel and its summing kernel."""
+    """The wide launch (each program sums every K split itself, no fp32 workspace), with
+    pointer loads or TMA descriptors, adds the same partial sums in the same order as the split
+    kernel and its summing kernel."""
     from kernels.dispatch import triton_module
 
     mm = triton_module("matmul_triton")
@@ -192,11 +193,30 @@ def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias
     w, x = torch.randn(72, k, generator=gen), torch.randn(67, k, generator=gen)
     b = torch.randn(72, generator=gen) if bias else None
     outs = []
-    for launch in (mm.Launch(), mm.Launch(fuse_splits=True)):
+    for launch in (mm.Launch(), mm.Launch(fuse_splits=True), mm.Launch(tma=True),
+                   mm.Launch(block_m=32, block_n=64, tma=True)):
         outs.append(torch.empty(67, 72))
         mm.matmul(x, w, b, outs[-1], tiling, launch)
     torch.testing.assert_close(outs[0], torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
-    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_a_tma_launch_of_unaligned_tensors_takes_pointer_loads(monkeypatch):
+    """TMA needs 16-byte aligned rows: a [.., 7] fp32 view has 28-byte rows, so the launch
+    falls back to pointer loads with the same tiles (the same bits)."""
+    from kernels.dispatch import triton_module
+
+    mm = triton_module("matmul_triton")
+    tiling = mm.Tiling(block_n=32, block_k=32, split_k=1, num_stages=1)
+    gen = torch.Generator().manual_seed(14)
+    w, x = torch.randn(40, 7, generator=gen), torch.randn(9, 7, generator=gen)
+    assert not mm.tma_fits(x, w)
+    called = []
+    monkeypatch.setattr(mm, "_launch_tma", lambda *a: called.append(a))
+    out = torch.empty(9, 40)
+    mm.matmul(x, w, None, out, tiling, mm.Launch(tma=True))
+    assert not called
+    torch.testing.assert_close(out, x @ w.T, atol=1e-4, rtol=1e-4)
 
 
 def test_many_rows_take_the_widest_launch_that_fills_the_gpu():
