@@ -153,7 +153,7 @@ def launch_sums(lines: list) -> dict:
             continue
         if lc == mm.Launch():
             d["decode"] = l["us"]
-        if lc == mm.cuda_launch(l["m"], l["n"], l.get("sms", 132)):
+        if lc == mm.cuda_launch(l["m"], l["n"], l.get("sms", 132), l.get("tma", False)):
             d["rule"] = l["us"]
     return {key: {side: sum(d.get(side, float("nan")) * (1 if layer == "lm_head"
                                                         else LAYERS[key[0]])
@@ -217,7 +217,7 @@ def main() -> None:
             print(f"{model} {name} done", flush=True)
     dev = torch.device("cuda")
     info = {**machine_info(dev), "sms": torch.cuda.get_device_properties(dev).multi_processor_count,
-            "time": now_iso()}
+            "tma": mm._has_tma(dev.index or 0), "time": now_iso()}
     append_jsonl(args.out, [{**l, **info} for l in lines])
     render_results(args.out, render_table, render_plot)
 

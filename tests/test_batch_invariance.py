@@ -230,6 +230,8 @@ def test_many_rows_take_the_widest_launch_that_fills_the_gpu():
     assert mm.cuda_launch(128, 4096, 132) == mm.WIDE_LAUNCHES[2]  # 2 x 64 of 64 x 64
     assert mm.cuda_launch(512, 576, 132) == mm.Launch()  # 8 x 9 of 64 x 64: too few
     assert all(lc.fuse_splits for lc in mm.WIDE_LAUNCHES)
+    assert mm.cuda_launch(256, 4096, 132, tma=True) == mm.WIDE_LAUNCHES_TMA[1]
+    assert all(lc.tma for lc in mm.WIDE_LAUNCHES_TMA)
 
 
 def test_a_wide_launch_the_gpu_cannot_fit_falls_back_to_the_decode_launch(monkeypatch):
