@@ -130,12 +130,17 @@ def step_sums(lines: list) -> dict:
             for key, per in out.items()}
 
 
+SPLIT_LOOP_RUNS = {"1de8f5b"}  # fused splits ran one loop each then, a form since removed
+
+
 def _launch_of(line: dict):
-    """The line's Launch, or None for a form since removed: fused splits summed in one loop
-    each (lines up to f3c91d5 carry flush_in_loop; those before it fused only that way)."""
+    """The line's Launch, or None for a form since removed (SPLIT_LOOP_RUNS). Lines of
+    f3c91d5 name the current form flush_in_loop; later ones add tma."""
     fields = dict(line["launch"])
-    flush = fields.pop("flush_in_loop", False)
-    return mm.Launch(**fields) if flush or not fields["fuse_splits"] else None
+    fields.pop("flush_in_loop", None)
+    if fields["fuse_splits"] and line.get("git") in SPLIT_LOOP_RUNS:
+        return None
+    return mm.Launch(**fields)
 
 
 def launch_sums(lines: list) -> dict:
