@@ -3,6 +3,7 @@ bucket, which runner served every forward (a plain step that fell back to eager 
 slow plain rate), and, on the same prompts in the same process, pinned speculation and no-spec.
 
     python benchmarks/probe_adaptive.py --draft DIR [--batches 1 16 64] [--max-new-tokens 128]
+    python benchmarks/probe_adaptive.py --algorithm NGRAM --bench-prompts [--batches 64]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def engine_for(system: str, args) -> Engine:
     extra = SYSTEMS[system]
     if extra is None:
         return Engine(model_path=args.model_path, show_progress=False)
-    return Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
+    return Engine(model_path=args.model_path, speculative_algorithm=args.algorithm,
                   speculative_draft_model_path=args.draft, show_progress=False, **extra)
 
 
@@ -49,7 +50,8 @@ def timed(engine: Engine, prompts: list, params: dict, runs: int) -> list:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None)
-    p.add_argument("--draft", required=True, help="an EAGLE3 head")
+    p.add_argument("--algorithm", default="EAGLE3")
+    p.add_argument("--draft", default=None, help="the algorithm's head (NGRAM needs none)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
@@ -73,7 +75,8 @@ def main(argv=None) -> None:
         print(json.dumps({"system": system, "adaptive": spec.get("adaptive"),
                           "overlapped_steps": spec.get("overlapped_steps"),
                           "target": info["forward_stats"],
-                          "draft": engine.draft.router.forward_stats() if engine.draft else None},
+                          "draft": (engine.draft.router.forward_stats()
+                                    if getattr(engine.draft, "router", None) else None)},
                          indent=1), flush=True)
         engine.shutdown()
 

@@ -5,6 +5,7 @@ bench_deterministic measures every batch size on one engine per mode; this probe
 cell there is the mode's cost or the engine's history.
 
     python benchmarks/probe_modes.py [--model-path shape:llama-3-8b] [--batch 64] [--spec]
+                                     [--draft DIR]
                                      [--history 1 16]
 """
 
@@ -31,10 +32,14 @@ def probe(model: str, batch: int, deterministic: bool, args) -> None:
 
     from specpcg import Engine
 
-    spec = {} if not args.spec else dict(  # as bench_deterministic's 8B spec cells
+    spec = {} if not args.spec else dict(  # as bench_deterministic's spec cells
         speculative_algorithm="NGRAM", speculative_simulate_accept_prob=0.7,
         speculative_num_steps=7, speculative_num_draft_tokens=8)
-    engine = Engine(model_path=model, enable_deterministic_inference=deterministic,
+    if args.draft:
+        spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=args.draft,
+                    speculative_num_steps=7, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=8, **common.PINNED_SPEC)
+    engine = Engine(model_path=None if model == "default" else model, enable_deterministic_inference=deterministic,
                     max_running_requests=batch, show_progress=False, **spec)
     gen = torch.Generator().manual_seed(batch)
     ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
@@ -60,7 +65,7 @@ def probe(model: str, batch: int, deterministic: bool, args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-path", default="shape:llama-3-8b")
+    p.add_argument("--model-path", default="shape:llama-3-8b", help="'default': the default model")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
