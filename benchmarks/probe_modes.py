@@ -73,6 +73,9 @@ def main() -> None:
                    help="batch sizes to run on the engine before the probed one")
     p.add_argument("--spec", action="store_true",
                    help="NGRAM (7, 1, 8) with simulated acceptance 0.7 (benchmark-only mode)")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="EAGLE3 (7, 1, 8) with this head instead, pinned (bench_deterministic's "
+                        "default-model spec cells)")
     args = p.parse_args()
     for deterministic in (False, True):
         probe(args.model_path, args.batch, deterministic, args)
