@@ -54,27 +54,52 @@ def spec_kwargs(model: str, spec: bool, args, tmp: str) -> dict:
         speculative_num_draft_tokens=8, **common.PINNED_SPEC)
 
 
-def _prompts(batch: int, args) -> list:
+CHAT_PROMPT_TOKENS = 4  # x --prompt-len: the longest chat prompt taken
+
+
+def _prompts(batch: int, args, tokenizer) -> list:
+    """Held-out chat first turns (--prompts chat, a model with a tokenizer), else random ids."""
     import torch
 
+    if args.prompts == "chat" and tokenizer is not None:
+        from drafts.data import heldout_samples
+        from drafts.distill import first_prompts
+
+        return first_prompts(heldout_samples("sharegpt", 4 * batch), tokenizer, batch,
+                             CHAT_PROMPT_TOKENS * args.prompt_len)
     gen = torch.Generator().manual_seed(batch)
     return [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
             for _ in range(batch)]
 
 
-def measure_pair(engines: dict, batch: int, args) -> dict:
-    """{deterministic: tok/s}: the two engines' timed runs interleaved (default, deterministic,
-    default, ...), so both see the same history and the same drift of the machine."""
-    ids = _prompts(batch, args)
+def measure_pair(engines: dict, batch: int, args) -> tuple:
+    """({deterministic: tok/s}, {deterministic: accept length}): the two engines' timed runs
+    interleaved (default, deterministic, default, ...), so both see the same history and the
+    same drift of the machine. The accept length (tokens per request per verify; None without
+    speculation) tells a slower mode from one whose greedy tokens a draft predicts less well:
+    the modes' tokens differ (the default mode's depend on the batch), and so do their drafts'
+    acceptance."""
+    ids = _prompts(batch, args, engines[False].tokenizer)
     for engine in engines.values():
         common.generate_ids(engine, ids[:1], 8)  # warm-up
     times = {det: [] for det in engines}
+    accept = {}
     for _ in range(args.repeats):
         for det, engine in engines.items():
             t0 = time.perf_counter()
-            common.generate_ids(engine, ids, args.new_tokens)
+            metas = common.generate_ids(engine, ids, args.new_tokens)
             times[det].append(time.perf_counter() - t0)
-    return {det: batch * args.new_tokens / common.median(t) for det, t in times.items()}
+            verifies = sum(m.get("spec_verify_ct", 0) for m in metas)
+            accept[det] = len(ids) * args.new_tokens / verifies if verifies else None
+    return ({det: len(ids) * args.new_tokens / common.median(t) for det, t in times.items()},
+            accept)
+
+
+def step_cost(rate: dict, accept: dict) -> float:
+    """The mode's cost per step: its throughput cost at equal accept lengths."""
+    if accept[False] is None or accept[True] is None:
+        return 1 - rate[True] / rate[False]
+    return 1 - (rate[True] / accept[True]) / (rate[False] / accept[False])
 
 
 def run(args) -> list:
@@ -83,9 +108,10 @@ def run(args) -> list:
     models = ([] if args.skip_default else [args.model_path]) + ([] if args.skip_8b else [BIG])
     # Both engines live at once: a KV cache sized to the largest batch (outputs, a spec step's
     # overshoot and a margin) instead of the default share of the GPU's memory.
-    kv_tokens = 2 * max(args.batches) * (args.prompt_len + args.new_tokens + 16)
     lines = []
     for model in models:
+        longest = args.prompt_len * (CHAT_PROMPT_TOKENS if model != BIG else 1)
+        kv_tokens = 2 * max(args.batches) * (longest + args.new_tokens + 16)
         for spec in (False, True):
             with tempfile.TemporaryDirectory() as tmp:
                 kw = spec_kwargs(model, spec, args, tmp)
@@ -98,15 +124,21 @@ def run(args) -> list:
             for engine in engines.values():
                 engine.shutdown()
             for b in args.batches:
+                (rate, accept), chat = rates[b], args.prompts == "chat" and model != BIG
                 lines.append({"bench": "deterministic_cost", "model": model or "default",
-                              "spec": spec, "batch": b, "default_tok_s": rates[b][False],
+                              "spec": spec, "batch": b, "default_tok_s": rate[False],
                               "algorithm": kw.get("speculative_algorithm"),
-                              "deterministic_tok_s": rates[b][True],
-                              "cost": 1 - rates[b][True] / rates[b][False],
+                              "deterministic_tok_s": rate[True],
+                              "cost": 1 - rate[True] / rate[False],
+                              "default_accept_length": accept[False],
+                              "deterministic_accept_length": accept[True],
+                              "step_cost": step_cost(rate, accept),
+                              "prompts": "chat" if chat else "random",
                               "repeats": args.repeats, "interleaved": True,
                               **common.machine_info(device)})
                 print(f"[bench_deterministic] {model or 'default'} spec={spec} bs={b}: "
-                      f"cost {lines[-1]['cost']:.1%}", flush=True)
+                      f"cost {lines[-1]['cost']:.1%} (per step {lines[-1]['step_cost']:.1%})",
+                      flush=True)
             common.append_jsonl(args.out, lines[-len(args.batches):])  # kept if a later cell dies
     return lines
 
@@ -121,12 +153,19 @@ def _cell(r: dict) -> str:
     return f"{'8B shape' if r['model'] == BIG else r['model']} {'spec' if r['spec'] else 'no-spec'}"
 
 
+def _accepts(r: dict) -> str:
+    a, b = r.get("default_accept_length"), r.get("deterministic_accept_length")
+    return f"{a:.2f} / {b:.2f}" if a and b else ""
+
+
 def render_table(records: list) -> str:
-    rows = [[_cell(r), str(r["batch"]), common.fmt(r["default_tok_s"]),
-             common.fmt(r["deterministic_tok_s"]), f"{r['cost']:.1%}", r.get("git", "")]
+    rows = [[_cell(r), str(r["batch"]), r.get("prompts", "random"), common.fmt(r["default_tok_s"]),
+             common.fmt(r["deterministic_tok_s"]), f"{r['cost']:.1%}", _accepts(r),
+             f"{r['step_cost']:.1%}" if "step_cost" in r else "", r.get("git", "")]
             for r in _latest(records)]
-    return common.markdown_table(["model", "batch", "default tok/s", "deterministic tok/s",
-                                  "cost", "git"], rows)
+    return common.markdown_table(["model", "batch", "prompts", "default tok/s",
+                                  "deterministic tok/s", "cost", "accept length (default / "
+                                  "deterministic)", "cost per step", "git"], rows)
 
 
 def render_plot(records: list, path) -> None:
@@ -146,6 +185,9 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--prompts", choices=("chat", "random"), default="chat",
+                   help="chat: held-out chat first turns (up to 4x --prompt-len tokens) where "
+                        "the model has a tokenizer; the 8B shape always takes random ids")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--accept", type=float, default=0.7, help="8B shape: simulated acceptance")
