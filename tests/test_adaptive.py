@@ -110,6 +110,23 @@ def test_the_step_after_a_prefill_is_not_counted():
     assert ctrl.info()["16"]["spec_tok_s_per_req"] == pytest.approx(3.0)
 
 
+def test_a_step_after_a_prefill_borrows_the_nearest_buckets_choice():
+    """A batch filling up meets some sizes only right after a prefill, where nothing is
+    measured: those steps take the nearest bucket's choice and never speculate for a warm-up
+    that could not end (NGRAM at batch 64 on the H100 speculated at every such step)."""
+    ctrl = AdaptiveSpeculation()
+    assert ctrl.use_spec(32) is True  # nothing chosen anywhere yet: speculate
+    _run(ctrl, 64, spec_rate=900, decode_rate=3000, steps=2 * WARMUP_STEPS + 2)
+    # its first step is a switch from bucket 64's plain steps: one more to warm up
+    _run(ctrl, 1, spec_rate=900, decode_rate=300, steps=2 * WARMUP_STEPS + 3)
+    # 8 lies as far from 1 as from 64: the smaller bucket's choice
+    for size, spec in ((32, False), (16, False), (8, True), (2, True)):
+        ctrl.interrupt()
+        assert ctrl.use_spec(size) is spec, size
+        ctrl.record(size, spec, size, 1.0)  # not counted, as every step after a prefill
+    assert ctrl.use_spec(32) is True  # measured steps warm the bucket up as before
+
+
 def test_each_batch_size_bucket_chooses_for_itself():
     ctrl = AdaptiveSpeculation()
     _run(ctrl, 1, spec_rate=900, decode_rate=300, steps=2 * WARMUP_STEPS + 1)

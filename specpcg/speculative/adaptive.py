@@ -15,7 +15,8 @@ spent about a tenth of its steps in looks at 0.6x the plain rate, and ran 0.94x 
 side in use keeps its place unless the other is SWITCH_MARGIN faster.
 
 Only steady-state steps count: the first step after a switch of side, and the first after a
-prefill, are not recorded; nor is an overlapped plain call that only launched its step. A
+prefill, are not recorded; nor is an overlapped plain call that only launched its step. A step
+after a prefill, never measured, takes the nearest bucket's choice (`_borrowed`). A
 speculative step after a plain one first waits for the plain step still in flight (overlap
 scheduling) and lets the draft catch up on the hidden states it missed; a plain step after a
 speculative one starts with an empty pipeline. Counting those switches made speculation at
@@ -280,7 +281,9 @@ class AdaptiveSpeculation:
         given when no request is waiting (module docstring)."""
         key = bucket_of(batch_size)
         b = self._buckets.setdefault(key, _Bucket())
-        if b.spec.steps < WARMUP_STEPS:
+        if self._interrupted:  # not measured: it spends no warm-up step and no look
+            choice = self._borrowed(key)
+        elif b.spec.steps < WARMUP_STEPS:
             choice = True
         elif b.decode.steps < WARMUP_STEPS:
             choice = False
@@ -305,6 +308,16 @@ class AdaptiveSpeculation:
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
         return choice
+
+    def _borrowed(self, key: int) -> bool:
+        """The choice for a step that will not be measured (the one after a prefill): the side
+        last chosen in the nearest bucket that has chosen one, the smaller of two equally near;
+        speculation where none has. NOTE: without this, a batch size met only right after
+        prefills (a batch filling up: 2, 8, 32 on the way to 64) never finished its warm-up and
+        speculated at every such step (H100, NGRAM at batch 64, bench_adaptive at dae63fc)."""
+        chosen = [(abs(k.bit_length() - key.bit_length()), k, b.spec_chosen)
+                  for k, b in self._buckets.items() if b.spec_chosen is not None]
+        return min(chosen)[2] if chosen else True
 
     def _step_s(self, spec: bool, batch_size: int, current: "_Bucket") -> float:
         """A step's seconds at `batch_size` on one side: its bucket's measure, else (not
