@@ -54,12 +54,18 @@ class ForwardRouter:
         self.disabled_reasons = dict(disabled_reasons or {})
         self.stats: Counter = Counter()
         self._logged: set = set()
+        # Piecewise graphs serving decode modes (no full decode graph: tensor or pipeline
+        # parallelism); their reasons for refusing a batch are the ones reported.
+        self._piecewise_decode = (["piecewise"] if ForwardMode.DECODE
+                                  in getattr(piecewise, "modes", ()) else [])
 
     def candidates(self, mode: ForwardMode) -> list:
         if mode == ForwardMode.EXTEND:
             return ["piecewise"]
-        if mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND):
-            return ["decode_graph"]  # DRAFT_EXTEND: a head's tree steps, where captured
+        if mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
+            return ["decode_graph"] + self._piecewise_decode
+        if mode == ForwardMode.DRAFT_EXTEND:
+            return ["decode_graph"]  # a head's tree steps, where captured
         return []
 
     def choose(self, batch: ForwardBatch) -> tuple:

@@ -184,3 +184,38 @@ def test_graphs_on_off_bf16_differ_only_at_near_ties():
         assert _token_gap(off, off.tokenizer.encode(prompt) + y[:k], x[k], y[k]) <= NEAR_TIE_ULPS
     print(f"graphs on/off identical greedy outputs (bf16): {same}/20")
     assert same >= 16
+
+
+def test_piecewise_graphs_serve_decode_where_no_full_decode_graph_can():
+    """The torch attention backend cannot be captured in a full decode graph (as under tensor or
+    pipeline parallelism, no full decode graph is built): decode steps and verifies replay the
+    piecewise graphs, equal to eager per bucket, and an NGRAM engine's greedy tokens equal an
+    eager engine's (fp32)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    kw = dict(device="cuda", dtype="float32", attention_backend="torch", max_total_tokens=32768,
+              piecewise_cuda_graph_max_tokens=256, speculative_algorithm="NGRAM",
+              speculative_num_steps=3, speculative_num_draft_tokens=4,
+              disable_adaptive_speculation=True)
+    on, off = Engine(**kw), Engine(disable_cuda_graph=True, **kw)
+    info = on.get_server_info()
+    assert not info["cuda_graph"]["enabled"]
+    assert info["piecewise_cuda_graph"]["modes"] == ["EXTEND", "DECODE", "TARGET_VERIFY"]
+    for width in (1, 4):
+        for bs in (1, 3, 17):
+            reqs, batch = _decode_batch(on, bs, width)
+            assert on.router.choose(batch) == ("piecewise", None)
+            eager = on.runner.forward(batch)
+            graph = on.graphs.piecewise.forward(batch)
+            got, want = ((graph.all_logits, eager.all_logits) if width > 1
+                         else (graph.logits, eager.logits))
+            assert (got - want).abs().max().item() < TOL, (bs, width)
+            _release(on, reqs)
+    prompts = [f"Question {i}: what is {i} plus {2 * i}? Answer:" for i in range(6)]
+    params = {"max_new_tokens": 24, "temperature": 0}
+    outs = [[o["output_ids"] for o in e.generate(prompt=prompts, sampling_params=params)]
+            for e in (on, off)]
+    assert outs[0] == outs[1]
+    stats = {(s["mode"], s["runner"]) for s in on.get_server_info()["forward_stats"]}
+    assert ("TARGET_VERIFY", "piecewise") in stats and ("TARGET_VERIFY", "eager") not in stats
+    on.shutdown()
+    off.shutdown()

@@ -10,7 +10,7 @@ from specpcg.config import EngineConfig
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.graphs.decode_runner import DecodeGraphRunner
 from specpcg.graphs.piecewise_runner import PiecewiseRunner
-from specpcg.graphs.policy import decide_decode_graph, decide_piecewise
+from specpcg.graphs.policy import decide_decode_graph, decide_piecewise, piecewise_serves_decode
 from specpcg.router import EAGER, ForwardRouter, Refusal
 
 NULL, LAST, FULL = CaptureHiddenMode.NULL, CaptureHiddenMode.LAST, CaptureHiddenMode.FULL
@@ -27,10 +27,12 @@ def _batch(mode, ext_lens, hidden=NULL, aux=(), all_logits=False):
         capture_hidden_mode=hidden, aux_hidden_layers=aux, return_all_logits=all_logits)
 
 
-def _piecewise(max_tokens=64, hidden=NULL, aux=()):
+def _piecewise(max_tokens=64, hidden=NULL, aux=(), decode_modes=False):
     # Built without capture: refusal() reads only what the runner declares it captured.
     r = PiecewiseRunner.__new__(PiecewiseRunner)
     r.buckets, r.hidden_mode, r.aux_layers = [4, 8, max_tokens], hidden, aux
+    if decode_modes:
+        r.modes = (ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
     return r
 
 
@@ -162,6 +164,39 @@ def test_decode_graph_rules():
         off = decide_decode_graph(_cfg(**kw), "cuda", "triton", True)
         assert not off.enabled and off.reason.startswith("tensor or pipeline parallelism: "
                                                          "collectives and stage exchanges")
+
+
+def test_piecewise_graphs_serve_decode_only_where_no_full_decode_graph_is():
+    on, tp = _cfg(), _cfg(tp_size=2)
+    pcg = decide_piecewise(tp, "cuda")
+    assert piecewise_serves_decode(pcg, decide_decode_graph(tp, "cuda", "triton", True))
+    assert piecewise_serves_decode(pcg, decide_decode_graph(on, "cuda", "torch", False))
+    assert not piecewise_serves_decode(pcg, decide_decode_graph(on, "cuda", "triton", True))
+    off = decide_piecewise(_cfg(disable_piecewise_cuda_graph=True, tp_size=2), "cuda")
+    assert not piecewise_serves_decode(off, decide_decode_graph(tp, "cuda", "triton", True))
+    none = _cfg(disable_cuda_graph=True)
+    assert not piecewise_serves_decode(decide_piecewise(none, "cuda"),
+                                       decide_decode_graph(none, "cuda", "triton", True))
+
+
+def test_decode_steps_and_verifies_replay_piecewise_graphs_that_serve_them():
+    """Under tensor or pipeline parallelism (no full decode graph) decode steps and verifies
+    replay the piecewise graphs; a head's tree steps and strided rows do not."""
+    reason = decide_decode_graph(_cfg(tp_size=2), "cuda", "triton", True).reason
+    router = _router(_piecewise(decode_modes=True), None, {"decode_graph": reason})
+    assert router.choose(_batch(ForwardMode.DECODE, [1] * 9)) == ("piecewise", None)
+    verify = _batch(ForwardMode.TARGET_VERIFY, [4, 4], aux=(), all_logits=True)
+    assert router.choose(verify) == ("piecewise", None)
+    assert router.choose(_batch(ForwardMode.DECODE, [1] * 65)) == (EAGER, Refusal.TOO_MANY_TOKENS)
+    assert router.choose(_batch(ForwardMode.DRAFT_EXTEND, [2])) == (EAGER, reason)
+    strided = _batch(ForwardMode.TARGET_VERIFY, [4, 4], all_logits=True)
+    strided.req_row_stride = 5
+    assert router.choose(strided) == (EAGER, Refusal.TOKENS_PER_REQUEST)
+    extend = _batch(ForwardMode.EXTEND, [5], all_logits=True)  # input logprobs: still eager
+    assert router.choose(extend) == (EAGER, Refusal.INPUT_LOGPROBS)
+    # Piecewise graphs that serve EXTEND alone leave decode steps to the decode graph's reason.
+    plain = _router(_piecewise(), None, {"decode_graph": reason})
+    assert plain.choose(_batch(ForwardMode.DECODE, [1])) == (EAGER, reason)
 
 
 def test_engine_on_cpu_reports_graphs_off_and_counts_eager(tmp_path):

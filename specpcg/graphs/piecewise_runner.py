@@ -3,6 +3,11 @@
 Runners own *what* is captured (buckets, static buffers, padding); `breakable.py` owns *how*.
 Only the body is captured: the LM head, logits and sampling run eagerly after it, so one graph
 serves batches of many requests and last-token logprobs. Padded tokens write KV to the sink slot.
+
+Nothing in a segment depends on the forward mode (attention, the one part that does, is a
+break), so where no full decode graph can be built (tensor or pipeline parallelism, whose
+collectives and stage exchanges must run between segments; an attention backend that plans
+from host lengths) the same graphs also serve decode steps and verifies (`decode_modes`).
 """
 
 from __future__ import annotations
@@ -53,11 +58,16 @@ class StaticInputs:
                                    input_hidden=hidden)
 
 
+DECODE_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY)
+
+
 class PiecewiseRunner:
     modes = (ForwardMode.EXTEND,)
 
     def __init__(self, model_runner, buckets: list, hidden_mode: CaptureHiddenMode,
-                 aux_layers: tuple, pool, show_progress: bool = True):
+                 aux_layers: tuple, pool, show_progress: bool = True, decode_modes: bool = False):
+        """decode_modes: also serve DECODE and TARGET_VERIFY (no full decode graph exists)."""
+        self.modes = (ForwardMode.EXTEND,) + (DECODE_MODES if decode_modes else ())
         self.model_runner = model_runner
         self.buckets = sorted(buckets)
         self.hidden_mode = hidden_mode
@@ -77,8 +87,11 @@ class PiecewiseRunner:
     def refusal(self, batch: ForwardBatch):
         if batch.forward_mode not in self.modes:
             return Refusal.MODE_NOT_CAPTURED
-        if batch.return_all_logits:
+        # A verify's logits of every node come from the LM head after the body, as any row's.
+        if batch.return_all_logits and batch.forward_mode != ForwardMode.TARGET_VERIFY:
             return Refusal.INPUT_LOGPROBS
+        if batch.req_row_stride:  # rows between strided requests: no break writes them
+            return Refusal.TOKENS_PER_REQUEST
         if batch.num_tokens > self.max_tokens:
             return Refusal.TOO_MANY_TOKENS
         return hidden_refusal(batch, self.hidden_mode, self.aux_layers)
@@ -143,6 +156,7 @@ class PiecewiseRunner:
 
     def info(self) -> dict:
         return {"num_buckets": len(self.graphs), "max_tokens": self.max_tokens,
+                "modes": [m.name for m in self.modes],
                 "hidden_mode": self.hidden_mode.name, "aux_layers": list(self.aux_layers),
                 **self.cost.info(),
                 "staging_memory_mb": round(self.staging.num_bytes / 2**20, 1)}

@@ -6,7 +6,7 @@ import torch
 
 from specpcg.core import CaptureHiddenMode
 from specpcg.graphs.buckets import decode_batch_buckets, piecewise_token_buckets
-from specpcg.graphs.policy import decide_decode_graph, decide_piecewise
+from specpcg.graphs.policy import decide_decode_graph, decide_piecewise, piecewise_serves_decode
 
 
 class GraphSet:
@@ -46,7 +46,8 @@ def build_graphs(cfg, model_runner, context_len: int,
     if pcg_decision.enabled:
         max_tokens = min(cfg.piecewise_cuda_graph_max_tokens, context_len)
         piecewise = PiecewiseRunner(model_runner, piecewise_token_buckets(max_tokens), hidden_mode,
-                                    aux_layers, pool, cfg.show_progress)
+                                    aux_layers, pool, cfg.show_progress,
+                                    piecewise_serves_decode(pcg_decision, dec_decision))
         piecewise.capture()
     if dec_decision.enabled:
         max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
