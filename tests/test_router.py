@@ -172,6 +172,9 @@ def test_piecewise_graphs_serve_decode_only_where_no_full_decode_graph_is():
     assert piecewise_serves_decode(pcg, decide_decode_graph(tp, "cuda", "triton", True))
     assert piecewise_serves_decode(pcg, decide_decode_graph(on, "cuda", "torch", False))
     assert not piecewise_serves_decode(pcg, decide_decode_graph(on, "cuda", "triton", True))
+    pp = _cfg(pp_size=2)  # one micro-batch per graph: eager micro-batches keep stages busy
+    assert not piecewise_serves_decode(decide_piecewise(pp, "cuda"),
+                                       decide_decode_graph(pp, "cuda", "triton", True), 2)
     off = decide_piecewise(_cfg(disable_piecewise_cuda_graph=True, tp_size=2), "cuda")
     assert not piecewise_serves_decode(off, decide_decode_graph(tp, "cuda", "triton", True))
     none = _cfg(disable_cuda_graph=True)
@@ -180,7 +183,7 @@ def test_piecewise_graphs_serve_decode_only_where_no_full_decode_graph_is():
 
 
 def test_decode_steps_and_verifies_replay_piecewise_graphs_that_serve_them():
-    """Under tensor or pipeline parallelism (no full decode graph) decode steps and verifies
+    """Under tensor parallelism (no full decode graph) decode steps and verifies
     replay the piecewise graphs; a head's tree steps and strided rows do not."""
     reason = decide_decode_graph(_cfg(tp_size=2), "cuda", "triton", True).reason
     router = _router(_piecewise(decode_modes=True), None, {"decode_graph": reason})

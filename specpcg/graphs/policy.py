@@ -26,11 +26,11 @@ class GraphDecision:
 # lockstep, with the collectives and the stage exchanges as eager breaks between segments (a
 # torch.distributed collective captured inside a graph would replay without its host-side
 # bookkeeping, and the ranks would stop agreeing on which one is in flight). A full decode
-# graph has no breaks, so it cannot hold them; the piecewise graphs serve decode steps there
+# graph has no breaks, so it cannot hold them; under TP alone the piecewise graphs serve decode
 # (piecewise_serves_decode).
 TP_DECODE_REASON = ("tensor or pipeline parallelism: collectives and stage exchanges run "
-                    "between graph segments, and a full decode graph has none (decode steps "
-                    "and verifies replay the piecewise graphs)")
+                    "between graph segments, and a full decode graph has none (under tensor "
+                    "parallelism alone, decode steps and verifies replay the piecewise graphs)")
 
 
 def _piecewise_auto_rules(cfg) -> list:
@@ -72,12 +72,14 @@ def decide_decode_graph(cfg, device_type: str, attn_backend_name: str,
     return _log(GraphDecision(True, "enabled by default on CUDA"), "decode")
 
 
-def piecewise_serves_decode(piecewise: GraphDecision, decode: GraphDecision) -> bool:
+def piecewise_serves_decode(piecewise: GraphDecision, decode: GraphDecision,
+                            pp_size: int = 1) -> bool:
     """Whether the piecewise graphs also serve decode steps and verifies: where they are on and
-    no full decode graph is (tensor or pipeline parallelism, an attention backend that cannot
-    be captured whole), a replay with eager breaks still beats an eager forward. Not when the
-    user turned decode graphs off (disable_cuda_graph turns both off)."""
-    return piecewise.enabled and not decode.enabled
+    no full decode graph is (tensor parallelism, an attention backend that cannot be captured
+    whole), a replay with eager breaks beats an eager forward. Not under pipeline parallelism:
+    a piecewise graph is captured for one micro-batch, and an eager decode step cut into
+    micro-batches keeps every stage busy. Not when the user turned graphs off."""
+    return piecewise.enabled and not decode.enabled and pp_size == 1
 
 
 def _log(decision: GraphDecision, which: str) -> GraphDecision:

@@ -47,7 +47,8 @@ def build_graphs(cfg, model_runner, context_len: int,
         max_tokens = min(cfg.piecewise_cuda_graph_max_tokens, context_len)
         piecewise = PiecewiseRunner(model_runner, piecewise_token_buckets(max_tokens), hidden_mode,
                                     aux_layers, pool, cfg.show_progress,
-                                    piecewise_serves_decode(pcg_decision, dec_decision))
+                                    piecewise_serves_decode(pcg_decision, dec_decision,
+                                                            cfg.pp_size))
         piecewise.capture()
     if dec_decision.enabled:
         max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
