@@ -316,3 +316,19 @@ def test_a_faster_but_noisy_side_is_not_shut_out_by_a_bad_streak():
     speeds = [_noisy_run(seed) for seed in range(12)]
     assert sum(speeds) / len(speeds) >= 1.3, speeds
     assert min(speeds) >= 1.1, speeds
+
+
+@pytest.mark.parametrize("spread,batch", [(0.0, 16), (0.2, 16), (0.2, 64)])
+def test_simulated_batches_run_near_the_faster_pinned_side(spread, batch):
+    """benchmarks/sim_adaptive.py: simulated batches (H100-measured step rates, per-request
+    acceptance spread) on one controller. Speculation wins at spread 0 and loses at 0.2;
+    either way adaptive runs within 10% of the faster pinned side."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from sim_adaptive import simulate
+
+    t = simulate(batch, spread, seeds=2)
+    assert (t["spec"] < t["plain"]) == (spread == 0.0)
+    assert min(t["spec"], t["plain"]) / t["adaptive"] > 0.9, t

@@ -1,0 +1,145 @@
+"""Adaptive speculation's choices against pinned speculation and plain decoding, simulated.
+
+The engine's controller (`AdaptiveSpeculation`, with the finish estimate it gets when nothing
+waits) decides every step of simulated batches. Each request accepts draft tokens with its own
+probability, drawn around a mean with a spread across requests; a step's seconds come from
+per-request rates measured on an H100 (NEXTN (3, 1, 4) on the default model, bench_adaptive at
+dae63fc), with 5% noise. Batches run one after another on one controller, as in a served engine.
+A line per (spread, batch): simulated seconds of pinned speculation, of plain decoding and of
+adaptive, and adaptive's speed against the faster pinned side. The simulation leaves out what a
+GPU adds (switch costs, prefills), so it checks the decisions, not the engine.
+
+    python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--batches 4 16 64] [--seeds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+
+import common
+
+common.add_repo_to_path()
+
+from specpcg.speculative.adaptive import AdaptiveSpeculation, Finish, bucket_of  # noqa: E402
+
+DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
+MEAN_ACCEPT = 2.6  # tokens a verify at the rates below (NEXTN's chat accept length)
+# Per-request tok/s by bucket: speculative steps and plain ones (H100, dae63fc).
+SPEC_RATE = {1: 1460, 2: 1280, 4: 1353, 8: 1441, 16: 1213, 32: 1000, 64: 779}
+PLAIN_RATE = {1: 932, 2: 868, 4: 876, 8: 855, 16: 836, 32: 700, 64: 626}
+
+
+def step_seconds(spec: bool, batch: int) -> float:
+    key = bucket_of(batch)
+    return MEAN_ACCEPT / SPEC_RATE[key] if spec else 1.0 / PLAIN_RATE[key]
+
+
+@dataclass
+class SimRequest:
+    alpha: float  # chance that each next draft token is accepted
+    out: int = 0
+    spec_tokens: int = 0
+    verifies: int = 0
+
+
+def _accepted(rng: random.Random, alpha: float) -> int:
+    tokens = 1  # the verify's own token
+    while tokens < DRAFT_TOKENS and rng.random() < alpha:
+        tokens += 1
+    return tokens
+
+
+def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
+    if policy != "adaptive":
+        return policy == "spec"
+    finish = Finish(remaining=tuple(new_tokens - r.out for r in running),
+                    spec_tokens=tuple(r.spec_tokens for r in running),
+                    verifies=tuple(r.verifies for r in running))
+    return ctrl.use_spec(len(running), finish)
+
+
+def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
+              new_tokens: int = 128, mean_alpha: float = 0.7) -> float:
+    """Simulated seconds for `batch` requests of `new_tokens` each under `policy` (spec, plain
+    or adaptive, which asks and teaches `ctrl`)."""
+    running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
+               for _ in range(batch)]
+    seconds = 0.0
+    while running:
+        spec = _choose(policy, ctrl, running, new_tokens)
+        step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
+        emitted = 0
+        for r in running:
+            got = min(_accepted(rng, r.alpha) if spec else 1, new_tokens - r.out)
+            r.out += got
+            emitted += got
+            if spec:
+                r.spec_tokens, r.verifies = r.spec_tokens + got, r.verifies + 1
+        if policy == "adaptive":
+            ctrl.record(len(running), spec, emitted, step)
+        seconds += step
+        running = [r for r in running if r.out < new_tokens]
+    return seconds
+
+
+def simulate(batch: int, spread: float, seeds: int, batches: int = 5) -> dict:
+    """{policy: simulated seconds} over `seeds` engines of `batches` batches each."""
+    out = {}
+    for policy in ("spec", "plain", "adaptive"):
+        total = 0.0
+        for seed in range(seeds):
+            ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
+            for _ in range(batches):
+                total += run_batch(policy, ctrl, rng, batch, spread)
+                ctrl.interrupt()  # the next batch's prefill
+        out[policy] = total
+    return out
+
+
+def render_table(records: list) -> str:
+    latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
+    rows = [[f"{r['spread']:.2f}", str(r["batch"]), f"{r['plain_s'] / r['spec_s']:.2f}x",
+             f"{r['plain_s'] / r['adaptive_s']:.2f}x", f"{r['vs_best']:.3f}"] for r in latest]
+    return common.markdown_table(["accept spread", "batch", "pinned spec vs plain",
+                                  "adaptive vs plain", "adaptive vs the faster pinned side"],
+                                 rows)
+
+
+def render_plot(records: list, path) -> None:
+    latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
+    spreads = sorted({r["spread"] for r in latest})
+    panels = [{"title": f"accept spread {s:.2f}", "ylabel": "speed", "labels": [f"bs {r['batch']}" for r in latest
+                                                             if r["spread"] == s],
+               "values": {"adaptive vs the faster pinned side":
+                          [r["vs_best"] for r in latest if r["spread"] == s]}}
+              for s in spreads]
+    common.grouped_bar_plot(panels, ["adaptive vs the faster pinned side"], path,
+                            "simulated adaptive speculation (1.0: as fast as the better side)")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
+    p.add_argument("--batches", type=int, nargs="+", default=[4, 16, 64])
+    p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
+    args = p.parse_args(argv)
+    lines = []
+    for spread in args.spreads:
+        for batch in args.batches:
+            t = simulate(batch, spread, args.seeds)
+            lines.append({"bench": "sim_adaptive", "spread": spread, "batch": batch,
+                          "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
+                          "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
+                          "seeds": args.seeds, "git": common.git_commit(),
+                          "time": common.now_iso()})
+            print(f"[sim_adaptive] spread {spread} batch {batch}: adaptive "
+                  f"{lines[-1]['vs_best']:.3f} of the faster pinned side", flush=True)
+    common.append_jsonl(args.out, lines)
+    common.render_results(args.out, render_table, render_plot)
+
+
+if __name__ == "__main__":
+    main()
