@@ -44,6 +44,8 @@ SECTIONS = [
      "python benchmarks/bench_drafts.py --drafts EAGLE3=DIR --settings 7,1,8 3,1,4"),
     ("Adaptive speculation vs pinned, against no-spec", "adaptive.jsonl", "bench_adaptive",
      "python benchmarks/bench_adaptive.py [--model-path shape:llama-3-8b] [--drafts ALGO=DIR]"),
+    ("Adaptive speculation on simulated batches (CPU)", "sim_adaptive.jsonl", "sim_adaptive",
+     "python benchmarks/sim_adaptive.py"),
     ("Deterministic inference: its throughput cost", "deterministic_cost.jsonl", "bench_deterministic",
      "python benchmarks/bench_deterministic.py --batches 1 16 64"),
     ("The batch-invariant matmul against cuBLAS", "matmul.jsonl", "bench_matmul",
