@@ -25,11 +25,13 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
     attn = create_attention_backend(cfg.attention_backend, ctx.device, kv_cache, mc.num_heads,
                                     mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
     runner = ModelRunner(draft.model, kv_cache, attn, ctx.device)
-    # Invariant 5: a draft never builds piecewise graphs, whatever the engine's setting.
+    # Invariant 5: a draft never builds piecewise graphs, whatever the engine's setting. Under
+    # tensor or pipeline parallelism a draft runs on rank 0 alone, whole, with no collective in
+    # its forward, so the rule that keeps the target's full decode graphs off does not apply.
     draft_tree = ((ctx.spec.topk, ctx.spec.num_steps) if tree and attn.supports_tree_graph
                   else ())
-    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True), runner,
-                          ctx.context_len, hidden_mode=hidden_mode, draft_tree=draft_tree)
+    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True, tp_size=1, pp_size=1),
+                          runner, ctx.context_len, hidden_mode=hidden_mode, draft_tree=draft_tree)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
     return kv_cache, runner, router, graphs

@@ -58,6 +58,27 @@ def test_tp2_greedy_tokens_match_one_process(tiny, algo):
     assert _parallel_outputs(kw, tp_size=2, **spec) == want
 
 
+@pytest.mark.parametrize("algo", ["STANDALONE", "EAGLE3"])
+def test_drafts_take_the_one_gpu_graph_rules_under_tp(tiny, algo, monkeypatch):
+    """A draft runs on rank 0 alone, whole, with no collective in its forward: its graphs are
+    decided as on one GPU (the rule that keeps the target's full decode graphs off under TP/PP
+    must not reach it), and its tokens still match one process."""
+    from drafts import wiring
+    from specpcg.graphs.policy import decide_decode_graph
+
+    seen, real = [], wiring.build_graphs
+
+    def recording(cfg, *args, **kw):
+        seen.append(decide_decode_graph(cfg, "cuda", "triton", True))
+        return real(cfg, *args, **kw)
+
+    monkeypatch.setattr(wiring, "build_graphs", recording)
+    kw, want, drafts = tiny
+    assert _parallel_outputs(kw, tp_size=2, speculative_algorithm=algo,
+                             speculative_draft_model_path=drafts[algo]) == want
+    assert seen and all(d.enabled for d in seen), [d.reason for d in seen]
+
+
 def test_tp2_eagle3_tree_matches_one_process(tiny):
     kw, want, drafts = tiny
     assert _parallel_outputs(kw, tp_size=2, speculative_algorithm="EAGLE3", attention_backend="torch",
