@@ -114,7 +114,7 @@ class Scheduler:
             return True
         if self._speculate is None:
             # Nothing waiting: the running batch is all there is, so finishing it is the goal.
-            finish = None if self.waiting else Finish.of(self.running)
+            finish = None if self.waiting else (lambda: Finish.of(self.running))
             self._speculate = self.adaptive.use_spec(len(self.running), finish)
         return self._speculate
 

@@ -4,7 +4,7 @@ engine)."""
 import pytest
 
 from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, LOOK_BUDGET,
-                                          PRIOR_VERIFIES, WARMUP_STEPS, WINDOW,
+                                          PRIOR_VERIFIES, REDECIDE_EVERY, WARMUP_STEPS, WINDOW,
                                           AdaptiveSpeculation, Finish, bucket_of, finish_seconds)
 
 
@@ -178,6 +178,26 @@ def test_with_nothing_waiting_the_batch_ends_with_its_slowest_request():
     unlucky = Finish(remaining=(128,), spec_tokens=(2,), verifies=(2,))  # 1.0 a verify so far
     assert unlucky.spec_steps(2.0) == pytest.approx(128 / ((2 + PRIOR_VERIFIES * 2.0)
                                                            / (2 + PRIOR_VERIFIES)))
+
+
+def test_the_finish_estimate_is_built_only_when_the_side_is_rechosen():
+    """The estimate walks every running request: it is built (lazily) once every
+    REDECIDE_EVERY steps, and a change it shows still turns the choice within that many."""
+    ctrl = AdaptiveSpeculation()
+    _warm(ctrl, 64, spec_step_s=1.8, accept=2.0, plain_step_s=1.0)
+    even = Finish(remaining=(128,) * 64, spec_tokens=(200,) * 64, verifies=(100,) * 64)
+    uneven = Finish(remaining=(128,) * 64, spec_tokens=(220,) * 63 + (120,), verifies=(100,) * 64)
+    built, current = [], [even]
+
+    def finish():
+        built.append(1)
+        return current[0]
+
+    picks = [ctrl.use_spec(64, finish) for _ in range(2 * REDECIDE_EVERY)]
+    assert all(picks) and len(built) == 2
+    current[0] = uneven  # the straggler appears: plain steps end the batch sooner
+    picks = [ctrl.use_spec(64, finish) for _ in range(REDECIDE_EVERY)]
+    assert picks[-1] is False and len(built) == 3
 
 
 def test_a_batch_near_its_end_does_not_switch_for_less_than_a_switch_costs():
