@@ -1,8 +1,9 @@
 """Host time of adaptive speculation's per-step decision (no GPU needed).
 
 A warmed controller decides the next step of a running batch with nothing waiting, so it gets a
-finish estimate: built every step (`Finish.of` and a full re-choice) or lazily, as the scheduler
-hands it now (built only on the steps that re-choose). Microseconds per step, by batch size.
+finish estimate: built and used every step (the controller before REDECIDE_EVERY, which this
+sets to 1 for that row), or lazily, as the scheduler hands it now (built only on the steps that
+re-choose). Microseconds per step, by batch size.
 
     python benchmarks/bench_adaptive_host.py [--batches 1 16 64] [--steps 4000]
 """
@@ -17,6 +18,7 @@ import common
 
 common.add_repo_to_path()
 
+from specpcg.speculative import adaptive  # noqa: E402
 from specpcg.speculative.adaptive import (WARMUP_STEPS, AdaptiveSpeculation, Finish,  # noqa: E402
                                           bucket_of)
 
@@ -39,11 +41,16 @@ def _requests(batch: int) -> list:
 
 
 def time_us(batch: int, lazy: bool, steps: int) -> float:
-    ctrl, reqs = _warmed(batch), _requests(batch)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        ctrl.use_spec(batch, (lambda: Finish.of(reqs)) if lazy else Finish.of(reqs))
-    return 1e6 * (time.perf_counter() - t0) / steps
+    every = adaptive.REDECIDE_EVERY
+    adaptive.REDECIDE_EVERY = every if lazy else 1
+    try:
+        ctrl, reqs = _warmed(batch), _requests(batch)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ctrl.use_spec(batch, (lambda: Finish.of(reqs)) if lazy else Finish.of(reqs))
+        return 1e6 * (time.perf_counter() - t0) / steps
+    finally:
+        adaptive.REDECIDE_EVERY = every
 
 
 def render_table(records: list) -> str:
