@@ -54,8 +54,8 @@ class ForwardRouter:
         self.disabled_reasons = dict(disabled_reasons or {})
         self.stats: Counter = Counter()
         self._logged: set = set()
-        # Piecewise graphs serving decode modes (no full decode graph: tensor or pipeline
-        # parallelism); their reasons for refusing a batch are the ones reported.
+        # Piecewise graphs serving decode modes (no full decode graph: tensor parallelism, an
+        # attention backend no full graph holds); their refusals are the reasons reported.
         self._piecewise_decode = (["piecewise"] if ForwardMode.DECODE
                                   in getattr(piecewise, "modes", ()) else [])
 

@@ -5,9 +5,9 @@ Only the body is captured: the LM head, logits and sampling run eagerly after it
 serves batches of many requests and last-token logprobs. Padded tokens write KV to the sink slot.
 
 Nothing in a segment depends on the forward mode (attention, the one part that does, is a
-break), so where no full decode graph can be built (tensor or pipeline parallelism, whose
-collectives and stage exchanges must run between segments; an attention backend that plans
-from host lengths) the same graphs also serve decode steps and verifies (`decode_modes`).
+break), so where no full decode graph can be built (tensor parallelism, whose collectives must
+run between segments; an attention backend that plans from host lengths) the same graphs also
+serve decode steps and verifies (`decode_modes`; policy.piecewise_serves_decode).
 """
 
 from __future__ import annotations
