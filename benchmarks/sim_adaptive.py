@@ -85,15 +85,21 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
 
 
 def simulate(batch: int, spread: float, seeds: int, batches: int = 5) -> dict:
-    """{policy: simulated seconds} over `seeds` engines of `batches` batches each."""
+    """{policy: simulated seconds} over `seeds` engines of `batches` batches each, and
+    {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
+    first batch)."""
     out = {}
     for policy in ("spec", "plain", "adaptive"):
         total = 0.0
         for seed in range(seeds):
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
+            each = []
             for _ in range(batches):
-                total += run_batch(policy, ctrl, rng, batch, spread)
+                each.append(run_batch(policy, ctrl, rng, batch, spread))
                 ctrl.interrupt()  # the next batch's prefill
+            total += sum(each)
+            if seed == 0:
+                out[policy + "_seed0"] = each
         out[policy] = total
     return out
 
@@ -133,6 +139,8 @@ def main(argv=None) -> None:
             lines.append({"bench": "sim_adaptive", "spread": spread, "batch": batch,
                           "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                           "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
+                          "seed0_batches_s": {p: t[p + "_seed0"] for p in
+                                              ("spec", "plain", "adaptive")},
                           "seeds": args.seeds, "git": common.git_commit(),
                           "time": common.now_iso()})
             print(f"[sim_adaptive] spread {spread} batch {batch}: adaptive "
