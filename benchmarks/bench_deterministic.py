@@ -6,14 +6,18 @@ Speculative: EAGLE3 (7,1,8) on the default model, with --draft DIR or else the c
 draft (trained first on a miss: about ten minutes on one H100); on the 8B shape, which has no
 trained draft, --big-spec EAGLE3 (a random head) or NGRAM, with synthetic acceptance
 (speculative_simulate_accept_prob, a benchmark-only mode); lines without an `algorithm` field
-ran NGRAM there. Random-id prompts of --prompt-len, --new-tokens each, ignore_eos;
-tok/s = batch * new tokens / wall time of the generate call (median of --repeats). The two
+ran NGRAM there. Prompts: held-out chat first turns on a model with a tokenizer (--prompts
+chat, the default; it needs `pip install 'specpcg[train]'` for the chat data), random ids of
+--prompt-len otherwise (the 8B shape; lines without a `prompts` field took them everywhere);
+--new-tokens each, ignore_eos; tok/s = batch * new tokens / wall time of the generate call
+(median of --repeats). Each line also has both modes' accept lengths and the cost per step at
+equal acceptance (the two modes' greedy tokens differ, and a draft accepts them differently). The two
 modes' engines live side by side and their timed runs alternate, so both share one history:
 with one engine after the other, the default engine of the 8B shape once decoded batch 64 at
 4,191 tok/s after batches 1 and 16 and at 7,166 fresh (probe_modes.py).
 
     python benchmarks/bench_deterministic.py [--batches 1 16 64] [--skip-8b | --skip-default]
-                                             [--repeats 3] [--draft DIR]
+                                             [--repeats 3] [--draft DIR] [--prompts random]
                                              [--out FILE]
 """
 
