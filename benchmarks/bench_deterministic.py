@@ -11,8 +11,9 @@ chat, the default; it needs `pip install 'specpcg[train]'` for the chat data), r
 --prompt-len otherwise (the 8B shape; lines without a `prompts` field took them everywhere);
 --new-tokens each, ignore_eos; tok/s = batch * new tokens / wall time of the generate call
 (median of --repeats). Each line also has both modes' accept lengths and the cost per step at
-equal acceptance (the two modes' greedy tokens differ, and a draft accepts them differently). The two
-modes' engines live side by side and their timed runs alternate, so both share one history:
+equal acceptance (the two modes' greedy tokens differ, and a draft accepts them differently).
+The two modes' engines live side by side and their timed runs alternate, so both share one
+history:
 with one engine after the other, the default engine of the 8B shape once decoded batch 64 at
 4,191 tok/s after batches 1 and 16 and at 7,166 fresh (probe_modes.py).
 
