@@ -192,13 +192,21 @@ def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias
     gen = torch.Generator().manual_seed(12)
     w, x = torch.randn(72, k, generator=gen), torch.randn(67, k, generator=gen)
     b = torch.randn(72, generator=gen) if bias else None
-    outs = []
-    for launch in (mm.Launch(), mm.Launch(fuse_splits=True), mm.Launch(tma=True),
-                   mm.Launch(block_m=32, block_n=64, tma=True)):
-        outs.append(torch.empty(67, 72))
-        mm.matmul(x, w, b, outs[-1], tiling, launch)
+
+    def run(launch):
+        out = torch.empty(67, 72)
+        mm.matmul(x, w, b, out, tiling, launch)
+        return out
+
+    outs = [run(launch) for launch in (mm.Launch(), mm.Launch(fuse_splits=True),
+                                       mm.Launch(tma=True))]
     torch.testing.assert_close(outs[0], torch.nn.functional.linear(x, w, b), atol=1e-4, rtol=1e-4)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+    # Wider tiles by pointers and by descriptors: the same bits. (That a tile's shape leaves a
+    # row's sum alone holds for the GPU's dot, test_cuda_the_rules_tiling_keeps_rows_alone; the
+    # interpreter's dot is numpy's matmul, whose order follows the operands' shapes.)
+    wide = mm.Launch(block_m=32, block_n=64)
+    assert torch.equal(run(wide), run(mm.Launch(block_m=32, block_n=64, tma=True)))
 
 
 def test_a_tma_launch_of_unaligned_tensors_takes_pointer_loads(monkeypatch):
