@@ -9,11 +9,14 @@ default) and off (`disable_overlap_schedule`), at each acceptance:
   (1.0: verifying costs one decode step and drafting is free).
 - real (`--draft DIR`, greedy, lossless): a trained head on held-out chat first turns; outputs
   of both modes are compared token for token.
+- `--algorithm NGRAM`: NGRAM's chain instead of a head, synthetic (`--probs`) or real (`--probs`
+  with no values: chat first turns), its overlapped steps matching on the device.
 
 Decode tok/s = batch / ITL of the slowest request, median of --repeats (as bench_accept part B).
 
     python benchmarks/bench_spec_overlap.py                          # synthetic, both models
     python benchmarks/bench_spec_overlap.py --draft DIR --probs      # a trained head, chat
+    python benchmarks/bench_spec_overlap.py --algorithm NGRAM --probs  # NGRAM, chat
     python benchmarks/bench_spec_overlap.py --table-only benchmarks/results/spec_overlap.jsonl
 """
 
@@ -47,6 +50,12 @@ def random_head(target: str, tmp: str) -> str:
     return save_head(head, spec, cfg, os.path.join(tmp, "random-eagle3"))
 
 
+def draft_label(head, chat: bool) -> str:
+    if head is None:
+        return "NGRAM"
+    return os.path.basename(head.rstrip("/")) if chat else "random EAGLE3"
+
+
 def measure(engine, inputs: list, params: dict, repeats: int, chat: bool) -> dict:
     """Decode tok/s (batch / slowest request's ITL, median), accept length, outputs."""
     run = (lambda: engine.generate(messages=inputs, sampling_params=params)) if chat else \
@@ -75,7 +84,7 @@ def run_model(args, label: str, target: str, head: str, prob, info: dict) -> lis
                 max_total_tokens=2 * most * (600 + args.new_tokens) + 2048,
                 max_running_requests=most, cuda_graph_max_bs=most, skip_tokenizer_init=not chat,
                 **common.PINNED_SPEC)
-    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head,
+    spec = dict(speculative_algorithm=args.algorithm, speculative_draft_model_path=head,
                 speculative_num_steps=7, speculative_eagle_topk=1,
                 speculative_num_draft_tokens=8, speculative_simulate_accept_prob=prob)
     results: dict = {}
@@ -91,7 +100,7 @@ def run_model(args, label: str, target: str, head: str, prob, info: dict) -> lis
     for bs in args.batches:
         plain = results[("no-spec", bs)]["decode_tok_s"]
         row = {"bench": "spec_overlap", "model": label, "acceptance": "real" if chat else "synthetic",
-               "prob": prob, "draft": os.path.basename(head.rstrip("/")) if chat else "random EAGLE3",
+               "prob": prob, "algorithm": args.algorithm, "draft": draft_label(head, chat),
                "setting": [7, 1, 8], "batch_size": bs, "new_tokens": args.new_tokens,
                "repeats": args.repeats, "nospec_tok_s": plain}
         for mode in ("sync", "overlap"):
@@ -126,16 +135,16 @@ def run_all(args) -> None:
         if not args.skip_8b and not args.draft:
             models.append((BIG_MODEL, BIG_MODEL))
         for label, path in models:
-            head = args.draft or random_head(path, tmp)
+            head = None if args.algorithm == "NGRAM" else args.draft or random_head(path, tmp)
             for prob in (args.probs or [None]):
                 common.append_jsonl(args.out, run_model(args, label, path, head, prob, info))
 
 
 def render_table(records: list) -> str:
-    rows = list({(r["model"], r["prob"], r["batch_size"]): r for r in records
-                 if r.get("bench") == "spec_overlap"}.values())
+    rows = list({(r["model"], r.get("algorithm", "EAGLE3"), r["prob"], r["batch_size"]): r
+                 for r in records if r.get("bench") == "spec_overlap"}.values())
     return common.column_table(rows, [
-        ("model", lambda r: r["model"]), ("p", lambda r: "real" if r["prob"] is None else r["prob"]),
+        ("model", lambda r: r["model"]), ("algorithm", lambda r: r.get("algorithm", "EAGLE3")), ("p", lambda r: "real" if r["prob"] is None else r["prob"]),
         ("batch", lambda r: r["batch_size"]), ("no-spec tok/s", lambda r: r["nospec_tok_s"]),
         ("AL", lambda r: r["overlap"]["accept_length"]),
         ("sync speedup", lambda r: r["sync"]["speedup"]),
@@ -150,6 +159,7 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--draft", default=None, help="a trained EAGLE3 head: real acceptance, chat")
+    p.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"])
     p.add_argument("--probs", nargs="*", type=float, default=[0.7, 0.95],
                    help="synthetic acceptance (empty with --draft: real)")
     p.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16, 64])
