@@ -25,12 +25,16 @@ class DraftWorker:
     aux_layers: tuple = ()
     builds_piecewise = False  # invariant 5: drafts use decode graphs only
     # Rounds that run from device state alone (specpcg/speculative/overlap.py): a draft that
-    # sets it provides a chain round runner, overlap_ready, device_path, draft_rows, resolved
-    # and trim.
+    # sets it provides step_round, overlap_ready, device_path, draft_rows, resolved and trim.
     supports_overlap = False
 
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError
+
+    @property
+    def overlap_context_len(self) -> int:
+        """The longest request whose steps can overlap: the draft's own cache's context."""
+        return self.kv_cache.req_pool.max_context_len
 
     def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
         """After verify: `accept_lens[i]` drafts of request i were accepted. hidden_paths (drafts

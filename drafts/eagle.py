@@ -237,8 +237,15 @@ class HeadDraft(RoundDrafting, DraftWorker):
     # -- overlapped rounds (specpcg/speculative/overlap.py) -------------------------------------
     @property
     def supports_overlap(self) -> bool:
-        """A chain round runner: a round can then be loaded from device tensors alone."""
-        return self.round is not None and self.tree_round is None
+        """A round runner (chain or tree): a round can then be loaded from device tensors."""
+        return self.round is not None
+
+    def step_round(self, decode, max_requests: int):
+        """The head's part of an overlapped step: its round runner's catch-up, then its chain
+        or its tree."""
+        from drafts.step_round import HeadStepRound, HeadTreeStepRound
+
+        return HeadStepRound(self) if self.tree_round is None else HeadTreeStepRound(self)
 
     def overlap_ready(self, reqs: list) -> bool:
         """Whether every request's catch-up is one verify's path (what commit leaves)."""

@@ -12,8 +12,13 @@ from __future__ import annotations
 import torch
 
 from drafts.base import DraftWorker, Proposal
+from drafts.ngram_device import NgramStepRound, TokenHistory
+from specpcg.transfer import to_device
 
 MAX_CANDIDATES = 64  # most recent earlier occurrences of the last token a propose examines
+# The device's match scans a request's whole history every step, so its cost grows with the
+# history's width: longer requests take the host's steps.
+DEVICE_HISTORY_TOKENS = 16384
 
 
 class _RequestIndex:
@@ -63,13 +68,24 @@ class _RequestIndex:
 
 class NgramDraft(DraftWorker):
     name = "NGRAM"
+    kv_cache = None  # no draft model: nothing of its own to cache
+    history = None  # TokenHistory: each request's tokens on the device (chains, after setup)
 
     def __init__(self, min_window: int = 1, max_window: int = 12, min_bfs_breadth: int = 1,
                  max_bfs_breadth: int = 10, pad_token: int = 0):
         self.min_window, self.max_window = min_window, max_window
         self.max_bfs_breadth = max_bfs_breadth
         self.pad_token = pad_token
+        self.max_candidates = MAX_CANDIDATES
         self._index: dict = {}  # rid -> _RequestIndex
+
+    def setup(self, ctx) -> None:
+        """Chains keep a token history on the device, so their steps can overlap."""
+        if ctx.spec.is_chain:
+            self._width = ctx.spec.num_draft_tokens
+            pool = ctx.kv_cache.req_pool
+            width = min(pool.max_context_len, DEVICE_HISTORY_TOKENS)
+            self.history = TokenHistory(pool.req_to_token.shape[0], width, ctx.device)
 
     def _continuations(self, req, spec) -> list:
         index = self._index.setdefault(req.rid, _RequestIndex(self.min_window, self.max_window))
@@ -92,6 +108,49 @@ class NgramDraft(DraftWorker):
 
     def release(self, req) -> None:
         self._index.pop(req.rid, None)
+        if self.history is not None:
+            self.history.drop(req)
+
+    # -- overlapped steps (specpcg/speculative/overlap.py) -------------------------------------
+    @property
+    def supports_overlap(self) -> bool:
+        return self.history is not None
+
+    def step_round(self, decode, max_requests: int) -> NgramStepRound:
+        """decode: the target's DecodeGraphRunner (None: no graphs, nothing to pad to)."""
+        if decode is None:
+            return NgramStepRound(self, [max_requests], padded=False)
+        return NgramStepRound(self, list(decode.buckets), padded=True)
+
+    def overlap_ready(self, reqs: list) -> bool:
+        return True  # nothing to catch up on
+
+    @property
+    def overlap_context_len(self) -> int:
+        return self.history.width
+
+    def device_path(self, reqs: list):
+        """Brings each request's history up to date; its path is its last token alone."""
+        from specpcg.speculative.overlap import DevicePath
+
+        self.history.sync(reqs)
+        device = self.history.ids.device
+        ints = to_device([[r.num_cached - 1, 1, r.last_id] for r in reqs], device)
+        ids = torch.zeros(len(reqs), self._width, dtype=torch.long, device=device)
+        ids[:, 0] = ints[:, 2]
+        return DevicePath(first_pos=ints[:, 0], lens=ints[:, 1], roots=ints[:, 2], ids=ids,
+                          hidden=None)
+
+    def draft_rows(self, reqs: list) -> list:
+        return [r.req_pool_idx for r in reqs]  # rows of no cache: the history's are the target's
+
+    def resolved(self, req, prefix: int, hidden_paths, row: int, m: int) -> None:
+        """An overlapped step verified from `prefix`: the device history holds the request's
+        tokens up to its root there; the next step appends the rest."""
+        self.history.mark(req, prefix + 1)
+
+    def trim(self, req) -> None:
+        """Nothing reserved: NGRAM has no KV cache."""
 
 
 def _chain(conts: list, n: int) -> tuple:

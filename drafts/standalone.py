@@ -16,6 +16,7 @@ from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import ForwardMode
 from specpcg.sampler import target_probs
+from specpcg.transfer import to_device
 
 
 @dataclass(eq=False)
@@ -130,6 +131,54 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         st = self._reqs.pop(req.rid, None)
         if st is not None:
             self.kv_cache.release(st.req_pool_idx)
+
+    # -- overlapped rounds (specpcg/speculative/overlap.py) -------------------------------------
+    @property
+    def supports_overlap(self) -> bool:
+        return self.round is not None
+
+    def step_round(self, decode, max_requests: int):
+        from drafts.step_round import StandaloneStepRound
+
+        return StandaloneStepRound(self)
+
+    def _as_verify(self, req) -> int | None:
+        """The pending catch-up as the drafts a verify accepted (StandaloneStepRound turns
+        that back into it): one token is m = 0, two are m = S (all); None: neither fits."""
+        pending, drafts = req.seq_len - self._state(req).num_cached, self.round.steps + 1
+        if pending == 1:
+            return 0
+        return drafts if pending == 2 and req.seq_len - 2 - drafts >= 0 else None
+
+    def overlap_ready(self, reqs: list) -> bool:
+        """Whether every request's catch-up is one verify's path (what a commit leaves)."""
+        return all(self._as_verify(r) is not None for r in reqs)
+
+    def device_path(self, reqs: list):
+        """Each request's pending catch-up as a verify's path (_as_verify)."""
+        from specpcg.speculative.overlap import DevicePath
+
+        drafts, host = self.round.steps + 1, []
+        for req in reqs:
+            m = self._as_verify(req)
+            first = req.seq_len - 2 - m  # the verify's prefix: the path ends at the root
+            path = req.ids_slice(first + 1)
+            host.append([first, m + 1, req.last_id] + path + [0] * (drafts + 1 - len(path)))
+        ints = to_device(host, self.kv_cache.req_pool.req_to_token.device)
+        return DevicePath(first_pos=ints[:, 0], lens=ints[:, 1], roots=ints[:, 2],
+                          ids=ints[:, 3:], hidden=None)
+
+    def draft_rows(self, reqs: list) -> list:
+        return [self._state(r).req_pool_idx for r in reqs]
+
+    def resolved(self, req, prefix: int, hidden_paths, row: int, m: int) -> None:
+        """An overlapped step verified from `prefix` and accepted m: the draft holds the KV of
+        the root and of the accepted drafts it fed."""
+        self._reqs[req.rid].num_cached = prefix + 1 + min(m, self.round.steps)
+
+    def trim(self, req) -> None:
+        st = self._reqs[req.rid]
+        self.kv_cache.truncate(st.req_pool_idx, st.num_cached)
 
 
 def chain_proposal(columns: list, probs: list) -> Proposal:

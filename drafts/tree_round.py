@@ -80,6 +80,12 @@ class TreeRound:
         return self.rnd.buf.steps
 
     def _body(self, bs: int, base_cpu: list):
+        tree = self.tree_body(bs, base_cpu)
+        return tree.draft_tokens, tree.parents
+
+    def tree_body(self, bs: int, base_cpu: list):
+        """Every tree step and the selection, from the round's buffers (top_tokens, top_scores
+        and hidden0 hold the root's children): the Tree of the bs rows."""
         v, k = self.rnd.buf.views(bs), self.topk
         base, slots, rows = v["seq_lens"], v["chain"], v["rows"]
         widths = torch.full((bs,), k, dtype=torch.long, device=base.device)
@@ -97,17 +103,21 @@ class TreeRound:
             logits = self.model.compute_logits(out)
             return logits.view(bs, k, -1), aux[0].view(bs, k, -1)
 
-        tree = expand_tree(v["roots"], self.top_tokens[:bs], self.top_scores[:bs],
+        return expand_tree(v["roots"], self.top_tokens[:bs], self.top_scores[:bs],
                            self.rnd.buf.hidden0[:bs], self.num_steps, self.num_draft_tokens, step)
-        return tree.draft_tokens, tree.parents
 
     def run(self, bs: int, logits, hidden, base_cpu: list):
         """After the round's load and catch-up: (draft_tokens, parents) [n, N] of the n real
         requests, from the root logits [n, V] and hidden states [n, H] the catch-up gave."""
         n = logits.shape[0]
+        self.load_root(logits, hidden)
+        draft_tokens, parents = self.rnd.run("tree", bs, base_cpu + [1] * (bs - n))
+        return draft_tokens[:n].clone(), parents[:n].clone()
+
+    def load_root(self, logits, hidden) -> None:
+        """The root's children and hidden state ([n, V] logits, [n, H]) for tree_body."""
+        n = logits.shape[0]
         tokens, scores = root_children(logits, self.topk)
         self.top_tokens[:n].copy_(tokens)
         self.top_scores[:n].copy_(scores)
         self.rnd.buf.hidden0[:n].copy_(hidden)
-        draft_tokens, parents = self.rnd.run("tree", bs, base_cpu + [1] * (bs - n))
-        return draft_tokens[:n].clone(), parents[:n].clone()

@@ -145,9 +145,10 @@ class Engine:
                 or not spec_overlap_fits(dec, self.attn_backend, self.tp is not None)):
             return None
         decode = self.graphs.decode
-        steps = SpecStepGraphs(dec, self.runner, self.draft.round.buckets,
-                               decode.pool if decode else None, cfg.show_progress)
-        if decode is not None and self.draft.round.graphs:
+        step_round = self.draft.step_round(decode, cfg.max_running_requests)
+        steps = SpecStepGraphs(dec, self.runner, step_round, decode.pool if decode else None,
+                               cfg.show_progress)
+        if decode is not None and step_round.captures:
             steps.capture()
         return steps
 

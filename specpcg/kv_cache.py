@@ -169,6 +169,13 @@ class KVCache:
         row = self.req_pool.req_to_token[req_pool_idx]
         row[prefix_len:prefix_len + len(kept)] = to_device(kept, row.device, torch.int32)
 
+    def reorder(self, req_pool_idx: int, start: int, order: list) -> None:
+        """The host's view of a move already made on the device (an overlapped tree step):
+        positions start.. now hold the slots that were at start + order[0], start + order[1],
+        ...; every slot stays the request's."""
+        slots = self._slots[req_pool_idx]
+        slots[start:start + len(order)] = [slots[start + i] for i in order]
+
     def release(self, req_pool_idx: int) -> None:
         self.pool.allocator.free(self._slots.pop(req_pool_idx))
         self.req_pool.free(req_pool_idx)

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from specpcg.speculative.overlap import SpecOverlap
-from tests.eagle_world import ALGOS, _check_no_leak, _engine, world  # noqa: F401 (fixture)
+from tests.eagle_world import ALGOS, TREE, _check_no_leak, _engine, world  # noqa: F401
 
 needs_interpreter = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
@@ -53,6 +53,61 @@ def test_overlapped_steps_emit_the_synchronous_tokens(world, algo, monkeypatch):
 
 
 @needs_interpreter
+def test_overlapped_tree_steps_emit_the_synchronous_tokens(world, monkeypatch):
+    """A head's trees: the step graph verifies the tree, moves the accepted path's KV to the
+    verify's first positions (the host mirrors it when it reads the step), and the next round
+    catches up on the path's hidden states."""
+    algo = "EAGLE3"
+    tree = {k: v for k, v in TREE.items() if k != "attention_backend"}  # _run takes triton
+    _, sync = _run(world, algo, disable_overlap_schedule=True, **tree)
+    steps = _count_steps(monkeypatch)
+    engine, over = _run(world, algo, **tree)
+    assert len(steps) > 5, "no tree step was overlapped"
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    for a, b in zip(over, sync):
+        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
+            assert a["meta_info"][key] == b["meta_info"][key], key
+    hist = [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over) for k in range(4)]
+    assert hist[0] > 0 and sum(hist[2:]) > 0
+    _check_no_leak(engine)
+
+
+def test_path_first_puts_the_accepted_nodes_first_in_path_order():
+    import torch
+
+    from specpcg.speculative.step_graph import path_first
+
+    accept_index = torch.tensor([[0, 2, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1],
+                                 [0, 1, 2, 3, 4, 5]])
+    order = path_first(accept_index, torch.tensor([2, 0, 5]))
+    assert order.tolist() == [[0, 2, 5, 1, 3, 4], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+
+
+@needs_interpreter
+def test_overlapped_standalone_steps_emit_the_synchronous_tokens(world, monkeypatch):
+    """STANDALONE: the noise-free target drafts for the noisy one, its catch-up fed only the
+    path past the drafts it fed (prompts of 1 and 2 tokens included)."""
+    def run(**kw):
+        engine = _engine(world.noisy, "STANDALONE", world.exact, attention_backend="triton",
+                         speculative_num_steps=3, **kw)
+        return engine, engine.generate(input_ids=world.prompts, sampling_params=world.params)
+
+    _, sync = run(disable_overlap_schedule=True)
+    steps = _count_steps(monkeypatch)
+    engine, over = run()
+    assert len(steps) > 5, "no STANDALONE step was overlapped"
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    for a, b in zip(over, sync):
+        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
+            assert a["meta_info"][key] == b["meta_info"][key], key
+    hist = [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over) for k in range(4)]
+    assert hist[3] > 0 and sum(hist[:3]) > 0, "the world should both accept all and reject"
+    kv, draft_kv = engine.get_server_info()["kv_cache"], engine.draft.kv_cache.info()
+    assert kv["free_slots"] == kv["total_slots"]
+    assert draft_kv["free_slots"] == draft_kv["total_slots"]
+
+
+@needs_interpreter
 def test_padded_buckets_leave_the_real_rows_alone(world, monkeypatch):
     """On a GPU a step runs at its bucket's size, the rows past the batch padding (on the
     caches' padding rows, at position 0). Here every step runs with padding rows after the
@@ -64,7 +119,7 @@ def test_padded_buckets_leave_the_real_rows_alone(world, monkeypatch):
     sizes = []
 
     def padded(self, n):
-        bs = min(2 * n + 1, self.rnd.max_bs)
+        bs = min(2 * n + 1, self.buckets[-1])
         sizes.append((n, bs))
         return bs if bs > n else None
 
@@ -126,21 +181,29 @@ def test_a_request_arriving_mid_run_flushes_the_step_in_flight(world, monkeypatc
 
 
 @pytest.mark.cuda
-def test_gpu_overlap_is_bitwise_the_synchronous_loop_in_deterministic_mode():
-    """bf16 on the GPU with graphs, a trained EAGLE3 head: in the batch-invariant mode the
-    overlapped loop gives exactly the synchronous loop's tokens and acceptance (a finished
-    request rides along one extra step there, which the mode makes harmless), and the steps
-    did overlap."""
+@pytest.mark.parametrize("algo,setting", [("EAGLE3", (7, 1, 8)), ("EAGLE3", (5, 4, 8)),
+                                          ("NGRAM", (7, 1, 8)), ("STANDALONE", (3, 1, 4))])
+def test_gpu_overlap_is_bitwise_the_synchronous_loop_in_deterministic_mode(algo, setting):
+    """bf16 on the GPU with graphs (a trained EAGLE3 head's chain and tree, NGRAM's chain
+    matched on the device, the default model drafting for itself): in the batch-invariant
+    mode the overlapped loop gives exactly the synchronous loop's tokens and acceptance (a
+    finished request rides along one extra step there, which the mode makes harmless), and
+    the steps did overlap."""
     from specpcg import Engine
     from specpcg.gsm8k import build_prompts
+    from specpcg.models.loader import default_model_path
     from tests.gpu_drafts import gpu_draft
 
     prompts = build_prompts(48, num_shots=0)[0]
     params = [{"max_new_tokens": 48 + 8 * (i % 5), "temperature": 0} for i in range(48)]
+    draft = {"EAGLE3": lambda: gpu_draft("EAGLE3"), "NGRAM": lambda: None,
+             "STANDALONE": default_model_path}[algo]()
+    steps, topk, tokens = setting
     runs = {}
     for mode in ("sync", "overlap"):
-        engine = Engine(device="cuda", max_total_tokens=65536, speculative_algorithm="EAGLE3",
-                        speculative_draft_model_path=gpu_draft("EAGLE3"),
+        engine = Engine(device="cuda", max_total_tokens=65536, speculative_algorithm=algo,
+                        speculative_draft_model_path=draft, speculative_num_steps=steps,
+                        speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens,
                         enable_deterministic_inference=True, disable_adaptive_speculation=True,
                         disable_overlap_schedule=mode == "sync", show_progress=False)
         outs = engine.generate(prompt=prompts, sampling_params=params)

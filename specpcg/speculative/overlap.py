@@ -12,10 +12,11 @@ also ran step n + 1: those tokens are dropped with the request. Outputs are the 
 loop's, token for token: the same forwards run on the same inputs, only the host reads them one
 step later.
 
-Used for greedy chains of drafts that support it (heads with round graphs) on an attention
-backend that plans from device tensors; the scheduler falls back to the synchronous step
-(specpcg/speculative/loop.py) whenever the host must look first: a request waiting for prefill,
-sampling or logprobs, a catch-up that is not one verify's path, too few free KV slots.
+Used for greedy chains of drafts that support it (heads with round graphs, and NGRAM, which
+matches on the device) on an attention backend that plans from device tensors; the scheduler
+falls back to the synchronous step (specpcg/speculative/loop.py) whenever the host must look
+first: a request waiting for prefill, sampling or logprobs, a catch-up that is not one verify's
+path, too few free KV slots.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class SpecOverlap:
         self.s, self.dec, self.draft = scheduler, decoder, decoder.draft
         self.graphs = step_graphs
         self.width = decoder.spec.num_draft_tokens
+        self.is_chain = decoder.spec.is_chain
+        # Positions past a verify's prefix a step writes: its N nodes, or a tree round's
+        # branches in the draft's cache.
+        self.reach = self.width + step_graphs.round.reach_extra
         self.inflight: Optional[InflightSpec] = None
         self._shortage = None  # usable()'s _shortfall, which the step it allows allocates
         self.num_steps = 0  # steps queued ahead of their results (server info)
@@ -62,13 +67,12 @@ class SpecOverlap:
             return False
         if any(r.return_logprob or not r.params.is_greedy for r in reqs):
             return False
-        limit = min(s.kv_cache.req_pool.max_context_len,
-                    self.draft.kv_cache.req_pool.max_context_len)
-        if any(r.num_cached + 5 * n > limit for r in reqs):  # reservations reach 4 N
+        limit = min(s.kv_cache.req_pool.max_context_len, self.draft.overlap_context_len)
+        if any(r.num_cached + 3 * n + self.reach > limit for r in reqs):  # _shortfall's reach
             return False
         target, draft = self._shortage = self._shortfall(reqs)
         if (sum(target[1]) > s.kv_cache.free_slots
-                or sum(draft[1]) > self.draft.kv_cache.free_slots):
+                or (draft[0] and sum(draft[1]) > self.draft.kv_cache.free_slots)):
             return False
         prev = self.inflight
         if prev is None:
@@ -78,14 +82,18 @@ class SpecOverlap:
 
     def _shortfall(self, reqs: list):
         """([req rows], [slots]) each cache lacks so that every request holds positions up to
-        num_cached + 2 N: with its last step unread, a request's next verify starts at most N
-        past num_cached and writes N more (the draft's round stays below that end too). Short
-        requests take 2 N more at once, so most steps allocate nothing."""
+        num_cached + N + reach: with its last step unread, a request's next verify starts at
+        most N past num_cached and writes N more (a chain's draft round stays below that end
+        too, a tree's branches reach further). Short requests take 2 N more at once, so most
+        steps allocate nothing."""
         target, draft = ([], []), ([], [])
+        draft_cache = self.draft.kv_cache  # None: a draft with no KV (NGRAM)
         for req, row in zip(reqs, self.draft.draft_rows(reqs)):
-            end = req.num_cached + 2 * self.width
+            end = req.num_cached + self.width + self.reach
             for cache, idx, out in ((self.s.kv_cache, req.req_pool_idx, target),
-                                    (self.draft.kv_cache, row, draft)):
+                                    (draft_cache, row, draft)):
+                if cache is None:
+                    continue
                 short = end - cache.num_tokens(idx)
                 if short > 0:
                     out[0].append(idx)
@@ -145,6 +153,8 @@ class SpecOverlap:
                 continue
             m, bonus, nodes = host[i][0], host[i][1], host[i][2:2 + n]
             prefix = req.num_cached
+            if not self.is_chain:  # the step graph moved the path's KV first: so does the host
+                self.s.kv_cache.reorder(req.req_pool_idx, prefix, host[i][2 + n:2 + 2 * n])
             req.num_cached = prefix + m + 1
             self.dec.record(req, m)
             self.draft.resolved(req, prefix, hidden, i, m)
@@ -167,6 +177,7 @@ class SpecOverlap:
 
 def spec_overlap_fits(decoder, attn_backend, parallel: bool) -> bool:
     """Whether an engine's speculative steps can overlap: a draft whose rounds load from the
-    device, a chain, one process, and a target backend that plans from device tensors."""
-    return (decoder.draft.supports_overlap and decoder.spec.is_chain and not parallel
-            and attn_backend.plans_on_device)
+    device, one process, and a target backend that plans from device tensors (and replays
+    trees, for a tree)."""
+    return (decoder.draft.supports_overlap and not parallel and attn_backend.plans_on_device
+            and (decoder.spec.is_chain or attn_backend.supports_tree_graph))

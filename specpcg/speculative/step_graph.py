@@ -1,9 +1,9 @@
 """A whole speculative step in one CUDA graph per batch-size bucket (overlap scheduling).
 
 The graph reads the last step's results from static state buffers and writes this step's
-there: the draft's catch-up on the last verify's accepted path and its chain of drafts (the
-round runner's bodies, specpcg/graphs/draft_runner.py), the target's TARGET_VERIFY forward over
-the proposal, the greedy accept, and the new path. So the host's whole share of a step is one
+there: the draft's proposal from the last verify's accepted path (a head's catch-up and chain,
+drafts/step_round.py; NGRAM's match on the device's token history, drafts/ngram_device.py), the
+target's TARGET_VERIFY forward over the proposal, the greedy accept, and the new path. So the host's whole share of a step is one
 replay and one queued copy of the results: the step before it is read while this one runs.
 
 Padded rows (a bucket larger than the batch) sit on both caches' padding rows, whose slots are
@@ -36,7 +36,9 @@ class StepState:
         self.prefix = torch.zeros(max_bs, **z)  # where the verify started
         self.hidden = (torch.zeros(max_bs, width, hidden_size, dtype=dtype, device=device)
                        if hidden_size else None)
-        self.out = torch.zeros(max_bs, 2 + width, **z)  # what the host reads
+        # What the host reads: accept length, bonus, the nodes in path order, and the order
+        # (node indices: the path first) that a tree's KV was rearranged by.
+        self.out = torch.zeros(max_bs, 2 + 2 * width, **z)
 
     def path(self, bs: int, cols: torch.Tensor):
         """The accepted path of the last verify, rows :bs (a DevicePath)."""
@@ -78,42 +80,34 @@ class StepState:
 
 
 class SpecStepGraphs:
-    def __init__(self, decoder, target_runner, buckets: list, pool, show_progress: bool):
-        """decoder: the SpecDecoder (its draft has a chain round runner); target_runner: the
-        target's ModelRunner; buckets: batch sizes (the draft round's)."""
+    def __init__(self, decoder, target_runner, step_round, pool, show_progress: bool):
+        """decoder: the SpecDecoder; target_runner: the target's ModelRunner; step_round: the
+        draft's part of a step (its `step_round()`: buckets, bucket(n), propose, count)."""
         self.dec, self.draft, self.target = decoder, decoder.draft, target_runner
-        self.rnd = self.draft.round
+        self.round = step_round
         self.width = decoder.spec.num_draft_tokens
-        self.buckets, self.pool, self.show_progress = sorted(buckets), pool, show_progress
+        self.is_chain = decoder.spec.is_chain
+        self.buckets, self.pool, self.show_progress = sorted(step_round.buckets), pool, show_progress
         device = target_runner.device
-        hidden = self.rnd.buf.target_hidden  # [max_bs * N, H'] (None: no hidden states)
-        self.state = StepState(self.buckets[-1], self.width,
-                               hidden.shape[1] if hidden is not None else 0,
-                               hidden.dtype if hidden is not None else None, device)
+        self.state = StepState(self.buckets[-1], self.width, step_round.hidden_size,
+                               step_round.hidden_dtype, device)
         self.cols = torch.arange(self.width, device=device)
-        self.pad_rows = (target_runner.kv_cache.req_pool.pad_row,
-                         self.draft.kv_cache.req_pool.pad_row)
+        target_pad = target_runner.kv_cache.req_pool.pad_row
+        self.pad_rows = (target_pad, step_round.pad_row if step_round.pad_row is not None
+                         else target_pad)
         self.graphs: dict = {}
         self.cost = CaptureCost()
 
     # -- the body ---------------------------------------------------------------------------
     def _body(self, bs: int) -> None:
-        st, rnd, n = self.state, self.rnd, self.width
+        st, n = self.state, self.width
         path = st.path(bs, self.cols)
-        rnd.load_on_device(bs, st.rows[1, :bs], path)
-        widest = [rnd.width] * bs  # the plan's shape: any accept length fits
-        logits, hidden = rnd.catch_up_body(bs, widest, widest)
-        token0 = logits.argmax(-1)
-        columns = [path.roots[:, None], token0[:, None]]
-        if rnd.steps:
-            rnd.buf.token0[:bs].copy_(token0)
-            if hidden is not None:
-                rnd.buf.hidden0[:bs].copy_(hidden)
-            columns.append(rnd.chain_body(bs, widest))
-        tokens = torch.cat(columns, 1)  # [bs, N]
+        tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
         prefix = torch.where(st.live[:bs], path.first_pos + path.lens, 0)
-        out_hidden, aux, logits = self._verify(bs, st.rows[0, :bs], prefix, tokens)
-        tree = self.dec.verify_tree(tokens)
+        out_hidden, aux, logits = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
+        order = self.cols.expand(bs, n)
+        if tree is None:
+            tree = self.dec.verify_tree(tokens)
         simulate = self.dec.simulate
         predict = logits.view(bs, n, -1).argmax(-1)
         if simulate is None:
@@ -122,6 +116,10 @@ class SpecStepGraphs:
             coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
             result = simulate_accept(tree.first_child, predict, coins)
         m = torch.where(st.live[:bs], result.accept_len.long(), 0)
+        if not self.is_chain:
+            order = path_first(result.accept_index, m)
+            tokens = tokens.gather(1, order)
+            self._keep_path_kv(st.rows[0, :bs], prefix, order)
         st.tokens[:bs].copy_(tokens)
         st.accept_len[:bs].copy_(m)
         st.bonus[:bs].copy_(result.bonus.long())
@@ -129,22 +127,36 @@ class SpecStepGraphs:
         if st.hidden is not None:
             rows = self.draft.target_hidden(ModelOutput(logits, hidden_states=out_hidden,
                                                         aux_hidden_states=aux))
-            st.hidden[:bs].copy_(rows.view(bs, n, -1))
-        torch.cat([m[:, None], st.bonus[:bs, None], tokens], 1, out=st.out[:bs])
+            rows = rows.view(bs, n, -1)
+            if not self.is_chain:
+                rows = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[-1]))
+            st.hidden[:bs].copy_(rows)
+        torch.cat([m[:, None], st.bonus[:bs, None], tokens, order], 1, out=st.out[:bs])
 
-    def _verify(self, bs: int, rows, prefix, tokens):
+    def _keep_path_kv(self, rows, prefix, order) -> None:
+        """A tree's accepted path moves to the verify's first positions, as keep_path does on
+        the host: its nodes' slots, in path order, then the other nodes' (kept reserved)."""
+        req_to_token = self.target.kv_cache.req_pool.req_to_token
+        cols = prefix[:, None] + self.cols
+        slots = req_to_token[rows[:, None], cols]
+        req_to_token[rows[:, None], cols] = slots.gather(1, order)
+
+    def _verify(self, bs: int, rows, prefix, tokens, tree=None):
         """The target's TARGET_VERIFY body over [bs, N] nodes at prefix.. (metadata planned
-        in the body: inside the graph)."""
+        in the body: inside the graph); a tree's node sits at prefix + its depth and sees its
+        ancestors, its KV at prefix + its index."""
         n = self.width
-        positions = prefix[:, None] + self.cols  # [bs, N]
+        columns = prefix[:, None] + self.cols  # [bs, N]
+        positions = columns if tree is None else prefix[:, None] + tree.depths
         req_to_token = self.target.kv_cache.req_pool.req_to_token
         batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, input_ids=tokens.reshape(-1),
             positions=positions.reshape(-1),
-            out_cache_loc=req_to_token[rows[:, None], positions].reshape(-1).long(),
+            out_cache_loc=req_to_token[rows[:, None], columns].reshape(-1).long(),
             req_pool_indices=rows, seq_lens=prefix + n,
             extend_seq_lens=torch.full((bs,), n, dtype=torch.long, device=rows.device),
-            seq_lens_cpu=[n] * bs, extend_seq_lens_cpu=[n] * bs)  # host lists: shape only
+            seq_lens_cpu=[n] * bs, extend_seq_lens_cpu=[n] * bs,  # host lists: shape only
+            tree_mask=None if tree is None else tree.tree_mask)
         self.dec.verify_outputs(batch)
         attn = self.target.attn_backend
         attn.init_forward_metadata(batch)
@@ -164,7 +176,7 @@ class SpecStepGraphs:
                 self.graphs[bs], _ = warm_and_capture(lambda: self._body(bs), self.pool)
 
     def bucket(self, n: int):
-        return self.rnd.bucket(n)
+        return self.round.bucket(n)
 
     @torch.inference_mode()
     def run(self, bs: int) -> None:
@@ -173,8 +185,7 @@ class SpecStepGraphs:
             self._body(bs)
         else:
             graph.replay()
-        self.draft.router.count("DRAFT_EXTEND", self.runner_name)
-        self.draft.router.count("DECODE", self.runner_name, None, self.rnd.steps)
+        self.round.count(self.runner_name)
         self.dec.router.count("TARGET_VERIFY", self.runner_name)
 
     @property
@@ -183,3 +194,15 @@ class SpecStepGraphs:
 
     def info(self) -> dict:
         return {"batch_sizes": self.buckets, "captured": bool(self.graphs), **self.cost.info()}
+
+
+def path_first(accept_index: torch.Tensor, accept_len: torch.Tensor) -> torch.Tensor:
+    """[bs, N] node indices: each request's accepted path (accept_index[:, :m + 1], root
+    first), then its other nodes in ascending order."""
+    bs, n = accept_index.shape
+    cols = torch.arange(n, device=accept_index.device).expand(bs, n)
+    on_path = cols <= accept_len[:, None]
+    key = torch.full((bs, n + 1), n, dtype=torch.long, device=accept_index.device) + torch.arange(
+        n + 1, device=accept_index.device)  # off the path: after every path node, in order
+    key.scatter_(1, torch.where(on_path, accept_index, n), cols)  # column n: a sink
+    return key[:, :n].argsort(1)
