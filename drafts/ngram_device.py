@@ -64,29 +64,27 @@ def match_chain(history: torch.Tensor, lens: torch.Tensor, length: int, min_wind
                 max_window: int, max_candidates: int, pad_token: int) -> torch.Tensor:
     """history: [bs, C] tokens by position; lens: [bs] context lengths (the last token at
     lens - 1). Returns [bs, length]: each context's continuation after its best earlier match,
-    pad_token past it (or everywhere when nothing matches)."""
+    pad_token past it (or everywhere when nothing matches). Three passes over [bs, C] (find
+    the occurrences, keep the most recent), the rest over [bs, max_candidates, max_window]."""
     bs, width = history.shape
-    pos = torch.arange(width, device=history.device)
+    dev = history.device
+    pos = torch.arange(width, device=dev)
     last = (lens - 1)[:, None]
     h = history.long()
-
-    def at(offset: int) -> torch.Tensor:  # [bs, 1]: the context's token `offset` before last
-        return h.gather(1, (last - offset).clamp(min=0))
-
-    occurs = (h == at(0)) & (pos < last)  # earlier occurrences of the last token
-    # Most recent first: an occurrence's rank counts the occurrences at or after it.
-    recent = occurs & (occurs.flip(1).cumsum(1).flip(1) <= max_candidates)
-    match = torch.ones_like(h)
-    alive = recent
-    for w in range(1, max_window):
-        back = torch.nn.functional.pad(h, (w, 0), value=-1)[:, :width]  # back[e] = h[e - w]
-        alive = alive & (back == at(w))
-        match = match + alive.long()
-    score = torch.where(recent, match * (width + 1) + pos, -1)
-    best = score.max(1)
-    found = (best.values >= 0) & (best.values // (width + 1) >= min_window)
-    start = best.values % (width + 1) + 1  # the token after the match
-    cols = start[:, None] + torch.arange(length, device=history.device)
+    occurs = (h == h.gather(1, last.clamp(min=0))) & (pos < last)
+    ends = torch.where(occurs, pos, -1).topk(min(max_candidates, width), dim=1).values  # [bs, k]
+    back = torch.arange(max_window, device=dev)  # offsets before a match's end
+    at = ends[:, :, None] - back  # [bs, k, W]
+    before = h.gather(1, at.clamp(min=0).flatten(1)).view(at.shape)
+    query = h.gather(1, (last - back).clamp(min=0))  # [bs, W]: the context's own suffix
+    same = (before == query[:, None, :]) & (at >= 0)
+    # Offset 0 matches by construction; the match runs while every offset after it does.
+    match = same[:, :, 1:].long().cumprod(2).sum(2) + 1  # [bs, k]
+    score = torch.where(ends >= 0, match * (width + 1) + ends, -1)
+    best = score.max(1).values
+    found = (best >= 0) & (best // (width + 1) >= min_window)
+    start = best % (width + 1) + 1  # the token after the match
+    cols = start[:, None] + torch.arange(length, device=dev)
     valid = found[:, None] & (cols <= last)
     return torch.where(valid, h.gather(1, cols.clamp(max=width - 1)),
                        torch.full_like(cols, pad_token))

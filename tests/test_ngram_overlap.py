@@ -30,7 +30,7 @@ def _host_chain(ids: list, n: int, min_window: int, max_window: int) -> list:
     return [PAD if t is None else t for t in tokens]
 
 
-@pytest.mark.parametrize("min_window,max_window,candidates", [(1, 12, 64), (2, 4, 64),
+@pytest.mark.parametrize("min_window,max_window,candidates", [(1, 12, 64), (2, 4, 64), (1, 1, 64),
                                                               (1, 3, 2), (3, 12, 1)])
 def test_device_match_is_the_host_index(monkeypatch, min_window, max_window, candidates):
     """Random contexts over a few tokens (many matches, many ties), past-the-end garbage in the

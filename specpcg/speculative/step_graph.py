@@ -1,9 +1,10 @@
 """A whole speculative step in one CUDA graph per batch-size bucket (overlap scheduling).
 
 The graph reads the last step's results from static state buffers and writes this step's
-there: the draft's proposal from the last verify's accepted path (a head's catch-up and chain,
-drafts/step_round.py; NGRAM's match on the device's token history, drafts/ngram_device.py), the
-target's TARGET_VERIFY forward over the proposal, the greedy accept, and the new path. So the host's whole share of a step is one
+there: the draft's proposal from the last verify's accepted path (a head's catch-up and chain
+or tree, a draft model's catch-up and chain: drafts/step_round.py; NGRAM's match on the
+device's token history: drafts/ngram_device.py), the target's TARGET_VERIFY forward over the
+proposal, the greedy accept, and the new path. So the host's whole share of a step is one
 replay and one queued copy of the results: the step before it is read while this one runs.
 
 Padded rows (a bucket larger than the batch) sit on both caches' padding rows, whose slots are
@@ -87,7 +88,8 @@ class SpecStepGraphs:
         self.round = step_round
         self.width = decoder.spec.num_draft_tokens
         self.is_chain = decoder.spec.is_chain
-        self.buckets, self.pool, self.show_progress = sorted(step_round.buckets), pool, show_progress
+        self.buckets = sorted(step_round.buckets)
+        self.pool, self.show_progress = pool, show_progress
         device = target_runner.device
         self.state = StepState(self.buckets[-1], self.width, step_round.hidden_size,
                                step_round.hidden_dtype, device)
