@@ -118,3 +118,17 @@ def test_overlapped_ngram_steps_emit_the_synchronous_tokens(world, monkeypatch):
     kv = engine.get_server_info()["kv_cache"]
     assert kv["free_slots"] == kv["total_slots"]
     assert not engine.draft.history._synced, "the history kept finished requests"
+
+
+@needs_interpreter
+def test_overlapped_ngram_steps_survive_preemption(world):
+    """A KV cache too small for the batch: overlapped steps stop when a step's reservations do
+    not fit, requests are preempted and prefilled again (their history rows copied anew), and
+    the greedy tokens stay the synchronous loop's."""
+    prompts = _cycle_prompts(world, (30, 45, 60, 70))
+    _, sync = _ngram_run(world, prompts, disable_overlap_schedule=True)
+    engine, over = _ngram_run(world, prompts, max_total_tokens=240)
+    info = engine.get_server_info()
+    assert info["num_preemptions"] > 0 and info["speculative"]["overlapped_steps"] > 0, info
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    assert info["kv_cache"]["free_slots"] == info["kv_cache"]["total_slots"]
