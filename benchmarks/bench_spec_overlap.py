@@ -144,7 +144,8 @@ def render_table(records: list) -> str:
     rows = list({(r["model"], r.get("algorithm", "EAGLE3"), r["prob"], r["batch_size"]): r
                  for r in records if r.get("bench") == "spec_overlap"}.values())
     return common.column_table(rows, [
-        ("model", lambda r: r["model"]), ("algorithm", lambda r: r.get("algorithm", "EAGLE3")), ("p", lambda r: "real" if r["prob"] is None else r["prob"]),
+        ("model", lambda r: r["model"]), ("algorithm", lambda r: r.get("algorithm", "EAGLE3")),
+        ("p", lambda r: "real" if r["prob"] is None else r["prob"]),
         ("batch", lambda r: r["batch_size"]), ("no-spec tok/s", lambda r: r["nospec_tok_s"]),
         ("AL", lambda r: r["overlap"]["accept_length"]),
         ("sync speedup", lambda r: r["sync"]["speedup"]),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from specpcg.graphs.buckets import pick_bucket
 from specpcg.transfer import to_device
 
 
@@ -105,7 +106,7 @@ class NgramStepRound:
     def bucket(self, n: int):
         if not self.captures:
             return n if n <= self.buckets[-1] else None
-        return next((b for b in self.buckets if b >= n), None)
+        return pick_bucket(self.buckets, n)
 
     def propose(self, state, bs: int, path) -> torch.Tensor:
         d, history = self.draft, self.draft.history

@@ -201,6 +201,17 @@ def _exact_outputs_all_accepted(world, engine) -> list:
     return outs
 
 
+def same_as_sync(over: list, sync: list, num_nodes: int) -> list:
+    """Asserts an overlapped run emitted the synchronous run's tokens with the same verifies,
+    acceptance and finish reasons; returns the summed acceptance histogram."""
+    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
+    for a, b in zip(over, sync):
+        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
+            assert a["meta_info"][key] == b["meta_info"][key], key
+    return [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over)
+            for k in range(num_nodes)]
+
+
 def _check_no_leak(engine):
     kv = engine.get_server_info()["kv_cache"]
     assert kv["free_slots"] == kv["total_slots"]

@@ -15,7 +15,8 @@ import os
 import pytest
 
 from specpcg.speculative.overlap import SpecOverlap
-from tests.eagle_world import ALGOS, TREE, _check_no_leak, _engine, world  # noqa: F401
+from tests.eagle_world import ALGOS, TREE, _check_no_leak, _engine, same_as_sync
+from tests.eagle_world import world  # noqa: F401 (fixture)
 
 needs_interpreter = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
@@ -43,11 +44,7 @@ def test_overlapped_steps_emit_the_synchronous_tokens(world, algo, monkeypatch):
     engine, over = _run(world, algo)
     assert len(steps) > 5, "no speculative step was overlapped"
     assert engine.get_server_info()["speculative"]["overlapped_steps"] == len(steps)
-    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
-    for a, b in zip(over, sync):
-        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
-            assert a["meta_info"][key] == b["meta_info"][key], key
-    hist = [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over) for k in range(4)]
+    hist = same_as_sync(over, sync, 4)
     assert hist[0] > 0 and sum(hist[1:]) > 0, "the world should both accept and reject drafts"
     _check_no_leak(engine)
 
@@ -63,11 +60,7 @@ def test_overlapped_tree_steps_emit_the_synchronous_tokens(world, monkeypatch):
     steps = _count_steps(monkeypatch)
     engine, over = _run(world, algo, **tree)
     assert len(steps) > 5, "no tree step was overlapped"
-    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
-    for a, b in zip(over, sync):
-        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
-            assert a["meta_info"][key] == b["meta_info"][key], key
-    hist = [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over) for k in range(4)]
+    hist = same_as_sync(over, sync, 4)
     assert hist[0] > 0 and sum(hist[2:]) > 0
     _check_no_leak(engine)
 
@@ -96,11 +89,7 @@ def test_overlapped_standalone_steps_emit_the_synchronous_tokens(world, monkeypa
     steps = _count_steps(monkeypatch)
     engine, over = run()
     assert len(steps) > 5, "no STANDALONE step was overlapped"
-    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
-    for a, b in zip(over, sync):
-        for key in ("spec_verify_ct", "spec_accept_histogram", "finish_reason"):
-            assert a["meta_info"][key] == b["meta_info"][key], key
-    hist = [sum(o["meta_info"]["spec_accept_histogram"][k] for o in over) for k in range(4)]
+    hist = same_as_sync(over, sync, 4)
     assert hist[3] > 0 and sum(hist[:3]) > 0, "the world should both accept all and reject"
     kv, draft_kv = engine.get_server_info()["kv_cache"], engine.draft.kv_cache.info()
     assert kv["free_slots"] == kv["total_slots"]
