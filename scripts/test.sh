@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
 export TRITON_INTERPRET=1  # Triton kernels run on the CPU through the interpreter
-exec python3 -m pytest -q -rs "$@"
+exec python3 -m pytest -q -rs --durations=30 "$@"
