@@ -365,7 +365,8 @@ class Engine:
             tp.stop()
         self.scheduler = self.router = self.graphs = self.runner = None
         self.attn_backend = self.kv_cache = self.model = None
-        self.spec_decoder = self.draft = None  # they hold the router, KV caches and the head
+        # They hold the router, KV caches and the head; the draft's context holds the target.
+        self.spec_decoder = self.draft = self.draft_ctx = self._draft_target = None
         gc.unfreeze()  # frozen objects are never collected: the model's cycles among them
         gc.collect()
         if self.device.type == "cuda":
