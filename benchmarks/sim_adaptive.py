@@ -10,6 +10,7 @@ adaptive, and adaptive's speed against the faster pinned side. The simulation le
 GPU adds (switch costs, prefills), so it checks the decisions, not the engine.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--batches 4 16 64] [--seeds 6]
+        [--hiccup PROB X]
 """
 
 from __future__ import annotations
@@ -61,15 +62,18 @@ def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
 
 
 def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
-              new_tokens: int = 128, mean_alpha: float = 0.7) -> float:
+              new_tokens: int = 128, mean_alpha: float = 0.7, hiccup: tuple = (0.0, 1.0)) -> float:
     """Simulated seconds for `batch` requests of `new_tokens` each under `policy` (spec, plain
-    or adaptive, which asks and teaches `ctrl`)."""
+    or adaptive, which asks and teaches `ctrl`). hiccup: (probability, factor) that a step of
+    either side takes factor times as long (the host stalled: a collection, another process)."""
     running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
                for _ in range(batch)]
     seconds = 0.0
     while running:
         spec = _choose(policy, ctrl, running, new_tokens)
         step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
+        if rng.random() < hiccup[0]:
+            step *= hiccup[1]
         emitted = 0
         for r in running:
             got = min(_accepted(rng, r.alpha) if spec else 1, new_tokens - r.out)
@@ -84,7 +88,8 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     return seconds
 
 
-def simulate(batch: int, spread: float, seeds: int, batches: int = 5) -> dict:
+def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
+             hiccup: tuple = (0.0, 1.0)) -> dict:
     """{policy: simulated seconds} over `seeds` engines of `batches` batches each, and
     {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
     first batch)."""
@@ -95,7 +100,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5) -> dict:
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
             each = []
             for _ in range(batches):
-                each.append(run_batch(policy, ctrl, rng, batch, spread))
+                each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup))
                 ctrl.interrupt()  # the next batch's prefill
             total += sum(each)
             if seed == 0:
@@ -130,20 +135,23 @@ def main(argv=None) -> None:
     p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
     p.add_argument("--batches", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--hiccup", type=float, nargs=2, default=[0.0, 1.0], metavar=("PROB", "X"),
+                   help="a step of either side takes X times as long with probability PROB")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
     lines = []
     for spread in args.spreads:
         for batch in args.batches:
-            t = simulate(batch, spread, args.seeds)
+            t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup))
             lines.append({"bench": "sim_adaptive", "spread": spread, "batch": batch,
+                          "hiccup": args.hiccup,
                           "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                           "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
                           "seed0_batches_s": {p: t[p + "_seed0"] for p in
                                               ("spec", "plain", "adaptive")},
                           "seeds": args.seeds, "git": common.git_commit(),
                           "time": common.now_iso()})
-            print(f"[sim_adaptive] spread {spread} batch {batch}: adaptive "
+            print(f"[sim_adaptive] spread {spread} batch {batch} hiccup {args.hiccup}: adaptive "
                   f"{lines[-1]['vs_best']:.3f} of the faster pinned side", flush=True)
     common.append_jsonl(args.out, lines)
     common.render_results(args.out, render_table, render_plot)

@@ -92,6 +92,14 @@ LOOK_BUDGET = 0.03
 # (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
 # lucky looks cost a losing draft 2-5% in simulation).
 CHANGE_FACTOR = 4.0
+# A side's step time leaves out steps over OUTLIER_FACTOR times the window's median, up to one
+# in TRIM_DIV: a hiccup of the host (a collection, another process, a first replay) lands on
+# whichever side ran then, and one 20x step among a side's three warm-up steps made the faster
+# side measure 7x slower until the window let it go, about 15 looks later. Steps within the
+# factor all count: trimming every window's slowest eighth moved no hiccup-free choice for the
+# better in the noisy-acceptance test, only shifted both sides' times.
+OUTLIER_FACTOR = 2.0
+TRIM_DIV = 8
 
 
 # With nothing waiting, the side is re-chosen on the finish estimate every this many steps (and
@@ -113,9 +121,10 @@ def _ratio(steps) -> float:
 @dataclass
 class _Rate:
     """A side's last WINDOW recorded steps. Its rate is their tokens over their seconds (a ratio
-    of sums, not an average of per-step ratios): see the module docstring. The sums are kept
-    until the window changes: a batch with nothing waiting asks for them once per request and
-    step (`finish_seconds`), on the host's critical path."""
+    of sums, not an average of per-step ratios: see the module docstring), the seconds without
+    outlying slow steps (OUTLIER_FACTOR). The sums are kept until the window changes: a batch with
+    nothing waiting asks for them once per request and step (`finish_seconds`), on the host's
+    critical path."""
     recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     steps: int = 0
     _sums: Optional[tuple] = field(default=None, repr=False, compare=False)
@@ -126,10 +135,14 @@ class _Rate:
         self._sums = None
 
     def _totals(self) -> tuple:
-        """(tokens, seconds, steps) over the window."""
+        """(tokens, seconds, steps) over the window; seconds as steps times the mean step
+        without outliers (OUTLIER_FACTOR), so a rare slow step does not decide the side."""
         if self._sums is None:
-            self._sums = (sum(t for t, _ in self.recent), sum(s for _, s in self.recent),
-                          len(self.recent))
+            n, times = len(self.recent), sorted(s for _, s in self.recent)
+            slow = sum(s > OUTLIER_FACTOR * times[n // 2] for s in times) if n >= 3 else 0
+            kept = times[:n - min(slow, -(-n // TRIM_DIV))]
+            seconds = sum(kept) * n / len(kept) if kept else 0.0
+            self._sums = (sum(t for t, _ in self.recent), seconds, n)
         return self._sums
 
     @property
