@@ -109,11 +109,17 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
     return out
 
 
+def _hiccup(record: dict) -> str:
+    prob, factor = record.get("hiccup", (0.0, 1.0))
+    return f"{prob:g} of steps {factor:g}x" if prob > 0 else "none"
+
+
 def render_table(records: list) -> str:
     latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
-    rows = [[f"{r['spread']:.2f}", str(r["batch"]), f"{r['plain_s'] / r['spec_s']:.2f}x",
-             f"{r['plain_s'] / r['adaptive_s']:.2f}x", f"{r['vs_best']:.3f}"] for r in latest]
-    return common.markdown_table(["accept spread", "batch", "pinned spec vs plain",
+    rows = [[_hiccup(r), f"{r['spread']:.2f}", str(r["batch"]),
+             f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
+             f"{r['vs_best']:.3f}"] for r in latest]
+    return common.markdown_table(["hiccups", "accept spread", "batch", "pinned spec vs plain",
                                   "adaptive vs plain", "adaptive vs the faster pinned side"],
                                  rows)
 
@@ -121,8 +127,9 @@ def render_table(records: list) -> str:
 def render_plot(records: list, path) -> None:
     latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
     spreads = sorted({r["spread"] for r in latest})
-    panels = [{"title": f"accept spread {s:.2f}", "ylabel": "speed", "labels": [f"bs {r['batch']}" for r in latest
-                                                             if r["spread"] == s],
+    panels = [{"title": f"accept spread {s:.2f}", "ylabel": "speed",
+               "labels": [f"bs {r['batch']}, hiccups {_hiccup(r)}" for r in latest
+                          if r["spread"] == s],
                "values": {"adaptive vs the faster pinned side":
                           [r["vs_best"] for r in latest if r["spread"] == s]}}
               for s in spreads]
