@@ -111,7 +111,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
 
 def _hiccup(record: dict) -> str:
     prob, factor = record.get("hiccup", (0.0, 1.0))
-    return f"{prob:g} of steps {factor:g}x" if prob > 0 else "none"
+    return f"{prob:.0%} {factor:g}x" if prob > 0 else "none"
 
 
 def render_table(records: list) -> str:
@@ -119,7 +119,7 @@ def render_table(records: list) -> str:
     rows = [[_hiccup(r), f"{r['spread']:.2f}", str(r["batch"]),
              f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
              f"{r['vs_best']:.3f}"] for r in latest]
-    return common.markdown_table(["hiccups", "accept spread", "batch", "pinned spec vs plain",
+    return common.markdown_table(["hiccups (share of steps, slowdown)", "accept spread", "batch", "pinned spec vs plain",
                                   "adaptive vs plain", "adaptive vs the faster pinned side"],
                                  rows)
 
@@ -128,7 +128,7 @@ def render_plot(records: list, path) -> None:
     latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
     spreads = sorted({r["spread"] for r in latest})
     panels = [{"title": f"accept spread {s:.2f}", "ylabel": "speed",
-               "labels": [f"bs {r['batch']}, hiccups {_hiccup(r)}" for r in latest
+               "labels": [f"bs {r['batch']}\n{_hiccup(r)}" for r in latest
                           if r["spread"] == s],
                "values": {"adaptive vs the faster pinned side":
                           [r["vs_best"] for r in latest if r["spread"] == s]}}
