@@ -61,17 +61,14 @@ class TokenHistory:
         self.ids[rows[:, None].expand_as(pos), pos] = ids.to(self.ids.dtype)
 
 
-def match_chain(history: torch.Tensor, lens: torch.Tensor, length: int, min_window: int,
-                max_window: int, max_candidates: int, pad_token: int) -> torch.Tensor:
-    """history: [bs, C] tokens by position; lens: [bs] context lengths (the last token at
-    lens - 1). Returns [bs, length]: each context's continuation after its best earlier match,
-    pad_token past it (or everywhere when nothing matches). Three passes over [bs, C] (find
-    the occurrences, keep the most recent), the rest over [bs, max_candidates, max_window]."""
-    bs, width = history.shape
-    dev = history.device
+def _scored_matches(h: torch.Tensor, last: torch.Tensor, max_window: int,
+                    max_candidates: int) -> torch.Tensor:
+    """h: [bs, C] int64 tokens, last: [bs, 1] the last token's position. Returns [bs, k]: each
+    of the k most recent earlier occurrences of the last token scored match * (C + 1) + its
+    position (match: how many tokens ending there equal the context's suffix, <= max_window),
+    -1 for none. Three passes over [bs, C], the rest over [bs, k, max_window]."""
+    width, dev = h.shape[1], h.device
     pos = torch.arange(width, device=dev)
-    last = (lens - 1)[:, None]
-    h = history.long()
     occurs = (h == h.gather(1, last.clamp(min=0))) & (pos < last)
     ends = torch.where(occurs, pos, -1).topk(min(max_candidates, width), dim=1).values  # [bs, k]
     back = torch.arange(max_window, device=dev)  # offsets before a match's end
@@ -81,14 +78,88 @@ def match_chain(history: torch.Tensor, lens: torch.Tensor, length: int, min_wind
     same = (before == query[:, None, :]) & (at >= 0)
     # Offset 0 matches by construction; the match runs while every offset after it does.
     match = same[:, :, 1:].long().cumprod(2).sum(2) + 1  # [bs, k]
-    score = torch.where(ends >= 0, match * (width + 1) + ends, -1)
-    best = score.max(1).values
-    found = (best >= 0) & (best // (width + 1) >= min_window)
-    start = best % (width + 1) + 1  # the token after the match
-    cols = start[:, None] + torch.arange(length, device=dev)
-    valid = found[:, None] & (cols <= last)
-    return torch.where(valid, h.gather(1, cols.clamp(max=width - 1)),
-                       torch.full_like(cols, pad_token))
+    return torch.where(ends >= 0, match * (width + 1) + ends, -1)
+
+
+def _continuation(h: torch.Tensor, last: torch.Tensor, score: torch.Tensor, min_window: int,
+                  length: int) -> tuple:
+    """The `length` tokens after each scored match ([bs, ...] scores) and which of them exist
+    (the match is long enough, the token is inside the context): ([..., length], same)."""
+    width = h.shape[1]
+    found = (score >= 0) & (score // (width + 1) >= min_window)
+    cols = (score % (width + 1) + 1)[..., None] + torch.arange(length, device=h.device)
+    tail = (1,) * (score.dim() - 1)
+    valid = found[..., None] & (cols <= last.view(-1, *tail, 1))
+    flat = cols.clamp(max=width - 1).flatten(1)
+    return h.gather(1, flat).view(cols.shape), valid
+
+
+def match_chain(history: torch.Tensor, lens: torch.Tensor, length: int, min_window: int,
+                max_window: int, max_candidates: int, pad_token: int) -> torch.Tensor:
+    """history: [bs, C] tokens by position; lens: [bs] context lengths (the last token at
+    lens - 1). Returns [bs, length]: each context's continuation after its best earlier match,
+    pad_token past it (or everywhere when nothing matches)."""
+    h, last = history.long(), (lens - 1)[:, None]
+    best = _scored_matches(h, last, max_window, max_candidates).max(1).values
+    tokens, valid = _continuation(h, last, best, min_window, length)
+    return torch.where(valid, tokens, torch.full_like(tokens, pad_token))
+
+
+def match_tree(history: torch.Tensor, lens: torch.Tensor, num_nodes: int, min_window: int,
+               max_window: int, max_candidates: int, breadth: int, pad_token: int) -> tuple:
+    """The host's tree (drafts/ngram.py: `continuations` merged by `_trie_bfs`) on the device.
+    Returns ([bs, num_nodes - 1] draft tokens, [bs, num_nodes - 1] their parents), BFS order
+    under the root (node 0), padded with pad_token leaves under the root.
+
+    Up to `breadth` distinct continuations, longest match first, the most recent on a tie,
+    form a trie: a node is a prefix, made by the first continuation that has it. BFS orders a
+    depth by its parents' order, then siblings by the continuation that made them."""
+    h, last = history.long(), (lens - 1)[:, None]
+    bs, length, dev = h.shape[0], num_nodes - 1, h.device
+    score = _scored_matches(h, last, max_window, max_candidates).sort(1, descending=True).values
+    tokens, valid = _continuation(h, last, score, min_window, length)  # [bs, k, L]
+    conts = torch.where(valid, tokens, -1)
+    ok = valid[:, :, 0]  # a continuation of at least one token
+    k = conts.shape[1]
+    ranks = torch.arange(k, device=dev)
+    same = (conts[:, :, None, :] == conts[:, None, :, :]).all(-1)  # [bs, k, k]
+    seen = (same & ok[:, None, :] & (ranks[None, :] < ranks[:, None])[None]).any(-1)
+    new = ok & ~seen
+    order = torch.where(new, new.long().cumsum(1) - 1, k)  # rank among the distinct ones
+    pick = order.topk(min(breadth, k), dim=1, largest=False)
+    taken = pick.values < min(breadth, k)  # [bs, B]
+    c = torch.where(taken[:, :, None], conts.gather(1, pick.indices[:, :, None].expand(
+        -1, -1, length)), -1)  # [bs, B, L], -1 past each continuation's end
+    return _trie_bfs(c, num_nodes, pad_token)
+
+
+def _trie_bfs(c: torch.Tensor, num_nodes: int, pad_token: int) -> tuple:
+    """c: [bs, B, L] continuations (-1 past their ends) -> the first num_nodes - 1 trie nodes
+    in BFS order: (tokens, parents), each [bs, num_nodes - 1]."""
+    bs, b, length = c.shape
+    dev = c.device
+    idx = torch.arange(b, device=dev)
+    prefix = (c[:, :, None, :] == c[:, None, :, :]).long().cumprod(-1).bool()  # [bs, i, j, L]
+    # maker[bs, j, d]: the first continuation with j's first d + 1 tokens (j itself if none).
+    maker = torch.where(prefix, idx[None, :, None, None], b).amin(1)  # [bs, B, L]
+    exists = (maker == idx[None, :, None]) & (c >= 0)
+    node = torch.zeros(bs, b, length, dtype=torch.long, device=dev)  # BFS index, 1 = first
+    parent = torch.zeros_like(node)
+    placed = torch.ones(bs, 1, dtype=torch.long, device=dev)  # the root
+    for d in range(length):
+        up = (node[:, :, d - 1].gather(1, maker[:, :, d - 1]) if d
+              else torch.zeros(bs, b, dtype=torch.long, device=dev))
+        key = torch.where(exists[:, :, d], up * b + idx, -1)
+        before = ((key[:, None, :] < key[:, :, None]) & (key[:, None, :] >= 0)).sum(-1)
+        node[:, :, d] = torch.where(exists[:, :, d], placed + before, 0)
+        parent[:, :, d] = up
+        placed = placed + exists[:, :, d].sum(1, keepdim=True)
+    slot = torch.where((node > 0) & (node < num_nodes), node, num_nodes).flatten(1)
+    tokens = torch.full((bs, num_nodes + 1), pad_token, dtype=torch.long, device=dev)
+    parents = torch.zeros(bs, num_nodes + 1, dtype=torch.long, device=dev)
+    tokens.scatter_(1, slot, c.flatten(1))
+    parents.scatter_(1, slot, parent.flatten(1))
+    return tokens[:, 1:num_nodes], parents[:, 1:num_nodes]
 
 
 class NgramStepRound:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import drafts.ngram as ngram
-from drafts.ngram import _chain, _RequestIndex
-from drafts.ngram_device import TokenHistory, match_chain
+from drafts.ngram import _chain, _RequestIndex, _trie_bfs
+from drafts.ngram_device import TokenHistory, match_chain, match_tree
 from specpcg.speculative.overlap import SpecOverlap
 from tests.eagle_world import _engine, same_as_sync, world  # noqa: F401 (fixture)
 
@@ -47,6 +47,38 @@ def test_device_match_is_the_host_index(monkeypatch, min_window, max_window, can
         got = match_chain(history, lens, n - 1, min_window, max_window, candidates, PAD)
         assert got.tolist() == [_host_chain(s, n, min_window, max_window) for s in seqs]
         assert got[-1].tolist() == [7, 5, 6, PAD, PAD] or min_window > 2
+
+
+def _host_tree(ids: list, n: int, min_window: int, max_window: int, breadth: int) -> tuple:
+    index = _RequestIndex(min_window, max_window)
+    index.update(ids)
+    tokens, parents = _trie_bfs(index.continuations(ids, n - 1, breadth), n)
+    return [PAD if t is None else t for t in tokens], parents
+
+
+@pytest.mark.parametrize("min_window,max_window,candidates,breadth,n",
+                         [(1, 12, 64, 10, 8), (1, 3, 64, 4, 6), (2, 4, 8, 10, 12), (1, 1, 64, 3, 5),
+                          (1, 12, 3, 10, 8)])
+def test_device_tree_is_the_host_trie(monkeypatch, min_window, max_window, candidates, breadth, n):
+    """NGRAM's trees: the device's continuations and trie (BFS order, parents, root padding)
+    equal the host's on random contexts over a few tokens, where continuations share prefixes,
+    repeat, and run off the end of the context."""
+    monkeypatch.setattr(ngram, "MAX_CANDIDATES", candidates)
+    rnd, width, branched = random.Random(breadth * 100 + candidates + n), 80, 0
+    for _ in range(8):
+        vocab = rnd.randint(2, 5)
+        seqs = [[rnd.randint(1, vocab) for _ in range(rnd.randint(1, width))] for _ in range(7)]
+        seqs.append([5, 6, 7, 5, 6, 8, 5, 6])  # two continuations, one cut by the end
+        history = torch.tensor([s + [rnd.randint(1, vocab) for _ in range(width - len(s))]
+                                for s in seqs])
+        lens = torch.tensor([len(s) for s in seqs])
+        tokens, parents = match_tree(history, lens, n, min_window, max_window, candidates,
+                                     breadth, PAD)
+        want = [_host_tree(s, n, min_window, max_window, breadth) for s in seqs]
+        assert tokens.tolist() == [w[0] for w in want]
+        assert parents.tolist() == [w[1] for w in want]
+        branched += sum(len(set(p)) < len(p) for _, p in want)
+    assert branched > 0  # some node has two children
 
 
 def test_token_history_copies_only_what_the_device_lacks():
