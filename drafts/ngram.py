@@ -80,12 +80,11 @@ class NgramDraft(DraftWorker):
         self._index: dict = {}  # rid -> _RequestIndex
 
     def setup(self, ctx) -> None:
-        """Chains keep a token history on the device, so their steps can overlap."""
-        if ctx.spec.is_chain:
-            self._width = ctx.spec.num_draft_tokens
-            pool = ctx.kv_cache.req_pool
-            width = min(pool.max_context_len, DEVICE_HISTORY_TOKENS)
-            self.history = TokenHistory(pool.req_to_token.shape[0], width, ctx.device)
+        """A token history on the device, so that steps (chains and trees) can overlap."""
+        self._width, self._is_chain = ctx.spec.num_draft_tokens, ctx.spec.is_chain
+        pool = ctx.kv_cache.req_pool
+        width = min(pool.max_context_len, DEVICE_HISTORY_TOKENS)
+        self.history = TokenHistory(pool.req_to_token.shape[0], width, ctx.device)
 
     def _continuations(self, req, spec) -> list:
         index = self._index.setdefault(req.rid, _RequestIndex(self.min_window, self.max_window))

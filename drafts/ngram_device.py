@@ -1,13 +1,14 @@
-"""NGRAM's chain proposals computed on the device, so that its speculative steps can overlap
-(specpcg/speculative/overlap.py): the step graph appends the last verify's accepted tokens to
-each request's token history on the device and matches the new context there, with no read
-of the tokens by the host.
+"""NGRAM's proposals (chains and trees) computed on the device, so that its speculative steps can
+overlap (specpcg/speculative/overlap.py): the step graph appends the last verify's accepted
+tokens to each request's token history on the device and matches the new context there, with
+no read of the tokens by the host.
 
-The rule is the host index's (drafts/ngram.py), for chains: among the MAX_CANDIDATES most
+The rule is the host index's (drafts/ngram.py). For chains: among the MAX_CANDIDATES most
 recent earlier occurrences of the last token, the one whose match with the context's suffix
 is longest (at most max_window tokens; the most recent on a tie) gives the continuation after
-it, if that match has at least min_window tokens. So a request proposes the same drafts
-whether its step ran on the host or on the device. Every shape is fixed by the batch bucket
+it, if that match has at least min_window tokens. Trees merge the first max_bfs_breadth
+distinct continuations in that order into a trie (`match_tree`). So a request proposes the
+same drafts whether its step ran on the host or on the device. Every shape is fixed by the batch bucket
 and the history's width, so one CUDA graph replays it; the cost grows with that width (the
 engine's context length), not with the requests' own lengths.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.tree import tree_from_parents
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.transfer import to_device
 
@@ -179,14 +181,22 @@ class NgramStepRound:
             return n if n <= self.buckets[-1] else None
         return pick_bucket(self.buckets, n)
 
-    def propose(self, state, bs: int, path) -> torch.Tensor:
+    def propose(self, state, bs: int, path) -> tuple:
+        """([bs, N] nodes, root first; their Tree, or None for a chain)."""
         d, history = self.draft, self.draft.history
-        rows = state.rows[0, :bs]
+        rows, n = state.rows[0, :bs], state.tokens.shape[1]
         history.append(rows, path.first_pos, path.lens, path.ids)
-        drafts = match_chain(history.ids[rows, :history.width], path.first_pos + path.lens + 1,
-                             state.tokens.shape[1] - 1, d.min_window, d.max_window,
-                             d.max_candidates, d.pad_token)
-        return torch.cat([path.roots[:, None], drafts], 1), None
+        ids, lens = history.ids[rows, :history.width], path.first_pos + path.lens + 1
+        if d._is_chain:
+            drafts = match_chain(ids, lens, n - 1, d.min_window, d.max_window, d.max_candidates,
+                                 d.pad_token)
+            return torch.cat([path.roots[:, None], drafts], 1), None
+        drafts, parents = match_tree(ids, lens, n, d.min_window, d.max_window, d.max_candidates,
+                                     d.max_bfs_breadth, d.pad_token)
+        tokens = torch.cat([path.roots[:, None], drafts], 1)
+        tree = tree_from_parents(tokens, torch.cat([torch.full_like(parents[:, :1], -1),
+                                                    parents], 1))
+        return tokens, tree
 
     def count(self, runner_name: str) -> None:
         """NGRAM runs no draft forward."""
