@@ -171,10 +171,11 @@ def test_a_request_arriving_mid_run_flushes_the_step_in_flight(world, monkeypatc
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("algo,setting", [("EAGLE3", (7, 1, 8)), ("EAGLE3", (5, 4, 8)),
-                                          ("NGRAM", (7, 1, 8)), ("STANDALONE", (3, 1, 4))])
+                                          ("NGRAM", (7, 1, 8)), ("NGRAM", (5, 4, 8)),
+                                          ("STANDALONE", (3, 1, 4))])
 def test_gpu_overlap_is_bitwise_the_synchronous_loop_in_deterministic_mode(algo, setting):
-    """bf16 on the GPU with graphs (a trained EAGLE3 head's chain and tree, NGRAM's chain
-    matched on the device, the default model drafting for itself): in the batch-invariant
+    """bf16 on the GPU with graphs (a trained EAGLE3 head's chain and tree, NGRAM's chain and
+    trie matched on the device, the default model drafting for itself): in the batch-invariant
     mode the overlapped loop gives exactly the synchronous loop's tokens and acceptance (a
     finished request rides along one extra step there, which the mode makes harmless), and
     the steps did overlap."""
