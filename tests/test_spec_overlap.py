@@ -36,16 +36,40 @@ def _count_steps(monkeypatch) -> list:
     return steps
 
 
+def _pad_every_step(monkeypatch) -> list:
+    """Every step runs at a bucket past its batch, as on a GPU, with padding rows after the
+    batch (on the caches' padding rows, at position 0); returns the (batch, bucket) sizes."""
+    from specpcg.speculative.step_graph import SpecStepGraphs
+
+    sizes = []
+
+    def padded(self, n):
+        bs = min(2 * n + 1, self.buckets[-1])
+        sizes.append((n, bs))
+        return bs if bs > n else None
+
+    monkeypatch.setattr(SpecStepGraphs, "bucket", padded)
+    return sizes
+
+
 @needs_interpreter
 @pytest.mark.parametrize("algo", ALGOS)
 def test_overlapped_steps_emit_the_synchronous_tokens(world, algo, monkeypatch):
+    """EAGLE3's steps also run padded (_pad_every_step): the real rows keep the synchronous
+    loop's tokens and acceptance, and the padding rows never move."""
     _, sync = _run(world, algo, disable_overlap_schedule=True)
     steps = _count_steps(monkeypatch)
+    sizes = _pad_every_step(monkeypatch) if algo == "EAGLE3" else None
     engine, over = _run(world, algo)
     assert len(steps) > 5, "no speculative step was overlapped"
     assert engine.get_server_info()["speculative"]["overlapped_steps"] == len(steps)
     hist = same_as_sync(over, sync, 4)
     assert hist[0] > 0 and sum(hist[1:]) > 0, "the world should both accept and reject drafts"
+    if sizes is not None:
+        assert any(bs > n for n, bs in sizes)
+        state = engine.scheduler.spec_overlap.graphs.state
+        assert not state.live.all() and state.live.any()
+        assert not state.prefix[~state.live].any(), "a padding row moved off position 0"
     _check_no_leak(engine)
 
 
@@ -94,35 +118,6 @@ def test_overlapped_standalone_steps_emit_the_synchronous_tokens(world, monkeypa
     kv, draft_kv = engine.get_server_info()["kv_cache"], engine.draft.kv_cache.info()
     assert kv["free_slots"] == kv["total_slots"]
     assert draft_kv["free_slots"] == draft_kv["total_slots"]
-
-
-@needs_interpreter
-def test_padded_buckets_leave_the_real_rows_alone(world, monkeypatch):
-    """On a GPU a step runs at its bucket's size, the rows past the batch padding (on the
-    caches' padding rows, at position 0). Here every step runs with padding rows after the
-    batch: outputs and acceptance stay the synchronous loop's, the padding never moves."""
-    from specpcg.speculative.step_graph import SpecStepGraphs
-
-    algo = "EAGLE3"
-    _, sync = _run(world, algo, disable_overlap_schedule=True)
-    sizes = []
-
-    def padded(self, n):
-        bs = min(2 * n + 1, self.buckets[-1])
-        sizes.append((n, bs))
-        return bs if bs > n else None
-
-    monkeypatch.setattr(SpecStepGraphs, "bucket", padded)
-    engine, over = _run(world, algo)
-    assert [o["output_ids"] for o in over] == [o["output_ids"] for o in sync]
-    assert [o["meta_info"]["spec_accept_histogram"] for o in over] == \
-        [o["meta_info"]["spec_accept_histogram"] for o in sync]
-    assert engine.get_server_info()["speculative"]["overlapped_steps"] > 5
-    assert any(bs > n for n, bs in sizes)
-    state = engine.scheduler.spec_overlap.graphs.state
-    assert not state.live.all() and state.live.any()
-    assert not state.prefix[~state.live].any(), "a padding row moved off position 0"
-    _check_no_leak(engine)
 
 
 @needs_interpreter
