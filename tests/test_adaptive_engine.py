@@ -13,13 +13,14 @@ class _Recorder:
     """An adaptive controller that always speculates (or never) and keeps what it is told."""
 
     def __init__(self, spec: bool):
-        self.spec, self.records, self.interrupts = spec, [], 0
+        self.spec, self.records, self.interrupts, self.seconds = spec, [], 0, []
 
     def use_spec(self, batch_size, finish=None):
         return self.spec
 
     def record(self, batch_size, spec, tokens, seconds):
         self.records.append((batch_size, spec, tokens))
+        self.seconds.append(seconds)
 
     def interrupt(self):
         self.interrupts += 1
@@ -50,6 +51,24 @@ def test_the_scheduler_times_only_steps_that_resolved_tokens(world, spec):
     # (a plain step one token, a verify its accepted path), and those tokens are dropped.
     overshoot = len(world.prompts) * (engine.scheduler.spec.tokens_per_request if spec else 1)
     assert 0 < sum(t for _, _, t in steps) <= emitted + overshoot
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_a_step_is_timed_with_the_host_work_after_the_step_before(world, spec):
+    """The host's work between two decode steps (here a 30 ms pause of the caller) counts in
+    the step's time: with overlap a call alone would leave it out, and a side whose steps hand
+    back more tokens (speculation) would measure faster than it runs."""
+    import time
+
+    engine = _engine(world.noisy, "EAGLE3", world.heads["EAGLE3"])
+    rec = engine.scheduler.adaptive = _Recorder(spec)
+    for prompt, params in zip(world.prompts[:2], world.params[:2]):
+        engine.submit(input_ids=prompt, sampling_params=params)
+    while engine.has_unfinished():
+        engine.step()
+        time.sleep(0.03)
+    # The first step after the prefill is timed from its own start (the controller skips it).
+    assert len(rec.seconds) >= 3 and all(s >= 0.03 for s in rec.seconds[1:]), rec.seconds
 
 
 class Alternating(AdaptiveSpeculation):
