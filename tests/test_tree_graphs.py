@@ -58,7 +58,9 @@ def test_tree_verify_and_tree_steps_replay_padded(world, plain, monkeypatch, alg
     # The round's catch-up body runs uncaptured, padded to its bucket, as its graph would.
     monkeypatch.setattr(DraftGraphRunner, "capture", lambda self: None)
     head = world.heads[algo] if algo != "NGRAM" else None
-    engine = _engine(world.noisy, algo, head, **{**SETTINGS["tree"], "attention_backend": "triton"})
+    # The synchronous loop's graphs (overlapped tree steps: test_spec_overlap, test_ngram_overlap).
+    engine = _engine(world.noisy, algo, head, **{**SETTINGS["tree"], "attention_backend": "triton"},
+                     disable_overlap_schedule=True)
     outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
     assert [o["output_ids"] for o in outs] == plain.batch
     spec = engine.spec
