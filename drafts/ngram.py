@@ -81,7 +81,7 @@ class NgramDraft(DraftWorker):
 
     def setup(self, ctx) -> None:
         """A token history on the device, so that steps (chains and trees) can overlap."""
-        self._width, self._is_chain = ctx.spec.num_draft_tokens, ctx.spec.is_chain
+        self._width, self.chain = ctx.spec.num_draft_tokens, ctx.spec.is_chain
         pool = ctx.kv_cache.req_pool
         width = min(pool.max_context_len, DEVICE_HISTORY_TOKENS)
         self.history = TokenHistory(pool.req_to_token.shape[0], width, ctx.device)

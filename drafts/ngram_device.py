@@ -187,7 +187,7 @@ class NgramStepRound:
         rows, n = state.rows[0, :bs], state.tokens.shape[1]
         history.append(rows, path.first_pos, path.lens, path.ids)
         ids, lens = history.ids[rows, :history.width], path.first_pos + path.lens + 1
-        if d._is_chain:
+        if d.chain:
             drafts = match_chain(ids, lens, n - 1, d.min_window, d.max_window, d.max_candidates,
                                  d.pad_token)
             return torch.cat([path.roots[:, None], drafts], 1), None

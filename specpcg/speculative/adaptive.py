@@ -94,10 +94,10 @@ LOOK_BUDGET = 0.03
 CHANGE_FACTOR = 4.0
 # A side's step time leaves out steps over OUTLIER_FACTOR times the window's median, up to one
 # in TRIM_DIV: a hiccup of the host (a collection, another process, a first replay) lands on
-# whichever side ran then, and one 20x step among a side's three warm-up steps made the faster
-# side measure 7x slower until the window let it go, about 15 looks later. Steps within the
-# factor all count: trimming every window's slowest eighth moved no hiccup-free choice for the
-# better in the noisy-acceptance test, only shifted both sides' times.
+# whichever side ran then, and one 20x step among a side's three warm-up steps (22 step
+# times for 3 steps) made that side measure 7x slower until its window let the step go. Steps
+# within the factor all count: trimming every window's slowest eighth moved no hiccup-free
+# choice for the better in the noisy-acceptance test, only shifted both sides' times.
 OUTLIER_FACTOR = 2.0
 TRIM_DIV = 8
 
