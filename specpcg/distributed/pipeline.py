@@ -12,7 +12,8 @@ group g + 1 while stage s + 1 works on group g. Every rank cuts the batch the sa
 
 Piecewise graphs: every stage captures its part of the forward for each bucket, in lockstep
 (worker.py), with the receives and sends as eager breaks; a graph is captured for one request,
-so a replayed prefill goes as one micro-batch.
+so a replayed prefill goes as one micro-batch. Decode steps and verifies keep their
+micro-batches: each stage replays a graph of its own layers per micro-batch (stage_graphs.py).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def _attending(batch: ForwardBatch, r0: int, r1: int, t0: int, t1: int):
 class PipelineStage(LlamaForCausalLM):
     """Layers [start, end) of the target (renumbered from 0 for this stage's KV cache)."""
 
+    body_graphs = None  # StageGraphs once captured: decode micro-batches replay them
+
     def set_stage(self, stage: int, pp: int, start: int, end: int, total: int,
                   tp: int = 1, tp_rank: int = 0) -> None:
         """Stage `stage` of `pp`; with tensor parallelism each stage's tp ranks pass their
@@ -151,6 +154,19 @@ class PipelineStage(LlamaForCausalLM):
 
     def _rank_of(self, stage: int) -> int:
         return stage * self.tp + self.tp_rank
+
+    def _run_group(self, batch, group: tuple, positions, hidden, residual, aux_layers, aux):
+        """This stage's layers on micro-batch `group` of `batch`: a replay of its decode graph
+        where one serves it (stage_graphs.py), else eagerly. (hidden, residual, aux)."""
+        r0, r1, t0, t1 = group
+        graphs = self.body_graphs
+        if graphs is not None and graphs.serves(batch, t1 - t0, aux_layers):
+            whole = r0 == 0 and r1 == batch.batch_size
+            part = batch if whole else sub_batch(batch, r0, r1, t0, t1)
+            return graphs.run(part, hidden, residual, aux)
+        with _attending(batch, r0, r1, t0, t1):
+            hidden, residual = self._layers(positions[t0:t1], hidden, residual, aux_layers, aux)
+        return hidden, residual, aux
 
     def _layers(self, positions, hidden, residual, aux_layers, aux):
         for j, layer in enumerate(self.model.layers):
@@ -172,11 +188,10 @@ class PipelineStage(LlamaForCausalLM):
         embedded = self.model.embed_tokens(input_ids)
         batch, sends = get_forward_context().batch, []
         groups = micro_batches(batch, self.pp)
-        for r0, r1, t0, t1 in groups:
-            with _attending(batch, r0, r1, t0, t1):
-                aux = []
-                hidden, residual = self._layers(positions[t0:t1], embedded[t0:t1], None,
-                                                aux_layers, aux)
+        for group in groups:
+            t0, t1 = group[2:]
+            hidden, residual, aux = self._run_group(batch, group, positions, embedded[t0:t1],
+                                                    None, aux_layers, [])
             _send(_pack(hidden, residual, aux), self._rank_of(1), sends)
         n = sum(1 for i in aux_layers if i <= self.total)
         parts = [_recv(n, t1 - t0, embedded, self._rank_of(self.pp - 1), return_group())
@@ -191,12 +206,12 @@ class PipelineStage(LlamaForCausalLM):
         """Ranks 1..: per micro-batch, receive from the stage before, run, send on (the last:
         to rank 0)."""
         batch, sends = get_forward_context().batch, []
-        for r0, r1, t0, t1 in micro_batches(batch, self.pp):
+        for group in micro_batches(batch, self.pp):
+            t0, t1 = group[2:]
             hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), t1 - t0, like,
                                           src=self._rank_of(self.stage - 1))
-            with _attending(batch, r0, r1, t0, t1):
-                hidden, residual = self._layers(positions[t0:t1], hidden, residual, aux_layers,
-                                                aux)
+            hidden, residual, aux = self._run_group(batch, group, positions, hidden, residual,
+                                                    aux_layers, aux)
             last = self.stage == self.pp - 1
             _send(_pack(hidden, residual, aux), self._rank_of((self.stage + 1) % self.pp), sends,
                   return_group() if last else None)

@@ -27,10 +27,12 @@ class GraphDecision:
 # torch.distributed collective captured inside a graph would replay without its host-side
 # bookkeeping, and the ranks would stop agreeing on which one is in flight). A full decode
 # graph has no breaks, so it cannot hold them; under TP alone the piecewise graphs serve decode
-# (piecewise_serves_decode).
+# (piecewise_serves_decode), under PP each stage's graphs of its own layers
+# (stage_graphs_serve_decode).
 TP_DECODE_REASON = ("tensor or pipeline parallelism: collectives and stage exchanges run "
                     "between graph segments, and a full decode graph has none (under tensor "
-                    "parallelism alone, decode steps and verifies replay the piecewise graphs)")
+                    "parallelism alone, decode steps and verifies replay the piecewise graphs; "
+                    "under pipeline parallelism, each stage's graphs of its own layers)")
 
 
 def _piecewise_auto_rules(cfg) -> list:
@@ -80,6 +82,13 @@ def piecewise_serves_decode(piecewise: GraphDecision, decode: GraphDecision,
     a piecewise graph is captured for one micro-batch, and an eager decode step cut into
     micro-batches keeps every stage busy. Not when the user turned graphs off."""
     return piecewise.enabled and not decode.enabled and pp_size == 1
+
+
+def stage_graphs_serve_decode(piecewise: GraphDecision, pp_size: int) -> bool:
+    """Whether each pipeline stage captures graphs of its own layers for decode steps and
+    verifies (distributed/stage_graphs.py): under pipeline parallelism, wherever piecewise
+    graphs are on. They replay per micro-batch, so the stages still overlap."""
+    return piecewise.enabled and pp_size > 1
 
 
 def _log(decision: GraphDecision, which: str) -> GraphDecision:

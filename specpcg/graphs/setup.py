@@ -6,15 +6,18 @@ import torch
 
 from specpcg.core import CaptureHiddenMode
 from specpcg.graphs.buckets import decode_batch_buckets, piecewise_token_buckets
-from specpcg.graphs.policy import decide_decode_graph, decide_piecewise, piecewise_serves_decode
+from specpcg.graphs.policy import (decide_decode_graph, decide_piecewise, piecewise_serves_decode,
+                                   stage_graphs_serve_decode)
 
 
 class GraphSet:
     """The runners (or None) and the decisions that produced them."""
 
-    def __init__(self, piecewise, decode, piecewise_decision, decode_decision):
+    def __init__(self, piecewise, decode, piecewise_decision, decode_decision, stage=None):
+        """stage: a pipeline stage's decode graphs of its own layers (StageGraphs), or None."""
         self.piecewise = piecewise
         self.decode = decode
+        self.stage = stage
         self.piecewise_decision = piecewise_decision
         self.decode_decision = decode_decision
 
@@ -25,7 +28,10 @@ class GraphSet:
     def info(self) -> dict:
         pcg = {**self.piecewise_decision.as_dict(), **(self.piecewise.info() if self.piecewise else {})}
         dec = {**self.decode_decision.as_dict(), **(self.decode.info() if self.decode else {})}
-        return {"piecewise_cuda_graph": pcg, "cuda_graph": dec}
+        out = {"piecewise_cuda_graph": pcg, "cuda_graph": dec}
+        if self.stage is not None:
+            out["pipeline_stage_graphs"] = self.stage.info()
+        return out
 
 
 def build_graphs(cfg, model_runner, context_len: int,
@@ -50,10 +56,27 @@ def build_graphs(cfg, model_runner, context_len: int,
                                     piecewise_serves_decode(pcg_decision, dec_decision,
                                                             cfg.pp_size))
         piecewise.capture()
+    stage = None
+    if stage_graphs_serve_decode(pcg_decision, cfg.pp_size):
+        stage = _stage_graphs(cfg, model_runner, aux_layers, pool, num_verify_tokens)
     if dec_decision.enabled:
         max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
         decode = DecodeGraphRunner(model_runner, decode_batch_buckets(max_bs), hidden_mode,
                                    aux_layers, pool, num_verify_tokens, verify_tree,
                                    cfg.show_progress, draft_tree)
         decode.capture()
-    return GraphSet(piecewise, decode, pcg_decision, dec_decision)
+    return GraphSet(piecewise, decode, pcg_decision, dec_decision, stage)
+
+
+def _stage_graphs(cfg, model_runner, aux_layers: tuple, pool, num_verify_tokens: int):
+    """This rank's pipeline stage graphs, captured and handed to its stage model. Buckets: up
+    to the most tokens one micro-batch of a decode step or verify can hold."""
+    from specpcg.distributed.stage_graphs import StageGraphs
+
+    max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
+    max_tokens = max(4, max_bs * max(1, num_verify_tokens))
+    stage = StageGraphs(model_runner, piecewise_token_buckets(max_tokens), aux_layers, pool,
+                        cfg.show_progress)
+    stage.capture()
+    model_runner.model.body_graphs = stage
+    return stage
