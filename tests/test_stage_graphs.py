@@ -49,13 +49,12 @@ class EagerStageGraphs(StageGraphs):
         return _EagerReplay(self, n, out), out
 
 
-@pytest.fixture
-def world(tiny_path, monkeypatch):
+def _world(tiny_path, device: str):
     """A one-stage pipeline (all layers) over a plain engine's KV cache, three requests
     prefilled, and their decode step's batch."""
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    engine = Engine(model_path=str(tiny_path), skip_tokenizer_init=True, device="cpu",
-                    dtype="float32", max_total_tokens=256, show_progress=False)
+    engine = Engine(model_path=str(tiny_path), skip_tokenizer_init=True, device=device,
+                    dtype="float32", max_total_tokens=256, show_progress=False,
+                    disable_cuda_graph=True)
     kv, dev = engine.kv_cache, engine.device
     reqs = [SimpleNamespace(num_cached=0, req_pool_idx=kv.new_request()) for _ in PROMPTS]
     for r, p in zip(reqs, PROMPTS):
@@ -68,8 +67,15 @@ def world(tiny_path, monkeypatch):
     decode = make_batch(kv, ForwardMode.DECODE, reqs, [[t] for t in nxt], dev)
     stage, _ = make_stage_model(engine.model, engine.model_config, 0, 1)
     runner = ModelRunner(stage, kv, engine.attn_backend, dev)
-    yield SimpleNamespace(engine=engine, kv=kv, stage=stage, runner=runner, decode=decode)
-    engine.shutdown()
+    return SimpleNamespace(engine=engine, kv=kv, stage=stage, runner=runner, decode=decode)
+
+
+@pytest.fixture
+def world(tiny_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    w = _world(tiny_path, "cpu")
+    yield w
+    w.engine.shutdown()
 
 
 def _run(world, group):
@@ -91,6 +97,22 @@ def _kv_rows(world, slots: list) -> list:
 
 
 def test_a_micro_batch_replays_its_bucket_and_gives_the_eager_layers(world):
+    _check_replay(world, EagerStageGraphs(world.runner, [4, 8], (), None, show_progress=False))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_stage_graphs_replay_the_eager_layers(tiny_path):
+    """The real capture: a stage's layers as breakable CUDA graphs, replayed per micro-batch."""
+    w = _world(tiny_path, "cuda")
+    try:
+        pool = torch.cuda.graph_pool_handle()
+        _check_replay(w, StageGraphs(w.runner, [4, 8], (), pool, show_progress=False))
+    finally:
+        w.engine.shutdown()
+
+
+def _check_replay(world, graphs):
     decode = world.decode
     group = (1, 3, 1, 3)  # a later micro-batch: the last two requests, one token each
     live = decode.out_cache_loc[1:3].tolist()
@@ -98,7 +120,6 @@ def test_a_micro_batch_replays_its_bucket_and_gives_the_eager_layers(world):
     kv_eager = _kv_rows(world, live)
     for buf in world.kv.pool.k_buffers + world.kv.pool.v_buffers:
         buf[live] = 0  # the replay must write them again
-    graphs = EagerStageGraphs(world.runner, [4, 8], (), None, show_progress=False)
     graphs.capture()
     assert sorted(graphs.graphs) == [4, 8]
     world.stage.body_graphs = graphs
