@@ -335,3 +335,24 @@ def test_a_batch_sent_to_other_ranks_travels_on_the_host():
     assert (kind, route) == ("forward", "eager") and copy is not batch
     assert torch.equal(copy.input_ids, batch.input_ids)
     assert rows.tolist() == [0, 0] and table.shape == (2, 3)
+
+
+def test_rank_0_runs_the_last_stage_where_sampling_and_drafts_are(tiny_path):
+    """The final hidden states arise on rank 0, which samples and drafts: its group runs the
+    last stage; ranks tp .. 2 tp - 1 the first (which embeds), and on in order."""
+    from specpcg.config import EngineConfig
+    from specpcg.distributed.pipeline import rank_of, stage_of
+    from specpcg.distributed.worker import shard_of
+    from specpcg.models.loading import load_target
+
+    for tp, pp in ((1, 2), (1, 4), (2, 2), (3, 3)):
+        stages = [stage_of(r, tp, pp) for r in range(tp * pp)]
+        assert stages[:tp] == [pp - 1] * tp and stages[tp:2 * tp] == [0] * tp
+        assert all(rank_of(stage_of(r, tp, pp), tp, pp, r % tp) == r for r in range(tp * pp))
+    cfg = EngineConfig(model_path=str(tiny_path), skip_tokenizer_init=True, pp_size=2)
+    full, full_cfg, _ = load_target(cfg, torch.device("cpu"), torch.float32)
+    last, _ = shard_of(full, full_cfg, cfg, 0)
+    first, _ = shard_of(full, full_cfg, cfg, 1)
+    layers = full_cfg.num_layers
+    assert (last.stage, last.end) == (1, layers) and (first.stage, first.start) == (0, 0)
+    assert first.end == last.start == layers // 2

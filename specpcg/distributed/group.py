@@ -26,21 +26,15 @@ def init_group(init_addr: str, rank: int, world_size: int, device: torch.device,
 
 
 _TP_GROUP = None  # this rank's tensor-parallel group (None: every rank)
-# Pipeline: the last stage's hand-back to stage 0 goes over a group of its own. NOTE: with
-# micro-batches stage 0 sends group g + 1 before it receives group g back; on one communicator
-# (NCCL runs one pair's transfers in order) that send would wait behind the hand-back, and the
-# hand-back behind it.
-_RETURN_GROUP = None
 
 
 def init_tp_groups(tp: int, pp: int) -> None:
-    """One tensor-parallel group per pipeline stage (ranks s * tp .. s * tp + tp - 1). Every
-    rank creates every group, in the same order, as torch.distributed requires."""
-    global _TP_GROUP, _RETURN_GROUP
+    """One tensor-parallel group per pipeline stage (ranks k * tp .. k * tp + tp - 1 run one
+    stage). Every rank creates every group, in the same order, as torch.distributed requires."""
+    global _TP_GROUP
     if pp == 1:
-        _TP_GROUP = _RETURN_GROUP = None
+        _TP_GROUP = None
         return
-    _RETURN_GROUP = dist.new_group(list(range(tp * pp)))
     for s in range(pp):
         ranks = list(range(s * tp, (s + 1) * tp))
         group = dist.new_group(ranks)
@@ -63,7 +57,3 @@ def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     dist.all_gather(parts, x.contiguous(), group=_TP_GROUP)
     return torch.cat(parts, dim=-1)
 
-
-def return_group():
-    """The pipeline's hand-back group (see _RETURN_GROUP)."""
-    return _RETURN_GROUP

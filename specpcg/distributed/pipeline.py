@@ -1,10 +1,13 @@
 """Pipeline parallelism: the decoder layers cut into pp_size stages, one process each.
 
-Rank 0 is stage 0 and more: it schedules, embeds, runs its layers, and gets the last stage's
-residual stream back to apply the final norm and the LM head (which it holds), so sampling and
-every draft stay on rank 0 as under tensor parallelism. Stage s receives (hidden, residual, the
-aux-layer states so far) from stage s - 1, runs its layers and sends the same on; the states
-travel as one [tokens, 2 + num_aux, hidden] tensor whose size every rank knows from the batch.
+Rank 0 runs the last stage, and more: it schedules, and applies the final norm and the LM head
+to the states its own layers end with, so the final hidden states arise where sampling and
+every draft run (a draft reads them with no transfer, and its proposals are already with the
+scheduler, which sends the next verify's batch to every rank). The first stage runs on ranks
+tp .. 2 tp - 1 and embeds; stage s receives (hidden, residual, the aux-layer states so far)
+from stage s - 1, runs its layers and sends the same on; the states travel as one
+[tokens, 2 + num_aux, hidden] tensor whose size every rank knows from the batch. The states flow
+one way, first stage to last: no stage hands anything back.
 
 Micro-batches: a forward of several requests is cut into up to pp_size groups of whole requests
 (micro_batches), and each stage sends a group on as soon as it is done, so stage s works on
@@ -25,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 from specpcg.core import ForwardBatch
-from specpcg.distributed.group import return_group
 from specpcg.forward_context import get_forward_context
 from specpcg.graphs.breakable import eager_break, is_capturing
 
@@ -42,6 +44,17 @@ def stage_bounds(num_layers: int, pp: int) -> list:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+def stage_of(rank: int, tp: int, pp: int) -> int:
+    """The stage rank `rank` runs: rank 0's group (ranks 0 .. tp - 1) the last, then ranks tp ..
+    2 tp - 1 the first, and on in order."""
+    return (rank // tp - 1) % pp
+
+
+def rank_of(stage: int, tp: int, pp: int, tp_rank: int = 0) -> int:
+    """Tensor rank `tp_rank` of stage `stage` (stage_of's inverse)."""
+    return ((stage + 1) % pp) * tp + tp_rank
 
 
 def _aux_before(aux_layers, index: int) -> int:
@@ -153,7 +166,7 @@ class PipelineStage(LlamaForCausalLM):
         self.tp, self.tp_rank = tp, tp_rank
 
     def _rank_of(self, stage: int) -> int:
-        return stage * self.tp + self.tp_rank
+        return rank_of(stage, self.tp, self.pp, self.tp_rank)
 
     def _run_group(self, batch, group: tuple, positions, hidden, residual, aux_layers, aux):
         """This stage's layers on micro-batch `group` of `batch`: a replay of its decode graph
@@ -178,43 +191,45 @@ class PipelineStage(LlamaForCausalLM):
         return hidden, residual
 
     def forward(self, input_ids, positions, aux_layers: tuple = ()):
-        """Rank 0: the whole pipeline's forward (stage 0, the others, the final norm), one
-        micro-batch after another, each sent on as soon as stage 0 is done with it. A later
-        stage's rank runs its own part (run_stage): that is what its piecewise graphs capture;
+        """The last stage (rank 0's group): per micro-batch, the states from the stage before
+        through its layers and the final norm; (hidden, aux) of the whole batch for the LM head.
+        Another stage runs its own part (run_stage): that is what its piecewise graphs capture;
         its outputs went on to the next stage, so it returns none."""
-        if self.stage > 0:
-            self.run_stage(positions, aux_layers, self.model.embed_tokens.weight)
+        like = self.model.embed_tokens.weight
+        if self.stage < self.pp - 1:
+            self.run_stage(input_ids, positions, aux_layers, like)
             return positions.new_empty(0), []
-        embedded = self.model.embed_tokens(input_ids)
-        batch, sends = get_forward_context().batch, []
-        groups = micro_batches(batch, self.pp)
-        for group in groups:
-            t0, t1 = group[2:]
-            hidden, residual, aux = self._run_group(batch, group, positions, embedded[t0:t1],
-                                                    None, aux_layers, [])
-            _send(_pack(hidden, residual, aux), self._rank_of(1), sends)
-        n = sum(1 for i in aux_layers if i <= self.total)
-        parts = [_recv(n, t1 - t0, embedded, self._rank_of(self.pp - 1), return_group())
-                 for _, _, t0, t1 in groups]
-        _wait(sends)
-        hidden, residual = (torch.cat([p[k] for p in parts]) for k in (0, 1))
-        aux = [torch.cat([p[2][j] for p in parts]) for j in range(n)]
-        hidden, _ = self.model.norm.forward_add(hidden, residual)
-        return hidden, aux
-
-    def run_stage(self, positions, aux_layers: tuple, like) -> None:
-        """Ranks 1..: per micro-batch, receive from the stage before, run, send on (the last:
-        to rank 0)."""
-        batch, sends = get_forward_context().batch, []
+        batch, num_in = get_forward_context().batch, _aux_before(aux_layers, self.start)
+        num_out = sum(1 for i in aux_layers if i <= self.total)
+        hidden_out = like.new_empty(batch.num_tokens, like.shape[-1])  # [T, H]
+        aux_out = [torch.empty_like(hidden_out) for _ in range(num_out)]  # each [T, H]
         for group in micro_batches(batch, self.pp):
             t0, t1 = group[2:]
-            hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), t1 - t0, like,
-                                          src=self._rank_of(self.stage - 1))
+            hidden, residual, aux = _recv(num_in, t1 - t0, like, src=self._rank_of(self.stage - 1))
             hidden, residual, aux = self._run_group(batch, group, positions, hidden, residual,
                                                     aux_layers, aux)
-            last = self.stage == self.pp - 1
-            _send(_pack(hidden, residual, aux), self._rank_of((self.stage + 1) % self.pp), sends,
-                  return_group() if last else None)
+            # Written out before the next micro-batch: a replay's outputs are its graph's.
+            hidden_out[t0:t1] = self.model.norm.forward_add(hidden, residual)[0]
+            for out, a in zip(aux_out, aux):
+                out[t0:t1] = a
+        return hidden_out, aux_out
+
+    def run_stage(self, input_ids, positions, aux_layers: tuple, like) -> None:
+        """Every stage but the last: per micro-batch, embed (the first) or receive from the
+        stage before, run, send on."""
+        batch, sends = get_forward_context().batch, []
+        first = self.stage == 0
+        embedded = self.model.embed_tokens(input_ids) if first else None
+        for group in micro_batches(batch, self.pp):
+            t0, t1 = group[2:]
+            if first:
+                hidden, residual, aux = embedded[t0:t1], None, []
+            else:
+                hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), t1 - t0,
+                                              like, src=self._rank_of(self.stage - 1))
+            hidden, residual, aux = self._run_group(batch, group, positions, hidden, residual,
+                                                    aux_layers, aux)
+            _send(_pack(hidden, residual, aux), self._rank_of(self.stage + 1), sends)
         _wait(sends)
 
 

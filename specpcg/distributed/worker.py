@@ -54,11 +54,11 @@ def check_parallel(cfg, model_cfg) -> None:
 
 def shard_of(full, full_cfg, cfg, rank: int):
     """Rank `rank`'s part of the whole model `full`: (model, its config). Rank r is tensor
-    rank r % tp of pipeline stage r // tp."""
-    from specpcg.distributed.pipeline import make_stage_model
+    rank r % tp of pipeline stage stage_of(r): rank 0's group runs the last stage."""
+    from specpcg.distributed.pipeline import make_stage_model, stage_of
     from specpcg.distributed.shard import make_tp_model
 
-    tp, stage = cfg.tp_size, rank // cfg.tp_size
+    tp, stage = cfg.tp_size, stage_of(rank, cfg.tp_size, cfg.pp_size)
     model, local = full, full_cfg
     if cfg.pp_size > 1:
         model, local = make_stage_model(full, full_cfg, stage, cfg.pp_size, tp, rank % tp)
@@ -129,19 +129,21 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
     dist.destroy_process_group()
 
 
-def mirror(runner, graphs, batch, route: str, later_stage: bool, like) -> None:
+def mirror(runner, graphs, batch, route: str, other_stage: bool, like) -> None:
     """Runs rank 0's forward of `batch` the way rank 0 runs it (`route`: the router's choice),
-    so the collectives of a graph's breaks and of an eager forward meet their twins."""
+    so the collectives of a graph's breaks and of an eager forward meet their twins.
+    other_stage: this rank runs a pipeline stage other than rank 0's (the last), which stops
+    at its body: its outputs go on to the next stage."""
     if route == "piecewise":
         if graphs is None or graphs.piecewise is None:
             raise RuntimeError("rank 0 replayed a piecewise graph that this rank did not capture")
-        if later_stage:
+        if other_stage:
             graphs.piecewise.replay_body(batch)
         else:
             graphs.piecewise.forward(batch)
     elif route != "eager":
         raise RuntimeError(f"rank 0 ran {route!r}, which the other ranks cannot mirror")
-    elif later_stage:  # a later pipeline stage
+    elif other_stage:
         _run_stage(runner, batch, like)
     else:
         runner.forward(batch)
@@ -155,7 +157,7 @@ def _run_stage(runner, batch, like) -> None:
     ctx = ForwardContext(batch=batch, attn_backend=runner.attn_backend,
                          num_tokens=batch.num_tokens)
     with forward_context(ctx):
-        runner.model.run_stage(batch.positions, batch.aux_hidden_layers, like)
+        runner.model.run_stage(batch.input_ids, batch.positions, batch.aux_hidden_layers, like)
 
 
 class TPDriver:
