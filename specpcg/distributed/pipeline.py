@@ -57,7 +57,8 @@ def rank_of(stage: int, tp: int, pp: int, tp_rank: int = 0) -> int:
     return ((stage + 1) % pp) * tp + tp_rank
 
 
-def _aux_before(aux_layers, index: int) -> int:
+def aux_before(aux_layers, index: int) -> int:
+    """How many aux-layer states a stage starting at layer `index` receives."""
     return sum(1 for i in aux_layers if i < index)
 
 
@@ -199,7 +200,7 @@ class PipelineStage(LlamaForCausalLM):
         if self.stage < self.pp - 1:
             self.run_stage(input_ids, positions, aux_layers, like)
             return positions.new_empty(0), []
-        batch, num_in = get_forward_context().batch, _aux_before(aux_layers, self.start)
+        batch, num_in = get_forward_context().batch, aux_before(aux_layers, self.start)
         num_out = sum(1 for i in aux_layers if i <= self.total)
         hidden_out = like.new_empty(batch.num_tokens, like.shape[-1])  # [T, H]
         aux_out = [torch.empty_like(hidden_out) for _ in range(num_out)]  # each [T, H]
@@ -225,7 +226,7 @@ class PipelineStage(LlamaForCausalLM):
             if first:
                 hidden, residual, aux = embedded[t0:t1], None, []
             else:
-                hidden, residual, aux = _recv(_aux_before(aux_layers, self.start), t1 - t0,
+                hidden, residual, aux = _recv(aux_before(aux_layers, self.start), t1 - t0,
                                               like, src=self._rank_of(self.stage - 1))
             hidden, residual, aux = self._run_group(batch, group, positions, hidden, residual,
                                                     aux_layers, aux)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from specpcg.core import ForwardBatch, ForwardMode
+from specpcg.core import ForwardBatch
+from specpcg.distributed.pipeline import aux_before
 from specpcg.forward_context import ForwardContext, forward_context, get_forward_context
 from specpcg.graphs.breakable import (BreakableGraph, CaptureCost, breakable_capture,
                                       capture_stream, is_capturing, joined_capture_stream)
@@ -46,9 +47,8 @@ class StageGraphs:
         self.inputs = StaticInputs(n, dev)
         self.hidden = torch.zeros(n, size, dtype=like.dtype, device=dev)  # [max_tokens, H]
         self.residual = torch.zeros(n, size, dtype=like.dtype, device=dev)  # [max_tokens, H]
-        num_aux_in = sum(1 for i in self.aux_layers if i < stage.start)
         self.aux_in = [torch.zeros(n, size, dtype=like.dtype, device=dev)
-                       for _ in range(num_aux_in)]  # each [max_tokens, H]
+                       for _ in range(aux_before(self.aux_layers, stage.start))]  # [max_tokens, H]
         self.staging = StagingArena(n)
         self.graphs: dict = {}  # bucket -> BreakableGraph
         self.outputs: dict = {}  # bucket -> (hidden, residual, aux list)
@@ -73,17 +73,6 @@ class StageGraphs:
                                               residual, self.aux_layers, aux)
         return hidden, residual, aux
 
-    def _dummy_batch(self, n: int) -> ForwardBatch:
-        """One request of n tokens on the padding row: its KV goes to the sink slot."""
-        kv, dev = self.model_runner.kv_cache, self.model_runner.device
-        return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, input_ids=self.inputs.input_ids[:n],
-            positions=self.inputs.positions[:n], out_cache_loc=self.inputs.out_cache_loc[:n],
-            req_pool_indices=torch.tensor([kv.req_pool.pad_row], device=dev),
-            seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-            extend_seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-            seq_lens_cpu=[n], extend_seq_lens_cpu=[n])
-
     def capture(self) -> None:
         from tqdm import tqdm
 
@@ -92,7 +81,7 @@ class StageGraphs:
         with self.cost.measure("pipeline stage graphs", len(order)):
             for i, n in enumerate(tqdm(order, desc=f"capturing stage {self.stage.stage} graphs",
                                        disable=not self.show_progress)):
-                batch = self._dummy_batch(n)
+                batch = self.inputs.pad_row_batch(self.model_runner.kv_cache, n)
                 attn.init_forward_metadata(batch)
                 with forward_context(ForwardContext(batch, attn, n)):
                     if i == 0:  # warm-up: lazy init and Triton compiles stay out of the capture

@@ -38,6 +38,18 @@ class StaticInputs:
         self.out_cache_loc = torch.full((max_tokens,), SINK_SLOT, dtype=torch.long,
                                         device=device)  # [max_tokens]
 
+    def pad_row_batch(self, kv_cache, num_tokens: int, **extra) -> ForwardBatch:
+        """A capture's stand-in: one EXTEND request of `num_tokens` tokens over these buffers, on
+        the padding row, so all its KV is the sink slot."""
+        dev = self.input_ids.device
+        return ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, input_ids=self.input_ids[:num_tokens],
+            positions=self.positions[:num_tokens], out_cache_loc=self.out_cache_loc[:num_tokens],
+            req_pool_indices=torch.tensor([kv_cache.req_pool.pad_row], device=dev),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+            extend_seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+            seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens], **extra)
+
     def load(self, batch: ForwardBatch, num_padded: int) -> ForwardBatch:
         """Copies the batch's tokens in, pads to `num_padded`; returns the batch over the buffers."""
         n = batch.num_tokens
@@ -123,19 +135,9 @@ class PiecewiseRunner:
         return out
 
     def _dummy_batch(self, num_tokens: int) -> ForwardBatch:
-        """One request of `num_tokens` tokens on the padding row: all its KV is the sink slot."""
-        kv = self.model_runner.kv_cache
-        batch = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, input_ids=self.inputs.input_ids[:num_tokens],
-            positions=self.inputs.positions[:num_tokens],
-            out_cache_loc=self.inputs.out_cache_loc[:num_tokens],
-            req_pool_indices=torch.tensor([kv.req_pool.pad_row], device=self.model_runner.device),
-            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.model_runner.device),
-            extend_seq_lens=torch.tensor([num_tokens], dtype=torch.int32,
-                                         device=self.model_runner.device),
-            seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens],
-            capture_hidden_mode=self.hidden_mode, aux_hidden_layers=self.aux_layers)
-        return batch
+        return self.inputs.pad_row_batch(self.model_runner.kv_cache, num_tokens,
+                                         capture_hidden_mode=self.hidden_mode,
+                                         aux_hidden_layers=self.aux_layers)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch):
