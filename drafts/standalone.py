@@ -7,6 +7,7 @@ graphs (never piecewise graphs). After verify, its KV is cut back to what the ta
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,6 +18,8 @@ from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import ForwardMode
 from specpcg.sampler import target_probs
 from specpcg.transfer import to_device
+
+logger = logging.getLogger("specpcg")
 
 
 @dataclass(eq=False)
@@ -41,10 +44,13 @@ def check_draft_matches(target_cfg, target_tok, draft_cfg, draft_tok, path: str)
 class StandaloneDraft(RoundDrafting, DraftWorker):
     name = "STANDALONE"
 
-    def __init__(self, model, model_cfg, dtype):
+    def __init__(self, model, model_cfg, dtype, sharded_path=None):
         """Loaded, not yet wired: `setup` builds the KV cache and graphs once the target's KV
-        budget is known (both caches share one memory budget, split by bytes per slot)."""
+        budget is known (both caches share one memory budget, split by bytes per slot).
+        sharded_path: the checkpoint of a draft sharded over the tensor ranks (`model` is rank
+        0's shard, `model_cfg` its local shape), which the other ranks load their shards of."""
         self.model, self.model_cfg, self.dtype = model, model_cfg, dtype
+        self.sharded_path, self.shards = sharded_path, 1
         self.kv_cache = self.runner = self.router = self.graphs = None
         self.round = None  # DraftGraphRunner: a chain round's catch-up and steps, a graph each
         self._reqs: dict = {}  # rid -> _DraftReq
@@ -57,14 +63,20 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         return KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
 
     def setup(self, ctx) -> None:
-        self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(self, ctx)
-        if ctx.spec.is_chain and self.runner.attn_backend.supports_row_stride:
+        sharded = self.sharded_path is not None
+        self.kv_cache, self.runner, self.router, self.graphs = wire_draft_model(
+            self, ctx, parallel=ctx.parallel if sharded else None)
+        if sharded:
+            ctx.parallel.setup_draft(self.kv_cache, self.sharded_path)
+            self.shards = ctx.config.tp_size
+        elif ctx.spec.is_chain and self.runner.attn_backend.supports_row_stride:
             # The catch-up feeds at most the last draft and the bonus token.
             self.round = build_round_runner(self.runner, self.graphs, ctx.config,
                                             ctx.spec.num_steps, width=2)
 
     def info(self) -> dict:
-        return {"name": self.name, **(self.graphs.info() if self.graphs else {}),
+        return {"name": self.name, "tensor_parallel_shards": self.shards,
+                **(self.graphs.info() if self.graphs else {}),
                 "round_graphs": self.round.info() if self.round else None}
 
     def _state(self, req) -> _DraftReq:
@@ -218,7 +230,29 @@ def load_standalone(ctx) -> "StandaloneDraft":
     model, model_cfg, _ = load_target(cfg, ctx.device, ctx.dtype)
     check_draft_matches(ctx.model_config, ctx.tokenizer, model_cfg,
                         _draft_tokenizer(path, ctx.tokenizer), path)
-    return StandaloneDraft(model, model_cfg, ctx.dtype)
+    tp = ctx.config.tp_size
+    why_whole = shard_refusal(model_cfg, tp) if ctx.parallel is not None else "one process"
+    if why_whole is None:  # every rank of rank 0's stage holds a shard and runs each forward
+        from specpcg.distributed.shard import make_tp_model
+
+        model, model_cfg = make_tp_model(model, model_cfg, 0, tp)
+    elif tp > 1:
+        logger.warning("the STANDALONE draft runs whole on rank 0: %s", why_whole)
+    return StandaloneDraft(model, model_cfg, ctx.dtype, path if why_whole is None else None)
+
+
+def shard_refusal(draft_cfg, tp: int):
+    """Why a draft model is not sharded over `tp` tensor ranks (None: it is, like the target):
+    one rank, or a shape the ranks cannot split (then it runs whole on rank 0)."""
+    from specpcg.distributed.shard import check_tp
+
+    if tp == 1:
+        return "one tensor-parallel rank"
+    try:
+        check_tp(draft_cfg, tp)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _draft_tokenizer(path: str, target_tokenizer):

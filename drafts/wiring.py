@@ -13,10 +13,11 @@ from specpcg.router import ForwardRouter
 
 
 def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots: int = 0,
-                     tree: bool = False):
+                     tree: bool = False, parallel=None):
     """ctx: DraftContext with the target's kv_cache. extra_slots: room beyond the target's
     slot count for a draft round's own tokens. tree: the draft's tree steps get graphs of their
-    own where the attention backend can replay trees (ctx.spec's topk and steps)."""
+    own where the attention backend can replay trees (ctx.spec's topk and steps).
+    parallel: the TPDriver of a draft sharded over the tensor ranks (None: whole on rank 0)."""
     mc, cfg = draft.model_cfg, ctx.config
     slots = ctx.kv_cache.total_slots + extra_slots
     pool = KVPool(slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, ctx.dtype, ctx.device)
@@ -24,13 +25,17 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
     kv_cache = KVCache(pool, ReqToTokenPool(max_requests, ctx.context_len, ctx.device))
     attn = create_attention_backend(cfg.attention_backend, ctx.device, kv_cache, mc.num_heads,
                                     mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
-    runner = ModelRunner(draft.model, kv_cache, attn, ctx.device)
+    announce = parallel.draft_announcer(kv_cache) if parallel is not None else None
+    runner = ModelRunner(draft.model, kv_cache, attn, ctx.device, before_forward=announce)
     # Invariant 5: a draft never builds piecewise graphs, whatever the engine's setting. Under
-    # tensor or pipeline parallelism a draft runs on rank 0 alone, whole, with no collective in
-    # its forward, so the rule that keeps the target's full decode graphs off does not apply.
+    # tensor or pipeline parallelism a draft whole on rank 0 has no collective in its forward,
+    # so the rule that keeps the target's full decode graphs off does not apply to it; a draft
+    # sharded over the tensor ranks has collectives, so the rule does (its forwards run eagerly
+    # on every rank of rank 0's stage).
     draft_tree = ((ctx.spec.topk, ctx.spec.num_steps) if tree and attn.supports_tree_graph
                   else ())
-    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True, tp_size=1, pp_size=1),
+    layout = {} if parallel is not None else {"tp_size": 1, "pp_size": 1}
+    graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True, **layout),
                           runner, ctx.context_len, hidden_mode=hidden_mode, draft_tree=draft_tree)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)

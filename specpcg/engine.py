@@ -78,7 +78,7 @@ class Engine:
         target = self._draft_target or self.model
         self.draft_ctx = DraftContext(self.spec, cfg, target, target.config, self.tokenizer,
                                       self.device, self.dtype,
-                                      self.context_len) if self.spec else None
+                                      self.context_len, parallel=self.tp) if self.spec else None
         self.draft = create_draft(self.draft_ctx) if self.spec else None
         self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(

@@ -58,9 +58,52 @@ def test_tp2_greedy_tokens_match_one_process(tiny, algo):
     assert _parallel_outputs(kw, tp_size=2, **spec) == want
 
 
-@pytest.mark.parametrize("algo", ["STANDALONE", "EAGLE3"])
+def test_a_standalone_draft_is_sharded_over_every_tensor_rank(tiny, monkeypatch):
+    """Under TP a STANDALONE draft is cut like the target: rank 0 holds its shard (half the
+    heads, row-parallel o_proj) and rank 1 the other half, so each draft forward's all-reduces
+    need rank 1 to run it too (a rank that skipped one would hang the group); its forwards run
+    eagerly (collectives), and the tokens are one process's."""
+    from drafts import wiring
+    from specpcg.distributed.shard import RowParallelLinear
+    from specpcg.graphs.policy import decide_decode_graph
+
+    seen, real = [], wiring.build_graphs
+    monkeypatch.setattr(wiring, "build_graphs", lambda cfg, *a, **k: (
+        seen.append(decide_decode_graph(cfg, "cuda", "triton", True)), real(cfg, *a, **k))[1])
+    kw, want, drafts = tiny
+    engine = Engine(**kw, tp_size=2, speculative_algorithm="STANDALONE",
+                    speculative_draft_model_path=drafts["STANDALONE"], dist_timeout_s=60)
+    try:
+        got = [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+        draft, heads = engine.draft, engine.draft_ctx.model_config.num_heads
+        info = engine.get_server_info()["speculative"]["draft"]
+        stats = {(s["mode"], s["runner"]) for s in draft.router.forward_stats()}
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert draft.model_cfg.num_heads == heads // 2
+    assert isinstance(draft.model.model.layers[0].self_attn.o_proj, RowParallelLinear)
+    assert draft.round is None and draft.graphs.decode is None
+    assert seen and not any(d.enabled for d in seen)  # on a GPU too: collectives in its forward
+    assert all("tensor" in d.reason for d in seen), [d.reason for d in seen]
+    assert info["tensor_parallel_shards"] == 2, info
+    assert ("DECODE", "eager") in stats, stats
+
+
+def test_a_draft_the_ranks_cannot_split_runs_whole_on_rank_0():
+    from types import SimpleNamespace
+
+    from drafts.standalone import shard_refusal
+
+    cfg = SimpleNamespace(num_heads=4, num_kv_heads=2, intermediate_size=128)
+    assert shard_refusal(cfg, 2) is None and shard_refusal(cfg, 4) is None
+    assert "does not divide the model's 4 attention heads" in shard_refusal(cfg, 3)
+    assert shard_refusal(cfg, 1) == "one tensor-parallel rank"
+
+
+@pytest.mark.parametrize("algo", ["EAGLE3"])
 def test_drafts_take_the_one_gpu_graph_rules_under_tp(tiny, algo, monkeypatch):
-    """A draft runs on rank 0 alone, whole, with no collective in its forward: its graphs are
+    """A head runs on rank 0 alone, whole, with no collective in its forward: its graphs are
     decided as on one GPU (the rule that keeps the target's full decode graphs off under TP/PP
     must not reach it), and its tokens still match one process."""
     from drafts import wiring
@@ -174,7 +217,7 @@ def test_pp4_matches_and_too_many_stages_are_refused(tiny):
         Engine(pp_size=5, **kw)
 
 
-@pytest.mark.parametrize("algo", [None, "NGRAM", "EAGLE3"])
+@pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE3"])
 def test_tp2_pp2_greedy_tokens_match_one_process(tiny, algo):
     kw, want, drafts = tiny
     spec = {} if algo is None else {"speculative_algorithm": algo,

@@ -112,7 +112,7 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
                                     local.num_kv_heads, local.head_dim, local.head_dim ** -0.5)
     runner = ModelRunner(model, kv, attn, device)
     like = next(model.parameters())
-    graphs = None
+    graphs = draft = None
     freeze_startup_objects()  # a rank's collection pause would stall every rank's collectives
     while True:
         msg = _receive()
@@ -123,10 +123,42 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
             graphs = build_graphs(replace(cfg, show_progress=False), runner, context_len,
                                   **needs)
             continue
-        _, batch, rows, table, route = msg
+        if msg[0] == "draft_setup":
+            if rank < cfg.tp_size:  # rank 0's stage (the last) drafts
+                draft = draft_runner(cfg, msg[1], rank, device)
+            continue
+        kind, batch, rows, table, route = msg
+        if kind == "draft":
+            if draft is not None:
+                draft.kv_cache.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
+                draft.forward(batch.to(device))
+            continue
         kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
         mirror(runner, graphs, batch.to(device), route, rank >= cfg.tp_size, like)
     dist.destroy_process_group()
+
+
+def draft_runner(cfg, setup: dict, rank: int, device):
+    """This rank's shard of a draft model sharded like the target (`setup`: TPDriver.setup_draft's
+    message), with a KV cache of rank 0's draft slots: a ModelRunner for rank 0's draft
+    forwards."""
+    from specpcg.attention import create_attention_backend
+    from specpcg.distributed.shard import make_tp_model
+    from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+    from specpcg.model_runner import ModelRunner
+    from specpcg.models.loading import load_target
+
+    dtype = cfg.resolve_dtype(device)
+    load_cfg = replace(cfg, model_path=setup["model_path"], load_format="auto",
+                       tokenizer_path=None, skip_tokenizer_init=True)
+    full, full_cfg, _ = load_target(load_cfg, device, dtype)
+    model, mc = make_tp_model(full, full_cfg, rank % cfg.tp_size, cfg.tp_size)
+    pool = KVPool(setup["total_slots"], mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype,
+                  device)
+    kv = KVCache(pool, ReqToTokenPool(setup["rows"], setup["context_len"], device))
+    attn = create_attention_backend(cfg.attention_backend, device, kv, mc.num_heads,
+                                    mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
+    return ModelRunner(model, kv, attn, device)
 
 
 def mirror(runner, graphs, batch, route: str, other_stage: bool, like) -> None:
@@ -181,10 +213,24 @@ class TPDriver:
     def before_forward(self, batch, route: str = "eager") -> None:
         """Sends `batch`, its requests' req_to_token rows and how rank 0 runs it (`route`: a
         graph runner's name or "eager") to every other rank."""
-        bs, sent = batch.batch_size, batch.to("cpu")
-        width = max(batch.seq_lens_cpu[:bs], default=0)
-        table = self.kv_cache.req_pool.req_to_token[batch.req_pool_indices[:bs], :width].cpu()
-        self._send(("forward", sent, sent.req_pool_indices[:bs], table, route))
+        self._send(forward_message("forward", self.kv_cache, batch, route))
+
+    def setup_draft(self, kv_cache, model_path: str) -> None:
+        """A draft sharded like the target (`model_path`, its KV cache on rank 0 `kv_cache`):
+        the ranks of rank 0's stage load their shards and a cache of the same slots."""
+        table = kv_cache.req_pool.req_to_token
+        self._send(("draft_setup", {"model_path": model_path, "total_slots": kv_cache.total_slots,
+                                    "rows": table.shape[0], "context_len": table.shape[1]}))
+
+    def draft_announcer(self, kv_cache):
+        """The sharded draft runner's before_forward: its forwards go to every rank like the
+        target's, with the draft cache's rows (its forwards are always eager: they hold
+        collectives, which no full graph may)."""
+        def before_forward(batch, route: str = "eager") -> None:
+            if route != "eager":
+                raise RuntimeError(f"a sharded draft ran {route!r}: its forwards run eagerly")
+            self._send(forward_message("draft", kv_cache, batch, route))
+        return before_forward
 
     def build_graphs(self, context_len: int, needs: dict) -> None:
         """Before rank 0 captures: every rank builds the same graphs (build_graphs' arguments)
@@ -220,6 +266,15 @@ class TPDriver:
         self.errors.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def forward_message(kind: str, kv_cache, batch, route: str) -> tuple:
+    """(kind, the batch on the host, its requests' rows, those rows of `kv_cache`'s
+    req_to_token, route): all another rank needs to mirror the forward."""
+    bs, sent = batch.batch_size, batch.to("cpu")
+    width = max(batch.seq_lens_cpu[:bs], default=0)
+    table = kv_cache.req_pool.req_to_token[batch.req_pool_indices[:bs], :width].cpu()
+    return kind, sent, sent.req_pool_indices[:bs], table, route
 
 
 def rank_errors(errors, wait_s: float = 0.5) -> dict:

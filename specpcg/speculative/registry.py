@@ -21,7 +21,9 @@ _FACTORIES: dict = {}
 @dataclass
 class DraftContext:
     """What a draft is handed instead of the engine: the target and the settings it runs
-    under. `kv_cache` (the target's) is set once the engine sized it, before `setup`."""
+    under. `kv_cache` (the target's) is set once the engine sized it, before `setup`.
+    `parallel`: under tensor parallelism, rank 0's TPDriver, through which a draft sharded like
+    the target has every rank of rank 0's stage run its forwards (None on one process)."""
 
     spec: Any  # SpecConfig
     config: Any  # EngineConfig
@@ -32,6 +34,7 @@ class DraftContext:
     dtype: torch.dtype
     context_len: int
     kv_cache: Optional[Any] = None
+    parallel: Optional[Any] = None
 
 
 def register_draft(name: str, factory: Callable[[DraftContext], Any]) -> None:
