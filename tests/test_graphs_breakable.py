@@ -157,6 +157,31 @@ def test_writes_out_replays_into_the_buffer_the_next_segment_reads(fake_cuda):
             eager_break(writes_out=True)(lambda out=None: None)()
 
 
+def test_a_per_call_break_keeps_each_result_until_the_graph_is_done(fake_cuda):
+    """An all-reduce's result is the residual stream, read after the layer's next all-reduce:
+    each call of a per_call break stages into buffers of its own, so the second call's result
+    leaves the first's intact, at capture and at every replay (a shared staged output would
+    hold the second result twice: the bug that gave wrong tokens under TP with piecewise
+    graphs on GPUs)."""
+    from specpcg.graphs.staging import StagingArena
+
+    for per_call, first_kept in ((True, True), (False, False)):
+        @eager_break(per_call=per_call)
+        def doubled(x):
+            return x * 2
+
+        a, b, graph = torch.ones(3), torch.full((3,), 5.0), BreakableGraph()
+        with breakable_capture(graph, pool="P", staging=StagingArena(4)):
+            ra = doubled(a)
+            rb = doubled(b)
+        assert torch.equal(rb, torch.full((3,), 10.0))
+        assert torch.equal(ra, torch.full((3,), 2.0)) == first_kept, per_call
+        ra.fill_(0.0)
+        graph.replay()  # the breaks run again on their staged arguments
+        assert torch.equal(ra, torch.full((3,), 2.0 if first_kept else 10.0)), per_call
+        assert (ra.data_ptr() != rb.data_ptr()) == first_kept
+
+
 def test_break_inside_a_break_runs_plainly_and_private_pool_is_shared(fake_cuda):
     inner = eager_break(lambda x: x + 1)
     outer = eager_break(lambda x: inner(x) * 2)

@@ -42,10 +42,12 @@ def init_tp_groups(tp: int, pp: int) -> None:
             _TP_GROUP = group
 
 
-@eager_break
+@eager_break(per_call=True)
 def all_reduce_(x: torch.Tensor) -> torch.Tensor:
     """Sums `x` over the tensor-parallel ranks, in place (row-parallel layers,
-    vocab-parallel embedding). A graph break: piecewise graphs run it between segments."""
+    vocab-parallel embedding). A graph break: piecewise graphs run it between segments, each
+    call into staged buffers of its own (its result is the residual stream, read after the
+    next all-reduce)."""
     dist.all_reduce(x, group=_TP_GROUP)
     return x
 

@@ -96,6 +96,7 @@ class _CaptureState:
     pool: Any  # a graph_pool_handle(); None until the first segment creates a private pool
     open_segment: Any = None  # the torch.cuda.CUDAGraph being captured; None inside a break
     staging: Any = None  # StagingArena or None
+    calls: dict = None  # per_call breaks: how many times each has run in this capture
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("specpcg_breakable_capture", default=None)
@@ -245,14 +246,19 @@ def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | N
         torch.cuda.synchronize()
 
 
-def eager_break(fn: Callable | None = None, *, writes_out: bool = False) -> Callable:
+def eager_break(fn: Callable | None = None, *, writes_out: bool = False,
+                per_call: bool = False) -> Callable:
     """Marks `fn` as a graph break point; outside a capture it is a plain call (see module doc).
 
     writes_out: fn takes `out=` (a tensor like its result) and writes its result there. A replay
     then passes the tensor the next segment reads, so the break costs fn's own work alone: no
-    allocation and no copy. Used as `@eager_break(writes_out=True)`."""
+    allocation and no copy. Used as `@eager_break(writes_out=True)`.
+    per_call: each call of fn in a capture stages into buffers of its own (shared by the
+    buckets), for a result the forward may read after fn's next call: an all-reduce's result
+    becomes the residual stream, which outlives the layer's next all-reduce. Without it the
+    calls of fn share one staged output, and the next call overwrites it."""
     if fn is None:
-        return functools.partial(eager_break, writes_out=writes_out)
+        return functools.partial(eager_break, writes_out=writes_out, per_call=per_call)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -260,21 +266,26 @@ def eager_break(fn: Callable | None = None, *, writes_out: bool = False) -> Call
         if state is None or state.open_segment is None:
             # Not capturing, or called from inside another break that is already running eagerly.
             return fn(*args, **kwargs)
-        return _capture_break(state, fn, args, kwargs, writes_out)
+        return _capture_break(state, fn, args, kwargs, writes_out, per_call)
 
     return wrapper
 
 
 def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict,
-                   writes_out: bool = False):
+                   writes_out: bool = False, per_call: bool = False):
+    key = _name(fn)
+    if per_call:
+        state.calls = state.calls or {}
+        state.calls[key] = state.calls.get(key, 0) + 1
+        key = f"{key}#{state.calls[key]}"
     if state.staging is not None:
-        args = state.staging.stage_args(_name(fn), args)  # the copies join the open segment
+        args = state.staging.stage_args(key, args)  # the copies join the open segment
     _end_segment(state)
     # Eagerly once, so real outputs exist at fixed addresses for the next segment to read.
     out = fn(*args, **kwargs)
     _check_output(fn, out)
     if state.staging is not None:
-        out = state.staging.stage_output(_name(fn), out)
+        out = state.staging.stage_output(key, out)
     if writes_out:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"eager_break(writes_out=True) function {_name(fn)!r} must return "
