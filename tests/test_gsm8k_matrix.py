@@ -23,6 +23,8 @@ parsing the default GGUF costs ~10 s of CPU per Engine, which the CPU slice cann
 """
 
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -57,7 +59,8 @@ GPU_ENGINE = {"device": "cuda", "max_total_tokens": 131072, "max_running_request
 GPU_ACCEPT_FLOORS = {"NGRAM": 1.3, "STANDALONE": 1.3, "EAGLE": 1.8, "EAGLE3": 2.0, "NEXTN": 1.8}
 # The torch backend attends one request at a time in Python (~50x slower at batch 64): it runs
 # as the reference for EAGLE3's tree, on fewer questions; the Triton tree cell runs them all.
-GPU_QUESTIONS_BY_BACKEND = {"triton": GPU_NUM_QUESTIONS, "torch": 40}
+GPU_QUESTIONS_BY_BACKEND = {"triton": GPU_NUM_QUESTIONS, "torch": 40,
+                            "flashinfer": GPU_NUM_QUESTIONS}
 GPU_TREE = {"speculative_num_steps": 5, "speculative_eagle_topk": 4,
             "speculative_num_draft_tokens": 8}
 # bf16 verify (N tokens a request) and decode (one token) reduce in different orders; a
@@ -77,7 +80,8 @@ GPU_ACCURACY_SLACK = 2
 GPU_CELLS = ([(a, True, "triton", False) for a in (None, *SPEC_ALGORITHMS)]
              + [("EAGLE3", True, "triton", True)]
              + [(a, False, "triton", False) for a in (None, *SPEC_ALGORITHMS)]
-             + [(None, True, "torch", False), ("EAGLE3", True, "torch", True)])
+             + [(None, True, "torch", False), ("EAGLE3", True, "torch", True)]
+             + [(a, True, "flashinfer", False) for a in (None, "NGRAM", "EAGLE3")])
 
 
 def _cell_name(algo, pcg, backend, tree=False) -> str:
@@ -289,6 +293,8 @@ def _gpu_record(cell: tuple, engine, run, base, same: int, worst: float, failure
 def test_gpu_gsm8k_cell(algo, pcg, backend, tree, gpu_baselines):
     """bf16: identical rate reported, every divergence a near-tie; the same accuracy; accept
     length above its floor; piecewise hits exactly when PCG is on; no KV leak."""
+    if backend == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        pytest.skip("needs flashinfer (pip install flashinfer-python)")
     name = _cell_name(algo, pcg, backend, tree)
     base_engine, base = gpu_baselines.get(pcg, backend)
     engine = base_engine if algo is None else _gpu_engine(algo, pcg, backend, tree)
