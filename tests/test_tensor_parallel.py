@@ -1,8 +1,8 @@
 """Tensor and pipeline parallelism on CPU (gloo, one process per rank): greedy tokens identical
 to one process in fp32, with no speculation and with every algorithm (chains, and an EAGLE3
-tree under TP), on a tiny model at tp_size=2, 4 (KV heads replicated) and pp_size=2, 4, and on
-the default model at tp_size=3 (9 query heads, 3 KV heads) and pp_size=2; sizes that do not fit
-the model are refused; a killed rank gives a clear error."""
+tree under TP), on a tiny model at tp_size=2, pp_size=2 and both together (and tp 4 with KV
+heads replicated, pp 4), and on the default model at tp_size=3 (9 query heads, 3 KV heads) and
+pp_size=2; sizes that do not fit the model are refused; a killed rank gives a clear error."""
 
 import os
 import signal
@@ -145,23 +145,36 @@ def test_kv_heads_fewer_than_ranks_are_replicated(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_model_tp3_and_pp2_match_and_tp2_is_refused():
+def test_default_model_tp3_and_pp2_match_and_tp2_is_refused(tmp_path):
+    """The default model (9 query heads, 3 KV heads) at tp 3 and pp 2, with no spec and with
+    every algorithm: STANDALONE drafts with the model itself (sharded over the 3 ranks at tp
+    3), the heads are random ones of the model's shape."""
+    from specpcg.models.loader import default_model_path
+
     kw = dict(device="cpu", max_total_tokens=2048, show_progress=False)
     prompts = ["The capital of France is", "Water boils at"]
     params = {"max_new_tokens": 8, "temperature": 0}
-    want = [o["output_ids"] for o in Engine(**kw).generate(prompt=prompts,
-                                                           sampling_params=params)]
+    one = Engine(**kw)
+    want = [o["output_ids"] for o in one.generate(prompt=prompts, sampling_params=params)]
+    drafts = {"STANDALONE": default_model_path()}
+    for algo in ("EAGLE", "EAGLE3", "NEXTN"):
+        head, spec = random_head(algo, one.model_config, torch.device("cpu"), torch.float32,
+                                 draft_vocab_size=8192 if algo == "EAGLE3" else 0)
+        drafts[algo] = save_head(head, spec, one.model_config, str(tmp_path / algo))
+    one.shutdown()
     with pytest.raises(ValueError, match="tp_size=2 does not divide the model's 9 attention"):
         Engine(tp_size=2, **kw)
-    for spec in ({"tp_size": 3}, {"tp_size": 3, "speculative_algorithm": "NGRAM"},
-                 {"pp_size": 2}):
-        engine = Engine(**kw, **spec)
-        try:
-            got = [o["output_ids"] for o in engine.generate(prompt=prompts,
-                                                            sampling_params=params)]
-        finally:
-            engine.shutdown()
-        assert got == want, spec
+    for layout in ({"tp_size": 3}, {"pp_size": 2}):
+        for algo in (None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):
+            spec = {} if algo is None else {"speculative_algorithm": algo,
+                                            "speculative_draft_model_path": drafts.get(algo)}
+            engine = Engine(**kw, **layout, **spec)
+            try:
+                got = [o["output_ids"] for o in engine.generate(prompt=prompts,
+                                                                sampling_params=params)]
+            finally:
+                engine.shutdown()
+            assert got == want, (layout, algo)
 
 
 def test_a_killed_rank_gives_a_clear_error(tiny):
@@ -217,7 +230,7 @@ def test_pp4_matches_and_too_many_stages_are_refused(tiny):
         Engine(pp_size=5, **kw)
 
 
-@pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE3"])
+@pytest.mark.parametrize("algo", [None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"])
 def test_tp2_pp2_greedy_tokens_match_one_process(tiny, algo):
     kw, want, drafts = tiny
     spec = {} if algo is None else {"speculative_algorithm": algo,
