@@ -195,6 +195,21 @@ def test_a_killed_rank_gives_a_clear_error(tiny):
     assert not any(p.is_alive() for p in procs)  # no orphan processes
 
 
+def test_an_idle_engine_outlives_the_collective_timeout(tiny):
+    """The other ranks wait for rank 0's next step however long the engine idles (a server
+    between requests): dist_timeout_s bounds collectives, not the wait for work. Before, the
+    ranks' wait for a message timed out with it and an engine idle that long was dead."""
+    kw, want, _ = tiny
+    engine = Engine(tp_size=2, dist_timeout_s=10, **kw)
+    try:
+        first = [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+        time.sleep(12)
+        again = [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+    finally:
+        engine.shutdown()
+    assert first == again == want
+
+
 def test_a_rank_that_raises_is_named_with_its_error(tiny):
     """A rank whose forward raises exits; rank 0's next step names the rank and what it raised,
     within seconds, and shutting down leaves no process behind."""

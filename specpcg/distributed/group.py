@@ -17,12 +17,32 @@ def free_init_addr() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+_CONTROL = None  # the group rank 0's step messages travel on (gloo, on the host)
+# Ranks wait for the next step as long as the engine idles: a server may see no request for
+# hours. A message wait bounded by dist_timeout_s ended every other rank of an engine idle
+# that long. A rank that dies still shows at once: rank 0 checks its ranks before each send,
+# and a closed connection fails the send.
+IDLE_TIMEOUT = datetime.timedelta(days=3650)
+
+
 def init_group(init_addr: str, rank: int, world_size: int, device: torch.device,
                timeout_s: float) -> None:
+    """The process group (NCCL on GPUs, gloo on CPU; collectives time out after timeout_s)
+    and the control group of step messages (gloo with no practical time limit, so a message
+    moves no tensor through the GPU and costs it no synchronisation)."""
+    global _CONTROL
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{init_addr}", rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
+    _CONTROL = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+
+
+def broadcast_message(msg=None):
+    """Rank 0's `msg` on every rank (rank 0 passes it, the others receive it)."""
+    box = [msg]
+    dist.broadcast_object_list(box, src=0, group=_CONTROL)
+    return box[0]
 
 
 _TP_GROUP = None  # this rank's tensor-parallel group (None: every rank)

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from specpcg.distributed.group import init_group, init_tp_groups
+from specpcg.distributed.group import broadcast_message, init_group, init_tp_groups
 
 logger = logging.getLogger("specpcg")
 
@@ -26,12 +26,6 @@ class RankExitedError(RuntimeError):
     """A rank is gone: the whole engine stops (the scheduler does not absorb it)."""
 
     fatal = True
-
-
-def _receive():
-    box = [None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def world_size(cfg) -> int:
@@ -104,7 +98,7 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
     torch.set_num_threads(1)
     model, local, _, _ = load_shard(replace(cfg, skip_tokenizer_init=True), rank, device,
                                     cfg.resolve_dtype(device))
-    setup = _receive()
+    setup = broadcast_message()
     pool = KVPool(setup["total_slots"], local.num_layers, local.num_kv_heads, local.head_dim,
                   cfg.resolve_dtype(device), device)
     kv = KVCache(pool, ReqToTokenPool(setup["rows"], setup["context_len"], device))
@@ -115,7 +109,7 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
     graphs = draft = None
     freeze_startup_objects()  # a rank's collection pause would stall every rank's collectives
     while True:
-        msg = _receive()
+        msg = broadcast_message()
         if msg is None:
             break
         if msg[0] == "graphs":  # rank 0 captures now: capture the same, collective by collective
@@ -240,7 +234,7 @@ class TPDriver:
     def _send(self, msg) -> None:
         self.check_alive()
         try:
-            dist.broadcast_object_list([msg], src=0)
+            broadcast_message(msg)
         except RuntimeError as exc:
             self.check_alive()
             raise RankExitedError(f"parallel step failed: {exc}") from exc
@@ -256,7 +250,7 @@ class TPDriver:
     def stop(self) -> None:
         if all(p.is_alive() for p in self.procs):
             try:
-                dist.broadcast_object_list([None], src=0)
+                broadcast_message(None)
             except RuntimeError:
                 pass  # a rank died in between: terminate below
         for p in self.procs:
