@@ -169,11 +169,7 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=128, help="repeated-id prompts' length")
     p.add_argument("--repeats", type=int, default=3, help="timed batches per cell (median)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "adaptive.jsonl"))
-    p.add_argument("--table-only", metavar="FILE", default=None)
-    args = p.parse_args(argv)
-    if not args.table_only:
-        run_all(args)
-    common.render_results(args.table_only or args.out, render_table, render_plot)
+    common.measure_or_render(p, argv, run_all, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -161,11 +161,7 @@ def main(argv=None) -> None:
                    help="piecewise graphs on, off, or both (each with its own no-spec run)")
     p.add_argument("--triton-verify-kernel", default="split_k",
                    choices=TRITON_VERIFY_KERNELS)
-    p.add_argument("--table-only", metavar="FILE", default=None)
-    args = p.parse_args(argv)
-    if not args.table_only:
-        run_all(args)
-    common.render_results(args.table_only or args.out, render_table, render_plot)
+    common.measure_or_render(p, argv, run_all, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -145,11 +145,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=str(common.RESULTS_DIR / "parallel.jsonl"))
-    p.add_argument("--table-only", metavar="FILE", default=None)
-    args = p.parse_args(argv)
-    if not args.table_only:
-        run_all(args)
-    common.render_results(args.table_only or args.out, render_table, render_plot)
+    common.measure_or_render(p, argv, run_all, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -320,6 +320,19 @@ def column_table(keys: list, columns: list) -> str:
     return markdown_table([header for header, _ in columns], rows)
 
 
+def measure_or_render(p, argv, run_all: Callable, render_table: Callable,
+                      render_plot: Callable) -> None:
+    """A benchmark's main after its own options (parser `p`, which has --out): adds
+    --table-only, measures (run_all(args)) unless it names a results file, then renders the
+    table and plot of that file or of --out."""
+    p.add_argument("--table-only", metavar="FILE", default=None,
+                   help="re-render the table and plot from FILE, measuring nothing")
+    args = p.parse_args(argv)
+    if not args.table_only:
+        run_all(args)
+    render_results(args.table_only or args.out, render_table, render_plot)
+
+
 def render_results(path, render_table: Callable, render_plot: Callable) -> None:
     """Prints the Markdown table of a results file and writes its plot next to it (.png)."""
     records, png = read_jsonl(path), Path(path).with_suffix(".png")

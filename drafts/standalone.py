@@ -8,7 +8,7 @@ graphs (never piecewise graphs). After verify, its KV is cut back to what the ta
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -219,15 +219,14 @@ def draft_sample(logits: torch.Tensor, reqs: list):
 
 def load_standalone(ctx) -> "StandaloneDraft":
     """Loads the draft checkpoint and checks it matches the target (vocab and tokenizer)."""
-    from specpcg.models.loading import load_target
+    from specpcg.models.loading import draft_load_config, load_target
 
     path = ctx.spec.draft_model_path
     if not path:
         raise ValueError("speculative_draft_model_path is required for STANDALONE (a smaller "
                          "model with the target's tokenizer)")
-    cfg = replace(ctx.config, model_path=path, load_format="auto", tokenizer_path=None,
-                  skip_tokenizer_init=True)
-    model, model_cfg, _ = load_target(cfg, ctx.device, ctx.dtype)
+    model, model_cfg, _ = load_target(draft_load_config(ctx.config, path), ctx.device,
+                                      ctx.dtype)
     check_draft_matches(ctx.model_config, ctx.tokenizer, model_cfg,
                         _draft_tokenizer(path, ctx.tokenizer), path)
     tp = ctx.config.tp_size

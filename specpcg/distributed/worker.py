@@ -83,11 +83,8 @@ def worker_main(cfg, rank: int, init_addr: str, errors=None) -> None:
 
 
 def _serve(cfg, rank: int, init_addr: str) -> None:
-    from specpcg.attention import create_attention_backend
     from specpcg.engine import freeze_startup_objects
     from specpcg.graphs.setup import build_graphs
-    from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
-    from specpcg.model_runner import ModelRunner
 
     device = cfg.resolve_device()
     if device.type == "cuda":
@@ -98,13 +95,7 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
     torch.set_num_threads(1)
     model, local, _, _ = load_shard(replace(cfg, skip_tokenizer_init=True), rank, device,
                                     cfg.resolve_dtype(device))
-    setup = broadcast_message()
-    pool = KVPool(setup["total_slots"], local.num_layers, local.num_kv_heads, local.head_dim,
-                  cfg.resolve_dtype(device), device)
-    kv = KVCache(pool, ReqToTokenPool(setup["rows"], setup["context_len"], device))
-    attn = create_attention_backend(cfg.attention_backend, device, kv, local.num_heads,
-                                    local.num_kv_heads, local.head_dim, local.head_dim ** -0.5)
-    runner = ModelRunner(model, kv, attn, device)
+    runner = mirror_runner(cfg, model, local, broadcast_message(), device)
     like = next(model.parameters())
     graphs = draft = None
     freeze_startup_objects()  # a rank's collection pause would stall every rank's collectives
@@ -122,37 +113,42 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
                 draft = draft_runner(cfg, msg[1], rank, device)
             continue
         kind, batch, rows, table, route = msg
+        into = draft if kind == "draft" else runner
+        if into is None:
+            continue  # a draft forward, and this rank holds no draft (another stage)
+        into.kv_cache.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
         if kind == "draft":
-            if draft is not None:
-                draft.kv_cache.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
-                draft.forward(batch.to(device))
-            continue
-        kv.req_pool.req_to_token[rows, :table.shape[1]] = table.to(device)
-        mirror(runner, graphs, batch.to(device), route, rank >= cfg.tp_size, like)
+            draft.forward(batch.to(device))
+        else:
+            mirror(runner, graphs, batch.to(device), route, rank >= cfg.tp_size, like)
     dist.destroy_process_group()
 
 
-def draft_runner(cfg, setup: dict, rank: int, device):
-    """This rank's shard of a draft model sharded like the target (`setup`: TPDriver.setup_draft's
-    message), with a KV cache of rank 0's draft slots: a ModelRunner for rank 0's draft
-    forwards."""
+def mirror_runner(cfg, model, mc, setup: dict, device):
+    """A ModelRunner of `model` (local config `mc`) over a KV cache shaped like rank 0's
+    (`setup`: its total_slots, rows and context_len), to mirror rank 0's forwards."""
     from specpcg.attention import create_attention_backend
-    from specpcg.distributed.shard import make_tp_model
     from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
     from specpcg.model_runner import ModelRunner
-    from specpcg.models.loading import load_target
 
-    dtype = cfg.resolve_dtype(device)
-    load_cfg = replace(cfg, model_path=setup["model_path"], load_format="auto",
-                       tokenizer_path=None, skip_tokenizer_init=True)
-    full, full_cfg, _ = load_target(load_cfg, device, dtype)
-    model, mc = make_tp_model(full, full_cfg, rank % cfg.tp_size, cfg.tp_size)
-    pool = KVPool(setup["total_slots"], mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype,
-                  device)
+    pool = KVPool(setup["total_slots"], mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                  cfg.resolve_dtype(device), device)
     kv = KVCache(pool, ReqToTokenPool(setup["rows"], setup["context_len"], device))
     attn = create_attention_backend(cfg.attention_backend, device, kv, mc.num_heads,
                                     mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
     return ModelRunner(model, kv, attn, device)
+
+
+def draft_runner(cfg, setup: dict, rank: int, device):
+    """This rank's shard of a draft model sharded like the target (`setup`: TPDriver.setup_draft's
+    message) over a cache of rank 0's draft slots: the runner of rank 0's draft forwards."""
+    from specpcg.distributed.shard import make_tp_model
+    from specpcg.models.loading import draft_load_config, load_target
+
+    full, full_cfg, _ = load_target(draft_load_config(cfg, setup["model_path"]), device,
+                                    cfg.resolve_dtype(device))
+    model, mc = make_tp_model(full, full_cfg, rank % cfg.tp_size, cfg.tp_size)
+    return mirror_runner(cfg, model, mc, setup, device)
 
 
 def mirror(runner, graphs, batch, route: str, other_stage: bool, like) -> None:

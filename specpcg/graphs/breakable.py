@@ -42,7 +42,7 @@ import logging
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -96,7 +96,7 @@ class _CaptureState:
     pool: Any  # a graph_pool_handle(); None until the first segment creates a private pool
     open_segment: Any = None  # the torch.cuda.CUDAGraph being captured; None inside a break
     staging: Any = None  # StagingArena or None
-    calls: dict = None  # per_call breaks: how many times each has run in this capture
+    calls: dict = field(default_factory=dict)  # per_call breaks: times each ran in this capture
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("specpcg_breakable_capture", default=None)
@@ -275,7 +275,6 @@ def _capture_break(state: _CaptureState, fn: Callable, args: tuple, kwargs: dict
                    writes_out: bool = False, per_call: bool = False):
     key = _name(fn)
     if per_call:
-        state.calls = state.calls or {}
         state.calls[key] = state.calls.get(key, 0) + 1
         key = f"{key}#{state.calls[key]}"
     if state.staging is not None:

@@ -11,6 +11,15 @@ from specpcg.models.build import SHAPE_PREFIX, build_model, preset_config
 logger = logging.getLogger(__name__)
 
 
+def draft_load_config(cfg, path: str):
+    """The engine config `cfg`, set to load a draft model's checkpoint at `path` (its own
+    format, no tokenizer: the draft uses the target's)."""
+    from dataclasses import replace
+
+    return replace(cfg, model_path=path, load_format="auto", tokenizer_path=None,
+                   skip_tokenizer_init=True)
+
+
 def load_target(cfg, device: torch.device, dtype: torch.dtype):
     """cfg: EngineConfig. Shape presets have no tokenizer (callers pass input_ids)."""
     from specpcg.models.loader import default_model_path, load_checkpoint
