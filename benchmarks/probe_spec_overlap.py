@@ -1,64 +1,162 @@
-"""Where the host's time goes in an overlapped speculative step (cProfile, batch 1).
+"""Where a decoding step's time goes, host and device, at one or more batch sizes.
 
-A warm engine with an EAGLE3 head (--draft DIR, or random weights with synthetic acceptance)
-decodes chat prompts one at a time under cProfile; prints the functions with the most own time
-per step and the cumulative time of the step's phases. With overlap the host's work, not the
-device's, bounds a step when the two add up to more than the device time of the step's graphs.
+Per system (no-spec, or a draft pinned to speculate at (7, 1, 8): an EAGLE3 head from --draft,
+a random EAGLE3 head or NGRAM with synthetic acceptance --prob) and batch size, a warm engine
+decodes one batch of repeated-id prompts (chat prompts with --draft) three times:
+- plain: wall time per step;
+- under cProfile: the host's time per step, and how much of it waits for the device (the one
+  blocking read a step makes); the functions with the most own time (--top);
+- under the torch profiler: the device's kernel time per step, kernels per step, and the
+  kernels that take most of it.
+A step whose wall time is near its host time with little waiting is bound by the host; one
+whose kernel time is far below its wall time while the host waits is bound by the gaps between
+kernels (launch latency inside a graph). JSON lines go to --out.
 
-    python benchmarks/probe_spec_overlap.py --draft DIR [--disable-overlap-schedule]
+    python benchmarks/probe_spec_overlap.py --systems none EAGLE3 --batches 1 16 64 --prob 0.7
+    python benchmarks/probe_spec_overlap.py --systems EAGLE3 --draft DIR --batches 1 16
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import tempfile
+import time
 
 import common
 
 common.add_repo_to_path()
-from accept_prompts import chat_messages  # noqa: E402
+from accept_prompts import chat_messages, repeated_id_prompts  # noqa: E402
+from bench_spec_overlap import random_head  # noqa: E402
 from specpcg import Engine  # noqa: E402
 
-PHASE_FILES = ("speculative/", "graphs/draft_runner.py", "graphs/decode_runner.py",
-               "drafts/eagle.py", "drafts/round.py", "scheduler.py", "kv_cache.py",
-               "triton_backend.py")
+
+def steps_of(engine) -> int:
+    """Decode steps so far: verifies plus plain decode forwards (prefills not counted)."""
+    info = engine.get_server_info()
+    verifies = info["internal_states"][0].get("spec_verify_ct", 0)
+    plain = sum(s["count"] for s in info["forward_stats"] if s["mode"] == "DECODE"
+                and s["runner"] in ("decode_graph", "eager", "overlap"))
+    return verifies if verifies else plain
+
+
+def make_engine(system: str, args, tmp: str, bs: int):
+    spec = {}
+    if system != "none":
+        head = None if system == "NGRAM" else (args.draft or random_head(args.model_path, tmp))
+        spec = dict(speculative_algorithm=system, speculative_draft_model_path=head,
+                    speculative_num_steps=7, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=8,
+                    speculative_simulate_accept_prob=None if args.draft else args.prob,
+                    **common.PINNED_SPEC)
+    return Engine(model_path=None if args.model_path == "default" else args.model_path,
+                  show_progress=False, max_running_requests=bs, cuda_graph_max_bs=max(bs, 1),
+                  max_total_tokens=4 * bs * (256 + args.new_tokens) + 4096,
+                  skip_tokenizer_init=not args.draft, **spec)
+
+
+def host_profile(engine, run, top: int) -> tuple:
+    """(host seconds, seconds waiting on the device, the top functions by own time)."""
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    run()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    stats = pstats.Stats(prof)
+    wait = sum(v[2] for k, v in stats.stats.items()
+               if "synchronize" in k[2] or "tolist" in k[2] or "item" == k[2].split(" ")[-1])
+    own = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    rows = [(tottime, calls, f"{path.split('/work/')[-1].split('site-packages/')[-1]}:{line}"
+             f"({func})") for (path, line, func), (_, calls, tottime, _, _) in own]
+    return wall, wait, rows
+
+
+def device_profile(run) -> tuple:
+    """(kernel seconds, kernel launches, [(seconds, calls, name)] of the top kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in kernels) / 1e6
+    calls = sum(e.count for e in kernels)
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+    return total, calls, [(e.self_device_time_total / 1e6, e.count, e.key[:70]) for e in top]
+
+
+def probe(system: str, bs: int, args, tmp: str) -> dict:
+    engine = make_engine(system, args, tmp, bs)
+    params = {"max_new_tokens": args.new_tokens, "temperature": 0, "ignore_eos": True}
+    if args.draft:
+        msgs = chat_messages(bs)
+        run = lambda: engine.generate(messages=msgs, sampling_params=params)  # noqa: E731
+    else:
+        ids = repeated_id_prompts(bs, 128, 32, engine.model_config.vocab_size)
+        run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
+    run()  # warm-up
+    row = {"bench": "step_probe", "system": system, "batch_size": bs,
+           "new_tokens": args.new_tokens, "prob": None if args.draft else args.prob,
+           "draft": "trained" if args.draft else ("random" if system != "none" else None)}
+    s0, t0 = steps_of(engine), time.perf_counter()
+    run()
+    common.synchronize(engine.device)
+    steps = max(steps_of(engine) - s0, 1)
+    row.update(steps=steps, wall_us_per_step=(time.perf_counter() - t0) / steps * 1e6,
+               tok_s=bs * args.new_tokens / (time.perf_counter() - t0))
+    wall, wait, host_top = host_profile(engine, run, args.top)
+    row.update(profiled_us_per_step=wall / steps * 1e6, wait_us_per_step=wait / steps * 1e6,
+               host_us_per_step=(wall - wait) / steps * 1e6)
+    if engine.device.type == "cuda":
+        kernel_s, launches, dev_top = device_profile(run)
+        row.update(kernel_us_per_step=kernel_s / steps * 1e6, kernels_per_step=launches / steps,
+                   top_kernels=[{"us_per_step": s / steps * 1e6, "per_step": c / steps,
+                                 "name": n} for s, c, n in dev_top])
+    row["top_host"] = [{"us_per_step": s / steps * 1e6, "per_step": c / steps, "func": f}
+                       for s, c, f in host_top]
+    engine.shutdown()
+    common.free_memory(engine.device)
+    return {**row, **common.machine_info(engine.device), "timestamp": common.now_iso()}
+
+
+def show(row: dict) -> None:
+    print(f"== {row['system']} bs={row['batch_size']}: {row['steps']} steps, "
+          f"{row['tok_s']:,.0f} tok/s, wall {row['wall_us_per_step']:.0f} us/step; "
+          f"profiled host {row['host_us_per_step']:.0f} + waiting {row['wait_us_per_step']:.0f} "
+          f"us/step; kernels {row.get('kernel_us_per_step', 0):.0f} us/step in "
+          f"{row.get('kernels_per_step', 0):.0f} launches", flush=True)
+    for k in row.get("top_kernels", []):
+        print(f"   {k['us_per_step']:8.1f} us {k['per_step']:6.1f}/step  {k['name']}")
+    for h in row["top_host"]:
+        print(f"   {h['us_per_step']:8.1f} us {h['per_step']:6.2f}/step  {h['func']}")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None)
-    p.add_argument("--draft", required=True)
-    p.add_argument("--disable-overlap-schedule", action="store_true")
-    p.add_argument("--num-prompts", type=int, default=4)
-    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--systems", nargs="+", default=["none", "EAGLE3"],
+                   help="none, EAGLE3, NGRAM")
+    p.add_argument("--draft", default=None, help="a trained EAGLE3 head (real acceptance)")
+    p.add_argument("--prob", type=float, default=0.7, help="synthetic acceptance without --draft")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
-    engine = Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
-                    speculative_draft_model_path=args.draft, show_progress=False,
-                    disable_overlap_schedule=args.disable_overlap_schedule,
-                    **common.PINNED_SPEC)
-    params = {"max_new_tokens": 128, "temperature": 0}
-    engine.generate(messages=chat_messages(1), sampling_params=params)  # warm-up
-    prof = cProfile.Profile()
-    verify0 = engine.get_server_info()["internal_states"][0].get("spec_verify_ct", 0)
-    prof.enable()
-    for msgs in chat_messages(args.num_prompts):
-        engine.generate(messages=[msgs], sampling_params=params)
-    prof.disable()
-    steps = engine.get_server_info()["internal_states"][0]["spec_verify_ct"] - verify0
-    stats = pstats.Stats(prof)
-    print(f"steps {steps}; overlapped steps "
-          f"{engine.get_server_info()['speculative']['overlapped_steps']}")
-    own = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]
-    phases = sorted(((k, v) for k, v in stats.stats.items() if any(
-        f in k[0] for f in PHASE_FILES)), key=lambda kv: -kv[1][3])[:args.top]
-    for title, rows in (("own time", own), ("the step's functions, cumulative", phases)):
-        print(f"-- {title} (per step)")
-        for (path, line, func), (_, calls, tottime, cumtime, _) in rows:
-            print(f"{tottime / steps * 1e6:8.1f} us own {cumtime / steps * 1e6:8.1f} us cum "
-                  f"{calls / steps:6.2f}/step  "
-                  f"{path.split('/work/')[-1].split('site-packages/')[-1]}:{line}({func})")
+    from specpcg.models.loader import default_model_path
+
+    args.model_path = args.model_path or default_model_path()
+    with tempfile.TemporaryDirectory() as tmp:
+        for system in args.systems:
+            for bs in args.batches:
+                row = probe(system, bs, args, tmp)
+                show(row)
+                if args.out:
+                    common.append_jsonl(args.out, [row])
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()
