@@ -109,9 +109,42 @@ def test_without_the_option_outputs_are_unchanged(model_dir, prompts):
 def test_simulate_accept_walks_the_first_child_chain():
     # Request 0: chain 0 -> 1 -> 2 -> 3; request 1: a tree whose root's first child is 2 (a leaf).
     first_child = torch.tensor([[1, 2, 3, -1], [2, -1, -1, -1]])
+    depths = torch.tensor([[0, 1, 2, 3], [0, 1, 1, 2]])
     predict = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]])
     coins = torch.tensor([[True, True, False], [True, True, True]])
-    res = simulate_accept(first_child, predict, coins)
+    res = simulate_accept(first_child, depths, predict, coins)
     assert res.accept_len.tolist() == [2, 1]
     assert res.accept_index.tolist() == [[0, 1, 2, -1], [0, 2, -1, -1]]
     assert res.bonus.tolist() == [12, 22]
+
+
+def _walk_by_depth(first_child, predict, coins):
+    """The walk written plainly, one depth at a time: the reference for simulate_accept."""
+    index, lens, bonus = [], [], []
+    for fc, pr, co in zip(first_child.tolist(), predict.tolist(), coins.tolist()):
+        path = [0]
+        while len(path) < len(fc) and fc[path[-1]] >= 0 and co[len(path) - 1]:
+            path.append(fc[path[-1]])
+        index.append(path + [-1] * (len(fc) - len(path)))
+        lens.append(len(path) - 1)
+        bonus.append(pr[path[-1]])
+    return index, lens, bonus
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_simulate_accept_matches_a_plain_walk_on_random_trees(seed):
+    from kernels.tree import tree_from_parents
+
+    gen = torch.Generator().manual_seed(seed)
+    bs, n = 6, 8
+    parents = torch.stack([torch.cat([torch.tensor([-1]), torch.stack(
+        [torch.randint(0, i, (1,), generator=gen)[0] for i in range(1, n)])]) for _ in range(bs)])
+    tokens = torch.randint(0, 100, (bs, n), generator=gen)
+    tree = tree_from_parents(tokens, parents)
+    predict = torch.randint(0, 100, (bs, n), generator=gen)
+    coins = torch.rand(bs, n - 1, generator=gen) < 0.7
+    res = simulate_accept(tree.first_child, tree.depths, predict, coins)
+    index, lens, bonus = _walk_by_depth(tree.first_child, predict, coins)
+    assert res.accept_index.tolist() == index
+    assert res.accept_len.tolist() == lens
+    assert res.bonus.tolist() == bonus

@@ -51,25 +51,27 @@ class SimulatedAccept:
         return torch.rand(shape, generator=self.generator, device=device) < self.prob
 
 
-def simulate_accept(first_child: torch.Tensor, target_predict: torch.Tensor,
+def simulate_accept(first_child: torch.Tensor, depths: torch.Tensor, target_predict: torch.Tensor,
                     accepted: torch.Tensor) -> VerifyResult:
-    """BENCHMARK ONLY. first_child, target_predict: [bs, N] (tree field; argmax after each
-    node); accepted: [bs, N - 1] bool coins. Walks the first-child chain from the root, taking
-    level d's node while accepted[:, d - 1] holds and a child exists; the bonus is the target's
-    argmax at the last accepted node. Same VerifyResult layout as verify_greedy."""
+    """BENCHMARK ONLY. first_child, depths, target_predict: [bs, N] (tree fields; argmax after
+    each node); accepted: [bs, N - 1] bool coins. Walks the first-child chain from the root,
+    taking level d's node while accepted[:, d - 1] holds and a child exists; the bonus is the
+    target's argmax at the last accepted node. Same VerifyResult layout as verify_greedy.
+
+    NOTE: one greedy walk (verify_greedy: one kernel on the GPU) over a stand-in tree, not a
+    loop over depths here: that loop queued about 90 small kernels a step, which the efficiency
+    benchmarks then counted as the framework's cost. In the stand-in every node's token is its
+    own index and only first children exist, and node i "predicts" its first child where the
+    coin of its depth came up, so the walk takes exactly the nodes the coins accept."""
     bs, num_nodes = first_child.shape
-    device = first_child.device
-    accept_index = torch.full((bs, num_nodes), -1, dtype=torch.int64, device=device)
-    accept_index[:, 0] = 0
-    cur = torch.zeros(bs, dtype=torch.int64, device=device)  # [bs] last accepted node
-    alive = torch.ones(bs, dtype=torch.bool, device=device)  # [bs] no rejection yet
-    for depth in range(1, num_nodes):
-        child = first_child.gather(1, cur[:, None])[:, 0]
-        alive &= (child >= 0) & accepted[:, depth - 1]
-        accept_index[:, depth] = torch.where(alive, child, -1)
-        cur = torch.where(alive, child, cur)
-    accept_len = (accept_index[:, 1:] >= 0).sum(dim=1)  # [bs]
-    return VerifyResult(accept_index, accept_len, target_predict.gather(1, cur[:, None])[:, 0])
+    nodes = torch.arange(num_nodes, device=first_child.device).expand(bs, num_nodes)
+    coin = accepted.gather(1, depths.clamp(max=max(num_nodes - 2, 0))) if num_nodes > 1 \
+        else torch.zeros_like(first_child, dtype=torch.bool)
+    wanted = torch.where(coin & (depths < num_nodes - 1), first_child, -1)
+    walk = verify_greedy(nodes, first_child, torch.full_like(first_child, -1), wanted,
+                         num_nodes - 1)
+    last = walk.accept_index.gather(1, walk.accept_len[:, None])
+    return VerifyResult(walk.accept_index, walk.accept_len, target_predict.gather(1, last)[:, 0])
 
 
 def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
@@ -94,7 +96,8 @@ def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
         predict = logits[rows].argmax(-1)  # [n, N]
         if simulate is not None:
             coins = simulate.coins((len(greedy), max_depth), device)
-            parts.append((rows, simulate_accept(tree.first_child[rows], predict, coins)))
+            parts.append((rows, simulate_accept(tree.first_child[rows], tree.depths[rows],
+                                                  predict, coins)))
         else:
             parts.append((rows, verify_greedy(tree.draft_tokens[rows], tree.first_child[rows],
                                               tree.next_sibling[rows], predict, max_depth)))

@@ -116,7 +116,7 @@ class SpecStepGraphs:
             result = verify_greedy(tokens, tree.first_child, tree.next_sibling, predict, n - 1)
         else:  # benchmark only; the default generator, which graphs replay safely
             coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
-            result = simulate_accept(tree.first_child, predict, coins)
+            result = simulate_accept(tree.first_child, tree.depths, predict, coins)
         m = torch.where(st.live[:bs], result.accept_len.long(), 0)
         if not self.is_chain:
             order = path_first(result.accept_index, m)
