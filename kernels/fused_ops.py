@@ -181,6 +181,40 @@ def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return q, k
 
 
+def rotary_store_torch_(positions, q, k, v, cos_sin_cache, head_dim, k_cache, v_cache, slots):
+    rotary_embedding_torch_(positions, q, k, cos_sin_cache, head_dim)
+    num_tokens = k.shape[0]
+    k_cache[slots] = k.reshape(num_tokens, *k_cache.shape[1:]).to(k_cache.dtype)
+    v_cache[slots] = v.reshape(num_tokens, *v_cache.shape[1:]).to(v_cache.dtype)
+
+
+def rotary_embedding_store_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, cos_sin_cache: torch.Tensor, head_dim: int,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *,
+                            use_triton: bool | None = None) -> None:
+    """rotary_embedding_ on q and k, then k and v written to the paged caches at `slots` ([T];
+    caches [num_slots, Hk, D], contiguous). Triton does all three in one launch, where rotary
+    and the two indexed writes took three (the writes were two of the 13 kernels of a decoder
+    layer's decode step on the H100)."""
+    _check_rotary(positions, q, k, cos_sin_cache, head_dim)
+    num_tokens, kv_size = k.shape[0], k.shape[1:].numel()
+    if v.shape[0] != num_tokens or v.shape[1:].numel() != kv_size or v.stride(-1) != 1:
+        raise ValueError(f"v must be [T={num_tokens}, {kv_size}] with packed heads, got "
+                         f"{tuple(v.shape)} strides {v.stride()}")
+    if slots.shape[0] != num_tokens or k_cache.shape[1:].numel() != kv_size:
+        raise ValueError(f"slots must be [T={num_tokens}] and the caches [slots, {kv_size}], got "
+                         f"{tuple(slots.shape)} and {tuple(k_cache.shape)}")
+    if not _pick_triton(q, use_triton):
+        return rotary_store_torch_(positions, q, k, v, cos_sin_cache, head_dim, k_cache,
+                                   v_cache, slots)
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and slots.is_contiguous()
+            and cos_sin_cache.is_contiguous() and positions.is_contiguous()):
+        raise ValueError("caches, slots, cos_sin_cache and positions must be contiguous")
+    v2 = v.view(num_tokens, kv_size) if v.dim() == 3 else v
+    _kernels("rotary").rotary_store_triton_(positions, q, k, v2, cos_sin_cache, head_dim,
+                                            k_cache, v_cache, slots)
+
+
 # ---- SiLU and mul ----------------------------------------------------------------------------
 
 def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:

@@ -69,3 +69,58 @@ def rotary_embedding_triton_(positions: torch.Tensor, q: torch.Tensor, k: torch.
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2), num_warps=num_warps,
     )
+
+
+@triton.jit
+def _rotary_store_kernel(
+    positions_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, slots_ptr, k_cache_ptr, v_cache_ptr,
+    stride_q_tok, stride_k_tok, stride_v_tok, stride_cos_sin_pos, stride_cache_slot,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+):
+    """One program: token `tok`'s q and k heads rotated in place, then its k and v rows copied
+    into the caches at its slot (k read back after the rotation: the same program wrote it)."""
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + tok).to(tl.int64)
+    offs_half = tl.arange(0, BLOCK_HALF)
+    mask_half = offs_half < HEAD_DIM // 2
+    table_row = cos_sin_ptr + pos * stride_cos_sin_pos
+    cos = tl.load(table_row + offs_half, mask=mask_half, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(table_row + HEAD_DIM // 2 + offs_half, mask=mask_half,
+                  other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(q_ptr + tok * stride_q_tok, cos, sin, offs_half, mask_half,
+                  NUM_Q_HEADS, HEAD_DIM, BLOCK_HQ)
+    _rotate_heads(k_ptr + tok * stride_k_tok, cos, sin, offs_half, mask_half,
+                  NUM_K_HEADS, HEAD_DIM, BLOCK_HK)
+    tl.debug_barrier()  # the rotated k is in memory before any thread reads it back below
+    slot = tl.load(slots_ptr + tok).to(tl.int64)
+    offs = tl.arange(0, BLOCK_KV)
+    mask = offs < NUM_K_HEADS * HEAD_DIM
+    dst = slot * stride_cache_slot + offs
+    k = tl.load(k_ptr + tok * stride_k_tok + offs, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    v = tl.load(v_ptr + tok * stride_v_tok + offs, mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary_store_triton_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, cos_sin_cache: torch.Tensor, head_dim: int,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor) -> None:
+    """rotary_embedding_triton_ on q and k, and k, v written to k_cache[slots], v_cache[slots]
+    ([num_slots, Hk, D], contiguous), in one launch. v: [T, Hk * D], heads packed."""
+    num_tokens = q.shape[0]
+    if num_tokens == 0:
+        return
+    num_q_heads = q.shape[1:].numel() // head_dim
+    num_k_heads = k.shape[1:].numel() // head_dim
+    num_warps = 4 if num_q_heads * head_dim <= 4096 else 8
+    _rotary_store_kernel[(num_tokens,)](
+        positions, q, k, v, cos_sin_cache, slots, k_cache, v_cache,
+        q.stride(0), k.stride(0), v.stride(0), cos_sin_cache.stride(0), k_cache.stride(0),
+        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HEAD_DIM=head_dim,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_k_heads),
+        BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        BLOCK_KV=triton.next_power_of_2(num_k_heads * head_dim), num_warps=num_warps,
+    )

@@ -211,7 +211,9 @@ def _target_states(hf, seq):
 
 
 def _dense_attention(num_heads, num_kv_heads, head_dim):
-    def attention(q, k, v, layer_id):
+    def attention(q, k, v, layer_id, rotate=None):
+        if rotate is not None:
+            rotate[0](rotate[1], q, k)  # in place, as the model's attention does first
         t = q.shape[0]
         q = q.view(t, num_heads, head_dim).transpose(0, 1)
         k, v = (x.reshape(t, num_kv_heads, head_dim).transpose(0, 1)

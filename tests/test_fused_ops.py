@@ -114,6 +114,58 @@ def test_rotary_kernel_matches_twin(num_tokens, head_dim, num_q_heads, num_k_hea
     _close_fp32(k, k_ref)
 
 
+def _rotary_store_case(num_tokens, head_dim, num_q_heads, num_k_heads, layout, dtype, device,
+                       cache_dtype):
+    """Inputs of rotary_embedding_store_, and the twin's q and caches after it."""
+    cos_sin = _cos_sin(head_dim, device)
+    positions = torch.randint(0, 4001, (num_tokens,), device=device)
+    q, k = _qk(layout, num_tokens, head_dim, num_q_heads, num_k_heads, dtype, device)
+    v = torch.randn(num_tokens, num_k_heads * head_dim, dtype=dtype, device=device)
+    slots = torch.randperm(2 * num_tokens + 3, device=device)[:num_tokens]  # scattered slots
+    caches = [torch.randn(2 * num_tokens + 3, num_k_heads, head_dim, device=device).to(cache_dtype)
+              for _ in range(2)]
+    ref = [q.clone(), k.clone(), v, caches[0].clone(), caches[1].clone()]
+    fused_ops.rotary_store_torch_(positions, ref[0], ref[1], ref[2], cos_sin, head_dim,
+                                  ref[3], ref[4], slots)
+    return (positions, q, k, v, cos_sin, head_dim, caches[0], caches[1], slots), ref
+
+
+@needs_interpreter
+@pytest.mark.parametrize("layout", ["flat", "qkv_slice"])
+@pytest.mark.parametrize("head_dim,num_q_heads,num_k_heads", ROTARY_SHAPES)
+@pytest.mark.parametrize("num_tokens", TOKENS)
+def test_rotary_store_kernel_matches_twin(num_tokens, head_dim, num_q_heads, num_k_heads, layout):
+    args, (q_ref, _, _, k_cache_ref, v_cache_ref) = _rotary_store_case(
+        num_tokens, head_dim, num_q_heads, num_k_heads, layout, torch.float32, "cpu",
+        torch.float32)
+    fused_ops.rotary_embedding_store_(*args, use_triton=True)
+    _close_fp32(args[1], q_ref)
+    _close_fp32(args[6], k_cache_ref)  # rotated k, at its slots; other slots untouched
+    assert torch.equal(args[7], v_cache_ref)
+
+
+def test_rotary_store_twin_equals_rotary_then_save():
+    rotary = RotaryEmbedding(64, MAX_POSITIONS, theta=10000.0)
+    positions = torch.tensor([5, 0, 900])
+    q, k, v = torch.randn(3, 4, 64), torch.randn(3, 2, 64), torch.randn(3, 128)
+    k_cache, v_cache = torch.zeros(8, 2, 64), torch.zeros(8, 2, 64)
+    slots = torch.tensor([6, 1, 3])
+    q_ref, k_ref = rotary(positions, q.clone(), k.clone())
+    fused_ops.rotary_embedding_store_(positions, q, k, v, rotary.cos_sin, 64, k_cache, v_cache,
+                                      slots)
+    assert torch.equal(q, q_ref)
+    assert torch.equal(k_cache[slots], k_ref) and torch.equal(v_cache[slots], v.view(3, 2, 64))
+    assert not k_cache[[0, 2, 4, 5, 7]].any() and not v_cache[[0, 2, 4, 5, 7]].any()
+
+
+def test_rotary_store_refuses_mismatched_slots():
+    with pytest.raises(ValueError, match="slots must be"):
+        fused_ops.rotary_embedding_store_(
+            torch.zeros(4, dtype=torch.long), torch.randn(4, 128), torch.randn(4, 64),
+            torch.randn(4, 64), _cos_sin(64), 64, torch.zeros(8, 1, 64), torch.zeros(8, 1, 64),
+            torch.zeros(3, dtype=torch.long))
+
+
 @needs_interpreter
 @pytest.mark.parametrize("inter_size", [64, 576, 1536])
 @pytest.mark.parametrize("num_tokens", TOKENS)
@@ -240,6 +292,21 @@ def test_cuda_rotary_matches_twin(num_tokens, head_dim, num_q_heads, num_k_heads
     fused_ops.rotary_embedding_(positions, q, k, cos_sin, head_dim)
     torch.testing.assert_close(q, q_ref, **_tol(dtype))
     torch.testing.assert_close(k, k_ref, **_tol(dtype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("layout", ["flat", "qkv_slice"])
+@pytest.mark.parametrize("head_dim,num_q_heads,num_k_heads", ROTARY_SHAPES + [(128, 32, 8)])
+@pytest.mark.parametrize("num_tokens", [0, 1, 33, 2048])
+def test_cuda_rotary_store_matches_twin(num_tokens, head_dim, num_q_heads, num_k_heads, layout,
+                                        dtype):
+    args, (q_ref, _, _, k_cache_ref, v_cache_ref) = _rotary_store_case(
+        num_tokens, head_dim, num_q_heads, num_k_heads, layout, dtype, "cuda", dtype)
+    fused_ops.rotary_embedding_store_(*args)
+    torch.testing.assert_close(args[1], q_ref, **_tol(dtype))
+    torch.testing.assert_close(args[6], k_cache_ref, **_tol(dtype))
+    assert torch.equal(args[7], v_cache_ref)
 
 
 @pytest.mark.cuda

@@ -52,6 +52,17 @@ class AttentionBackend:
         padding rows are zero."""
         raise NotImplementedError
 
+    def rotate_and_save_kv(self, rotary, positions, q, k, v, layer_id: int,
+                           batch: ForwardBatch) -> None:
+        """Rotary on q and k (in place), then save_kv: on CUDA one kernel for the three
+        (kernels.fused_ops.rotary_embedding_store_)."""
+        from kernels import fused_ops
+
+        pool, num_tokens = self.kv_cache.pool, k.shape[0]
+        fused_ops.rotary_embedding_store_(
+            positions, q, k, v, rotary.cos_sin, rotary.head_dim, pool.k_buffers[layer_id],
+            pool.v_buffers[layer_id], batch.out_cache_loc[:num_tokens])
+
     def save_kv(self, k, v, layer_id: int, batch: ForwardBatch) -> None:
         num_tokens = k.shape[0]
         self.kv_cache.pool.write(

@@ -70,14 +70,17 @@ class TritonAttnBackend(AttentionBackend):
         # Copies stay on the device (no host sync); int64 batch tensors are cast to int32 here.
         self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
         self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
-        self._extend_lens[:num_reqs].copy_(batch.extend_seq_lens[:num_reqs])
         stride = batch.req_row_stride
-        if stride:  # request i's queries start at row i * stride
-            self._q_starts[:num_reqs + 1].copy_(torch.arange(
-                0, (num_reqs + 1) * stride, stride, dtype=torch.int32, device=self.device))
-        else:
-            torch.cumsum(self._extend_lens[:num_reqs], dim=0, dtype=torch.int32,
-                         out=self._q_starts[1:num_reqs + 1])
+        if batch.forward_mode != ForwardMode.DECODE:
+            # Only the extend kernel reads query starts. NOTE: skipped for decode, a draft
+            # chain's every step among them: three of a head step's ~27 kernels on the H100.
+            self._extend_lens[:num_reqs].copy_(batch.extend_seq_lens[:num_reqs])
+            if stride:  # request i's queries start at row i * stride
+                self._q_starts[:num_reqs + 1].copy_(torch.arange(
+                    0, (num_reqs + 1) * stride, stride, dtype=torch.int32, device=self.device))
+            else:
+                torch.cumsum(self._extend_lens[:num_reqs], dim=0, dtype=torch.int32,
+                             out=self._q_starts[1:num_reqs + 1])
         self._num_reqs = num_reqs
         self._row_stride = stride
         self._num_real_tokens = int(sum(batch.extend_seq_lens_cpu))

@@ -16,16 +16,25 @@ from specpcg.models.config import ModelConfig
 from specpcg.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+              rotate=None) -> torch.Tensor:
     """Attention for the forward in flight; the batch comes from the forward context.
+    rotate: (rotary, positions) to apply to q and k first, in place.
 
     A paged backend's K/V write is plain tensor work on static slots, so it runs here, inside a
-    piecewise graph's segment; the break is then the attention kernel alone, writing into the
-    buffer the next segment reads (no allocation or copy at replay)."""
+    piecewise graph's segment, fused with the rotary (one kernel on CUDA where the two took
+    three); the break is then the attention kernel alone, writing into the buffer the next
+    segment reads (no allocation or copy at replay)."""
     ctx = get_forward_context()
-    if not ctx.attn_backend.paged:
+    backend = ctx.attn_backend
+    if rotate is not None and backend.paged:
+        backend.rotate_and_save_kv(*rotate, q, k, v, layer_id, ctx.batch)
+        return _attend(q, layer_id)
+    if rotate is not None:
+        rotate[0](rotate[1], q, k)  # in place
+    if not backend.paged:
         return _attention_unpaged(q, k, v, layer_id)
-    ctx.attn_backend.save_kv(k, v, layer_id, ctx.batch)
+    backend.save_kv(k, v, layer_id, ctx.batch)
     return _attend(q, layer_id)
 
 
@@ -65,8 +74,8 @@ class LlamaAttention(nn.Module):
         v = v.contiguous()
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        self.rotary(positions, q, k)  # in place
-        out = attention(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, self.layer_id)
+        out = attention(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, self.layer_id,
+                        rotate=(self.rotary, positions))
         return self.o_proj(out)
 
 
