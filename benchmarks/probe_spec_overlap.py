@@ -54,7 +54,8 @@ def make_engine(system: str, args, tmp: str, bs: int):
     return Engine(model_path=None if args.model_path == "default" else args.model_path,
                   show_progress=False, max_running_requests=bs, cuda_graph_max_bs=max(bs, 1),
                   max_total_tokens=4 * bs * (256 + args.new_tokens) + 4096,
-                  skip_tokenizer_init=not args.draft, **spec)
+                  skip_tokenizer_init=not args.draft, triton_verify_kernel=args.verify_kernel,
+                  **spec)
 
 
 def host_profile(engine, run, top: int) -> tuple:
@@ -98,6 +99,7 @@ def probe(system: str, bs: int, args, tmp: str) -> dict:
         run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
     run()  # warm-up
     row = {"bench": "step_probe", "system": system, "batch_size": bs,
+           "verify_kernel": args.verify_kernel,
            "new_tokens": args.new_tokens, "prob": None if args.draft else args.prob,
            "draft": "trained" if args.draft else ("random" if system != "none" else None)}
     s0, t0 = steps_of(engine), time.perf_counter()
@@ -143,6 +145,7 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--verify-kernel", default="split_k", help="triton_verify_kernel")
     p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
     from specpcg.models.loader import default_model_path

@@ -13,7 +13,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
 # program per request, head and query block walks the whole prefix); "split_k": node j of a
 # request is a decode query over its first seq_len - N + 1 + j positions, so the split-K decode
 # kernel spreads the prefix over many programs (a batch-1 verify otherwise keeps few SMs busy).
-TRITON_VERIFY_KERNELS = ("extend", "split_k")
+TRITON_VERIFY_KERNELS = ("auto", "extend", "split_k")
 LOAD_FORMATS = ("auto", "dummy")
 DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -30,8 +30,11 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     attention_backend: str = "auto"
     # One of TRITON_VERIFY_KERNELS. split_k: a batch-1 verify of 8 nodes took 1.17 ms of GPU
-    # time against 1.56 ms with the prefill kernel (H100, benchmarks/results/step.jsonl).
-    triton_verify_kernel: str = "split_k"
+    # time against 1.56 ms with the prefill kernel (H100, benchmarks/results/step.jsonl); at
+    # batch 16 and 64 the prefill kernel, which reads each request's keys once for all its
+    # nodes, took 4-14% less kernel time a step (step_probe.jsonl). auto: split-K while the
+    # prefill kernel's programs (requests x heads) would not fill the GPU, else extend.
+    triton_verify_kernel: str = "auto"
     context_length: Optional[int] = None
     mem_fraction_static: float = 0.8  # GPU: share of free memory for weights + KV
     max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768

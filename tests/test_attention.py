@@ -386,3 +386,29 @@ def test_tree_rows_keep_the_pools_width_whatever_the_lengths(monkeypatch):
                  tree_keys=4)
     pool_width = _make_cache("cpu", torch.float32, 16).req_pool.req_to_token.shape[1]
     assert widths and set(widths) == {pool_width}
+
+
+def test_auto_verify_kernel_takes_split_k_where_extend_would_leave_sms_idle():
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    cache = _make_cache("cpu", torch.float32, 16)
+    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25, verify_kernel="auto")
+    assert backend._split_k_verify(64)  # CPU: always split-K
+    backend.device, backend._num_sms = torch.device("cuda"), 132  # an H100's SM count
+    assert backend._split_k_verify(132 // NUM_HEADS - 1)
+    assert not backend._split_k_verify(-(-132 // NUM_HEADS))
+    for kernel, split in (("split_k", True), ("extend", False)):
+        backend.verify_kernel = kernel
+        assert backend._split_k_verify(1) is split and backend._split_k_verify(64) is split
+
+
+def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
+    from specpcg.config import EngineConfig
+    from specpcg.engine import Engine
+
+    for deterministic, want in ((True, "split_k"), (False, "auto")):
+        engine = Engine.__new__(Engine)
+        engine.config = EngineConfig(enable_deterministic_inference=deterministic)
+        assert engine._verify_kernel() == want
+    engine.config = EngineConfig(enable_deterministic_inference=True, triton_verify_kernel="extend")
+    assert engine._verify_kernel() == "extend"

@@ -92,10 +92,19 @@ class TritonAttnBackend(AttentionBackend):
         lens = batch.extend_seq_lens_cpu
         if batch.tree_mask is not None:
             self._expand_tree(num_reqs, batch, stride)
-        elif (self.verify_kernel == "split_k" and batch.forward_mode == ForwardMode.TARGET_VERIFY
+        elif (batch.forward_mode == ForwardMode.TARGET_VERIFY and self._split_k_verify(num_reqs)
                 and not stride and lens
                 and all(n == lens[0] for n in lens)):
             self._expand_verify(num_reqs, lens[0])
+
+    def _split_k_verify(self, num_reqs: int) -> bool:
+        """Whether a chain verify of num_reqs requests runs its nodes as split-K decode queries.
+        auto: while the extend kernel's programs (a request's query block per head) would leave
+        SMs idle, as at batch 1, where split-K spreads each node's keys over many programs; on
+        CPU (the interpreter) always, as before auto existed."""
+        if self.verify_kernel != "auto":
+            return self.verify_kernel == "split_k"
+        return self.device.type != "cuda" or num_reqs * self.num_heads < self._num_sms
 
     def _expand_tree(self, num_reqs: int, batch: ForwardBatch, stride: int) -> None:
         """A draft tree's E queries per request (verify nodes, or a draft step's branches) as
