@@ -33,8 +33,10 @@ class EngineConfig:
     # time against 1.56 ms with the prefill kernel (H100, benchmarks/results/step.jsonl); at
     # batch 16 and 64 the prefill kernel, which reads each request's keys once for all its
     # nodes, took 4-14% less kernel time a step (step_probe.jsonl). auto: split-K while the
-    # prefill kernel's programs (requests x heads) would not fill the GPU, else extend.
-    triton_verify_kernel: str = "auto"
+    # prefill kernel's programs (requests x heads) would not fill the GPU, else extend. NOTE:
+    # split_k stays the default: only there is a verify node's attention bitwise the decode
+    # query at its position (README, "Lossless in bf16"), which auto gives up at large batches.
+    triton_verify_kernel: str = "split_k"
     context_length: Optional[int] = None
     mem_fraction_static: float = 0.8  # GPU: share of free memory for weights + KV
     max_total_tokens: Optional[int] = None  # KV slots; CPU default 32768

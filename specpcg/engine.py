@@ -128,7 +128,7 @@ class Engine:
     def _verify_kernel(self) -> str:
         """The deterministic mode keeps a verify's nodes on the decode kernel (split_k), the
         kernel a plain decode step runs, so that a verified token is computed as decoding
-        computes it; auto would move large batches to the extend kernel."""
+        computes it: auto would move large batches to the extend kernel."""
         cfg = self.config
         if cfg.triton_verify_kernel == "auto" and cfg.enable_deterministic_inference:
             return "split_k"

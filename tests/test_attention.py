@@ -406,9 +406,12 @@ def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
     from specpcg.config import EngineConfig
     from specpcg.engine import Engine
 
+    engine = Engine.__new__(Engine)
     for deterministic, want in ((True, "split_k"), (False, "auto")):
-        engine = Engine.__new__(Engine)
-        engine.config = EngineConfig(enable_deterministic_inference=deterministic)
+        engine.config = EngineConfig(enable_deterministic_inference=deterministic,
+                                     triton_verify_kernel="auto")
         assert engine._verify_kernel() == want
+    engine.config = EngineConfig()
+    assert engine._verify_kernel() == "split_k"  # the default: verify nodes as decode queries
     engine.config = EngineConfig(enable_deterministic_inference=True, triton_verify_kernel="extend")
     assert engine._verify_kernel() == "extend"
