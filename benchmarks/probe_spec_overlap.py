@@ -34,12 +34,10 @@ from specpcg import Engine  # noqa: E402
 
 
 def steps_of(engine) -> int:
-    """Decode steps so far: verifies plus plain decode forwards (prefills not counted)."""
-    info = engine.get_server_info()
-    verifies = info["internal_states"][0].get("spec_verify_ct", 0)
-    plain = sum(s["count"] for s in info["forward_stats"] if s["mode"] == "DECODE"
-                and s["runner"] in ("decode_graph", "eager", "overlap"))
-    return verifies if verifies else plain
+    """Decode steps so far: the target's DECODE and TARGET_VERIFY forwards (one per step of the
+    whole batch; prefills not counted)."""
+    return sum(s["count"] for s in engine.get_server_info()["forward_stats"]
+               if s["mode"] in ("DECODE", "TARGET_VERIFY") and "draft" not in s["runner"])
 
 
 def make_engine(system: str, args, tmp: str, bs: int):

@@ -1,0 +1,86 @@
+"""The kernels of one overlapped speculative step, in order (CUDA only).
+
+An engine with a random EAGLE3 head (or NGRAM) at (7, 1, 8) and synthetic acceptance decodes
+repeated-id prompts; one replay of the speculative step graph at the given batch size runs under
+the torch profiler, and its kernels are printed in launch order, runs of the same kernel folded:
+start (us from the first), count, summed duration, name. The draft's steps, the verify's layers
+and the accept stand apart by their kernels, so the launches each phase costs can be counted.
+
+    python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] > trace.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import tempfile
+
+import torch
+
+import common
+
+common.add_repo_to_path()
+from accept_prompts import repeated_id_prompts  # noqa: E402
+from bench_spec_overlap import random_head  # noqa: E402
+
+
+def trace_one_step(engine, bs: int, run) -> list:
+    """(name, start us, end us) of every kernel of the first step replay at batch bs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specpcg.speculative import step_graph
+
+    original, events = step_graph.SpecStepGraphs.run, []
+
+    def traced(self, b):
+        if events or b != bs:
+            return original(self, b)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            original(self, b)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        events.extend((e.name, e.time_range.start, e.time_range.end)
+                      for e in sorted(kernels, key=lambda e: e.time_range.start))
+
+    step_graph.SpecStepGraphs.run = traced
+    try:
+        run()
+    finally:
+        step_graph.SpecStepGraphs.run = original
+    return events
+
+
+def main(argv=None) -> None:
+    from specpcg import Engine
+    from specpcg.models.loader import default_model_path
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"])
+    p.add_argument("--model-path", default=None)
+    args = p.parse_args(argv)
+    path = args.model_path or default_model_path()
+    with tempfile.TemporaryDirectory() as tmp:
+        head = None if args.algorithm == "NGRAM" else random_head(path, tmp)
+        engine = Engine(model_path=path, speculative_algorithm=args.algorithm,
+                        speculative_draft_model_path=head, speculative_num_steps=7,
+                        speculative_eagle_topk=1, speculative_num_draft_tokens=8,
+                        speculative_simulate_accept_prob=0.7, show_progress=False,
+                        skip_tokenizer_init=True, max_running_requests=args.batch,
+                        cuda_graph_max_bs=args.batch, **common.PINNED_SPEC)
+        ids = repeated_id_prompts(args.batch, 128, 32, engine.model_config.vocab_size)
+        params = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+        run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
+        run()  # warm-up
+        events = trace_one_step(engine, args.batch, run)
+    t0 = events[0][1]
+    print(f"batch {args.batch} {args.algorithm}: {len(events)} kernels, busy "
+          f"{sum(e[2] - e[1] for e in events):.0f} us")
+    for name, group in itertools.groupby(events, key=lambda e: e[0][:60]):
+        g = list(group)
+        print(f"  {g[0][1] - t0:8.1f} {len(g):3d}x {sum(e[2] - e[1] for e in g):7.1f}us  {name}")
+
+
+if __name__ == "__main__":
+    main()
