@@ -31,14 +31,11 @@ def _rotate_heads(row_ptr, cos, sin, offs_half, mask_half,
 
 
 @triton.jit
-def _rotary_kernel(
-    positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
-    stride_q_tok, stride_k_tok, stride_cos_sin_pos,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):
-    """One program: every q head and every k head of token `tok`."""
-    tok = tl.program_id(0).to(tl.int64)
+def _rotate_token(tok, positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
+                  stride_q_tok, stride_k_tok, stride_cos_sin_pos,
+                  NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Every q head and every k head of token `tok`, rotated in place."""
     pos = tl.load(positions_ptr + tok).to(tl.int64)
     offs_half = tl.arange(0, BLOCK_HALF)
     mask_half = offs_half < HEAD_DIM // 2  # BLOCK_HALF is HEAD_DIM / 2 padded to a power of two
@@ -52,6 +49,30 @@ def _rotary_kernel(
                   NUM_K_HEADS, HEAD_DIM, BLOCK_HK)
 
 
+@triton.jit
+def _rotary_kernel(
+    positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
+    stride_q_tok, stride_k_tok, stride_cos_sin_pos,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    """One program: every q head and every k head of token `tok`."""
+    _rotate_token(tl.program_id(0).to(tl.int64), positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
+                  stride_q_tok, stride_k_tok, stride_cos_sin_pos, NUM_Q_HEADS, NUM_K_HEADS,
+                  HEAD_DIM, BLOCK_HQ, BLOCK_HK, BLOCK_HALF)
+
+
+def _launch_options(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> dict:
+    """The constexprs and warps of a rotary launch over q and k's heads."""
+    num_q_heads = q.shape[1:].numel() // head_dim
+    num_k_heads = k.shape[1:].numel() // head_dim
+    return dict(NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HEAD_DIM=head_dim,
+                BLOCK_HQ=triton.next_power_of_2(num_q_heads),
+                BLOCK_HK=triton.next_power_of_2(num_k_heads),
+                BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+                num_warps=4 if num_q_heads * head_dim <= 4096 else 8)
+
+
 def rotary_embedding_triton_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                              cos_sin_cache: torch.Tensor, head_dim: int) -> None:
     """positions: [T]; q: [T, Hq * D] (or [T, Hq, D]) and k: [T, Hk * D], heads packed inside a
@@ -59,16 +80,9 @@ def rotary_embedding_triton_(positions: torch.Tensor, q: torch.Tensor, k: torch.
     num_tokens = q.shape[0]
     if num_tokens == 0:
         return
-    num_q_heads = q.shape[1:].numel() // head_dim
-    num_k_heads = k.shape[1:].numel() // head_dim
-    num_warps = 4 if num_q_heads * head_dim <= 4096 else 8
     _rotary_kernel[(num_tokens,)](
-        positions, q, k, cos_sin_cache,
-        q.stride(0), k.stride(0), cos_sin_cache.stride(0),
-        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HEAD_DIM=head_dim,
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_k_heads),
-        BLOCK_HALF=triton.next_power_of_2(head_dim // 2), num_warps=num_warps,
-    )
+        positions, q, k, cos_sin_cache, q.stride(0), k.stride(0), cos_sin_cache.stride(0),
+        **_launch_options(q, k, head_dim))
 
 
 @triton.jit
@@ -82,20 +96,12 @@ def _rotary_store_kernel(
     """One program: token `tok`'s q and k heads rotated in place, then its k and v rows copied
     into the caches at its slot (k read back after the rotation: the same program wrote it)."""
     tok = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + tok).to(tl.int64)
-    offs_half = tl.arange(0, BLOCK_HALF)
-    mask_half = offs_half < HEAD_DIM // 2
-    table_row = cos_sin_ptr + pos * stride_cos_sin_pos
-    cos = tl.load(table_row + offs_half, mask=mask_half, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(table_row + HEAD_DIM // 2 + offs_half, mask=mask_half,
-                  other=0.0).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr + tok * stride_q_tok, cos, sin, offs_half, mask_half,
-                  NUM_Q_HEADS, HEAD_DIM, BLOCK_HQ)
-    _rotate_heads(k_ptr + tok * stride_k_tok, cos, sin, offs_half, mask_half,
-                  NUM_K_HEADS, HEAD_DIM, BLOCK_HK)
+    _rotate_token(tok, positions_ptr, q_ptr, k_ptr, cos_sin_ptr, stride_q_tok, stride_k_tok,
+                  stride_cos_sin_pos, NUM_Q_HEADS, NUM_K_HEADS, HEAD_DIM, BLOCK_HQ, BLOCK_HK,
+                  BLOCK_HALF)
     tl.debug_barrier()  # the rotated k is in memory before any thread reads it back below
     slot = tl.load(slots_ptr + tok).to(tl.int64)
-    offs = tl.arange(0, BLOCK_KV)
+    offs = tl.arange(0, BLOCK_KV)  # the token's k (and v) row, padded to a power of two
     mask = offs < NUM_K_HEADS * HEAD_DIM
     dst = slot * stride_cache_slot + offs
     k = tl.load(k_ptr + tok * stride_k_tok + offs, mask=mask)
@@ -113,14 +119,7 @@ def rotary_store_triton_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
     num_tokens = q.shape[0]
     if num_tokens == 0:
         return
-    num_q_heads = q.shape[1:].numel() // head_dim
-    num_k_heads = k.shape[1:].numel() // head_dim
-    num_warps = 4 if num_q_heads * head_dim <= 4096 else 8
     _rotary_store_kernel[(num_tokens,)](
         positions, q, k, v, cos_sin_cache, slots, k_cache, v_cache,
         q.stride(0), k.stride(0), v.stride(0), cos_sin_cache.stride(0), k_cache.stride(0),
-        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=num_k_heads, HEAD_DIM=head_dim,
-        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HK=triton.next_power_of_2(num_k_heads),
-        BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
-        BLOCK_KV=triton.next_power_of_2(num_k_heads * head_dim), num_warps=num_warps,
-    )
+        BLOCK_KV=triton.next_power_of_2(k.shape[1:].numel()), **_launch_options(q, k, head_dim))

@@ -153,6 +153,15 @@ class EngineConfig:
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return dtype
 
+    def resolve_verify_kernel(self) -> str:
+        """The triton backend's chain-verify kernel on every rank. The deterministic mode keeps
+        a verify's nodes on the decode kernel (split_k), the kernel a plain decode step runs,
+        so that a verified token is computed as decoding computes it: auto would move large
+        batches to the extend kernel."""
+        if self.triton_verify_kernel == "auto" and self.enable_deterministic_inference:
+            return "split_k"
+        return self.triton_verify_kernel
+
 
 def reject_unknown(kwargs: dict, cls, what: str) -> None:
     """ValueError naming every key of `kwargs` that is not a field of the dataclass `cls`."""

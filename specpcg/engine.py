@@ -83,7 +83,7 @@ class Engine:
         self.kv_cache = self._make_kv_cache(getattr(self.draft, "kv_bytes_per_slot", 0))
         self.attn_backend = create_attention_backend(
             cfg.attention_backend, self.device, self.kv_cache, mc.num_heads, mc.num_kv_heads,
-            mc.head_dim, mc.head_dim ** -0.5, verify_kernel=self._verify_kernel())
+            mc.head_dim, mc.head_dim ** -0.5, verify_kernel=cfg.resolve_verify_kernel())
         if self.tp is not None:
             self.tp.setup(self.kv_cache)
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device,
@@ -124,15 +124,6 @@ class Engine:
         self._draft_target = FullVocabView(full)
         self._draft_target.config = full_cfg  # drafts see the whole target's shape
         return model, local, tokenizer
-
-    def _verify_kernel(self) -> str:
-        """The deterministic mode keeps a verify's nodes on the decode kernel (split_k), the
-        kernel a plain decode step runs, so that a verified token is computed as decoding
-        computes it: auto would move large batches to the extend kernel."""
-        cfg = self.config
-        if cfg.triton_verify_kernel == "auto" and cfg.enable_deterministic_inference:
-            return "split_k"
-        return cfg.triton_verify_kernel
 
     def _setup_spec(self) -> SpecDecoder:
         if not self.spec.is_chain and not self.attn_backend.supports_tree_mask:

@@ -404,14 +404,11 @@ def test_auto_verify_kernel_takes_split_k_where_extend_would_leave_sms_idle():
 
 def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
     from specpcg.config import EngineConfig
-    from specpcg.engine import Engine
 
-    engine = Engine.__new__(Engine)
     for deterministic, want in ((True, "split_k"), (False, "auto")):
-        engine.config = EngineConfig(enable_deterministic_inference=deterministic,
-                                     triton_verify_kernel="auto")
-        assert engine._verify_kernel() == want
-    engine.config = EngineConfig()
-    assert engine._verify_kernel() == "split_k"  # the default: verify nodes as decode queries
-    engine.config = EngineConfig(enable_deterministic_inference=True, triton_verify_kernel="extend")
-    assert engine._verify_kernel() == "extend"
+        cfg = EngineConfig(enable_deterministic_inference=deterministic,
+                           triton_verify_kernel="auto")
+        assert cfg.resolve_verify_kernel() == want
+    assert EngineConfig().resolve_verify_kernel() == "split_k"  # the default: decode queries
+    cfg = EngineConfig(enable_deterministic_inference=True, triton_verify_kernel="extend")
+    assert cfg.resolve_verify_kernel() == "extend"

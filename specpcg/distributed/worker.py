@@ -135,7 +135,8 @@ def mirror_runner(cfg, model, mc, setup: dict, device):
                   cfg.resolve_dtype(device), device)
     kv = KVCache(pool, ReqToTokenPool(setup["rows"], setup["context_len"], device))
     attn = create_attention_backend(cfg.attention_backend, device, kv, mc.num_heads,
-                                    mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5)
+                                    mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5,
+                                    verify_kernel=cfg.resolve_verify_kernel())
     return ModelRunner(model, kv, attn, device)
 
 
