@@ -1,12 +1,12 @@
 """The kernels of one overlapped speculative step, in order (CUDA only).
 
-An engine with a random EAGLE3 head (or NGRAM) at (7, 1, 8) and synthetic acceptance decodes
-repeated-id prompts; one replay of the speculative step graph at the given batch size runs under
+An engine with a random EAGLE3 head (or NGRAM) at (7, 1, 8) (or --setting: a tree, topk > 1)
+and synthetic acceptance decodes repeated-id prompts; one replay of the speculative step graph at the given batch size runs under
 the torch profiler, and its kernels are printed in launch order, runs of the same kernel folded:
 start (us from the first), count, summed duration, name. The draft's steps, the verify's layers
 and the accept stand apart by their kernels, so the launches each phase costs can be counted.
 
-    python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] > trace.txt
+    python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] [--setting 5,4,8] > trace.txt
 """
 
 from __future__ import annotations
@@ -59,13 +59,15 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"])
     p.add_argument("--model-path", default=None)
+    p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens (a tree: topk > 1)")
     args = p.parse_args(argv)
+    steps, topk, num_tokens = common.parse_setting(args.setting)
     path = args.model_path or default_model_path()
     with tempfile.TemporaryDirectory() as tmp:
         head = None if args.algorithm == "NGRAM" else random_head(path, tmp)
         engine = Engine(model_path=path, speculative_algorithm=args.algorithm,
-                        speculative_draft_model_path=head, speculative_num_steps=7,
-                        speculative_eagle_topk=1, speculative_num_draft_tokens=8,
+                        speculative_draft_model_path=head, speculative_num_steps=steps,
+                        speculative_eagle_topk=topk, speculative_num_draft_tokens=num_tokens,
                         speculative_simulate_accept_prob=0.7, show_progress=False,
                         skip_tokenizer_init=True, max_running_requests=args.batch,
                         cuda_graph_max_bs=args.batch, **common.PINNED_SPEC)
@@ -75,7 +77,8 @@ def main(argv=None) -> None:
         run()  # warm-up
         events = trace_one_step(engine, args.batch, run)
     t0 = events[0][1]
-    print(f"batch {args.batch} {args.algorithm}: {len(events)} kernels, busy "
+    print(f"batch {args.batch} {args.algorithm} {args.setting}: {len(events)} kernels, span "
+          f"{events[-1][2] - t0:.0f} us, busy "
           f"{sum(e[2] - e[1] for e in events):.0f} us")
     for name, group in itertools.groupby(events, key=lambda e: e[0][:60]):
         g = list(group)

@@ -1,0 +1,143 @@
+"""Every scheduler call of one batch, timed: where an adaptive engine's time goes, against the
+same prompts pinned to speculation and without speculation, in one process.
+
+Per system and batch size, one untimed batch, then one batch with every scheduler call logged:
+its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step in
+flight), the running batch, the wall seconds and the tokens it appended; and every step the
+adaptive controller recorded (side, tokens, seconds). The summary line per system and batch
+sums each kind's calls and sets the controller's recorded rates beside the calls' real ones:
+a side whose recorded steps run faster than its calls do is over-measured.
+
+    python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
+        [--batches 16 64] [--max-new-tokens 128] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import common
+
+common.add_repo_to_path()
+
+SYSTEMS = ("no-spec", "pinned", "adaptive")
+CALLS = {"_run_prefill": "prefill", "_run_overlapped": "plain", "_run_spec_overlapped": "spec",
+         "_run_decode": "sync"}
+
+
+def instrument(engine) -> list:
+    """Wraps the scheduler's step kinds, flushes and the controller's record; returns the log
+    each call appends to (dicts)."""
+    s, log, seen = engine.scheduler, [], {}
+
+    def appended() -> int:
+        for r in s.running:
+            seen[id(r)] = r
+        return sum(len(r.output_ids) for r in seen.values())
+
+    def wrap(obj, name: str, kind: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed_call(*a, **k):
+            bs, before, t0 = len(s.running), appended(), time.perf_counter()
+            out = fn(*a, **k)
+            log.append({"kind": kind, "bs": bs, "s": time.perf_counter() - t0,
+                        "tokens": appended() - before})
+            return out
+        setattr(obj, name, timed_call)
+
+    for name, kind in CALLS.items():
+        wrap(s, name, kind)
+    for ov, kind in ((s.overlap, "flush-plain"), (s.spec_overlap, "flush-spec")):
+        if ov is not None:
+            wrap(ov, "flush", kind)
+    if s.adaptive is not None:
+        record = s.adaptive.record
+
+        def logged(batch_size, spec, tokens, seconds):
+            log.append({"kind": "record", "bs": batch_size, "spec": spec, "tokens": tokens,
+                        "s": seconds})
+            return record(batch_size, spec, tokens, seconds)
+        s.adaptive.record = logged
+    return log
+
+
+def summary(log: list, wall: float, tokens: int) -> dict:
+    """Per call kind: calls, seconds, tokens; per recorded side: steps, tokens per request and
+    step, and the rate the controller saw against the side's calls' own."""
+    kinds = defaultdict(lambda: {"calls": 0, "s": 0.0, "tokens": 0})
+    rec = defaultdict(lambda: {"steps": 0, "s": 0.0, "per_req": 0.0})
+    for e in log:
+        if e["kind"] == "record":
+            r = rec["spec" if e["spec"] else "plain"]
+            r["steps"] += 1
+            r["s"] += e["s"]
+            r["per_req"] += e["tokens"] / e["bs"]
+        else:
+            k = kinds[e["kind"]]
+            k["calls"] += 1
+            k["s"] += e["s"]
+            k["tokens"] += e["tokens"]
+    for r in rec.values():
+        r["tok_s_per_req"] = round(r["per_req"] / r["s"], 1) if r["s"] else 0.0
+        r["s"], r["per_req"] = round(r["s"], 4), round(r["per_req"], 1)
+    for k in kinds.values():
+        k["s"] = round(k["s"], 4)
+    switches = sum(1 for a, b in zip(log, log[1:]) if {a["kind"], b["kind"]} == {"plain", "spec"})
+    return {"wall_s": round(wall, 4), "tok_s": round(tokens / wall), "calls": dict(kinds),
+            "recorded": dict(rec), "plain_spec_switches": switches}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--algorithm", default="NGRAM")
+    p.add_argument("--draft", default=None)
+    p.add_argument("--setting", default="3,1,4", help="steps,topk,tokens (bench_adaptive's)")
+    p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default=None, help="JSON lines: one per call, then the summary")
+    args = p.parse_args(argv)
+    from bench_adaptive import engine_kwargs, prompts_for
+    from specpcg import Engine
+
+    setting = common.parse_setting(args.setting)
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    out = open(args.out, "w") if args.out else None
+    for system in SYSTEMS:
+        engine = Engine(model_path=args.model_path, show_progress=False,
+                        **engine_kwargs(system, args.algorithm, args.draft, setting))
+        for bs in args.batches:
+            prompts = prompts_for(engine, max(args.batches), 128)[:bs]
+            engine.generate(input_ids=prompts, sampling_params=params)
+            log = instrument(engine)
+            t0 = time.perf_counter()
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            wall = time.perf_counter() - t0
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
+                    "batch": bs, **summary(log, wall, tokens),
+                    **common.machine_info(engine.device)}
+            print(json.dumps(line), flush=True)
+            if out:
+                for e in log:
+                    out.write(json.dumps({"system": system, "batch": bs, **e}) + "\n")
+                out.write(json.dumps(line) + "\n")
+            engine.scheduler.__dict__.pop("_run_prefill", None)  # drop the wrappers
+            for name in CALLS:
+                engine.scheduler.__dict__.pop(name, None)
+            for ov in (engine.scheduler.overlap, engine.scheduler.spec_overlap):
+                if ov is not None:
+                    ov.__dict__.pop("flush", None)
+            if engine.scheduler.adaptive is not None:
+                engine.scheduler.adaptive.__dict__.pop("record", None)
+        engine.shutdown()
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
