@@ -9,7 +9,7 @@ sums each kind's calls and sets the controller's recorded rates beside the calls
 a side whose recorded steps run faster than its calls do is over-measured.
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
-        [--batches 16 64] [--max-new-tokens 128] [--out FILE]
+        [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--out FILE]
 """
 
 from __future__ import annotations
@@ -99,16 +99,21 @@ def main(argv=None) -> None:
     p.add_argument("--setting", default="3,1,4", help="steps,topk,tokens (bench_adaptive's)")
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default=None, help="JSON lines: one per call, then the summary")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
+                   help="one process per system keeps each engine's memory its own")
+    p.add_argument("--out", default=None,
+                   help="append JSON lines: one per call, then the summary")
     args = p.parse_args(argv)
     from bench_adaptive import engine_kwargs, prompts_for
     from specpcg import Engine
 
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
-    out = open(args.out, "w") if args.out else None
-    for system in SYSTEMS:
+    out = open(args.out, "a") if args.out else None
+    for system in args.systems:
+        most = max(args.batches)  # as bench_adaptive sizes its engines
         engine = Engine(model_path=args.model_path, show_progress=False,
+                        max_running_requests=most, cuda_graph_max_bs=most,
                         **engine_kwargs(system, args.algorithm, args.draft, setting))
         for bs in args.batches:
             prompts = prompts_for(engine, max(args.batches), 128)[:bs]
@@ -134,7 +139,10 @@ def main(argv=None) -> None:
                     ov.__dict__.pop("flush", None)
             if engine.scheduler.adaptive is not None:
                 engine.scheduler.adaptive.__dict__.pop("record", None)
+        device = engine.device
         engine.shutdown()
+        del engine, log  # the wrappers hold the scheduler: the next engine needs its memory
+        common.free_memory(device)
     if out:
         out.close()
 

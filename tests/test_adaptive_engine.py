@@ -71,6 +71,39 @@ def test_a_step_is_timed_with_the_host_work_after_the_step_before(world, spec):
     assert len(rec.seconds) >= 3 and all(s >= 0.03 for s in rec.seconds[1:]), rec.seconds
 
 
+class _SpecThenPlain(_Recorder):
+    """Two speculative steps, then plain ones."""
+
+    def __init__(self):
+        super().__init__(True)
+        self.asked = 0
+
+    def use_spec(self, batch_size, finish=None):
+        self.asked += 1
+        return self.asked <= 2
+
+
+def test_a_switch_step_is_timed_from_the_step_before_the_launch(world):
+    """After a switch to plain steps the first overlapped call only launches its step: the step
+    that resolves it is timed from the speculative step before the launch, so the switch's cost
+    lands on the switch step (the controller measures it) instead of vanishing."""
+    import time
+
+    engine = _engine(world.noisy, "EAGLE3", world.heads["EAGLE3"])
+    rec = engine.scheduler.adaptive = _SpecThenPlain()
+    engine.submit(input_ids=world.prompts[0], sampling_params={**world.params[0],
+                                                               "max_new_tokens": 24})
+    while engine.has_unfinished():
+        engine.step()
+        time.sleep(0.03)
+    sides = [side for _, side, _ in steps_of(rec)]
+    first_plain = sides.index(False)
+    assert sides[:first_plain] == [True, True], sides
+    # Two pauses (before the launch, before the resolving call) in the switch step; one after.
+    assert rec.seconds[first_plain] >= 0.06, rec.seconds
+    assert all(0.03 <= s < rec.seconds[first_plain] for s in rec.seconds[first_plain + 1:])
+
+
 class Alternating(AdaptiveSpeculation):
     """Speculative and plain steps by turns, whatever they measure."""
 
