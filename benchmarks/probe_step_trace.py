@@ -7,6 +7,7 @@ start (us from the first), count, summed duration, name. The draft's steps, the 
 and the accept stand apart by their kernels, so the launches each phase costs can be counted.
 
     python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] [--setting 5,4,8] > trace.txt
+    python benchmarks/probe_step_trace.py --plot OUT.png LABEL=TRACE.txt ...   (busy us, kernels)
 """
 
 from __future__ import annotations
@@ -51,6 +52,26 @@ def trace_one_step(engine, bs: int, run) -> list:
     return events
 
 
+def plot_traces(path: str, traces: list) -> None:
+    """A bar plot of saved traces (LABEL=FILE, each this script's output): a step's kernel time
+    and kernel count, from each file's summary line."""
+    import re
+
+    labels, busy, kernels = [], [], []
+    for item in traces:
+        label, file = item.split("=", 1)
+        head = next(line for line in open(file) if not line.startswith("#"))
+        m = re.search(r"(\d+) kernels, span \d+ us, busy (\d+) us", head)
+        labels.append(label)
+        kernels.append(float(m.group(1)))
+        busy.append(float(m.group(2)))
+    panels = [{"title": "kernel time a step", "ylabel": "us", "labels": labels,
+               "values": {"step": busy}},
+              {"title": "kernels a step", "ylabel": "kernels", "labels": labels,
+               "values": {"step": kernels}}]
+    common.grouped_bar_plot(panels, ["step"], path, "One speculative step's kernels")
+
+
 def main(argv=None) -> None:
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
@@ -60,7 +81,12 @@ def main(argv=None) -> None:
     p.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"])
     p.add_argument("--model-path", default=None)
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens (a tree: topk > 1)")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="plot saved traces given as LABEL=FILE arguments instead of tracing")
+    p.add_argument("traces", nargs="*", default=[])
     args = p.parse_args(argv)
+    if args.plot:
+        return plot_traces(args.plot, args.traces)
     steps, topk, num_tokens = common.parse_setting(args.setting)
     path = args.model_path or default_model_path()
     with tempfile.TemporaryDirectory() as tmp:
