@@ -14,8 +14,9 @@ from kernels.topk import topk_rows, topk_rows_torch  # noqa: E402
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
-# One chunk, a chunk and a bit, a draft vocabulary and the default model's (24 chunks).
-VOCABS = [16, 1000, 2048 + 37, 16384, 49152]
+# One chunk, a chunk and a last chunk shorter than k, a chunk and a bit, a draft vocabulary
+# and the default model's (24 chunks).
+VOCABS = [16, 1000, 2048 + 3, 2048 + 37, 16384, 49152]
 
 
 def _check(x, k, log_softmax):
