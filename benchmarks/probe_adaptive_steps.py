@@ -1,5 +1,6 @@
 """Every scheduler call of one batch, timed: where an adaptive engine's time goes, against the
-same prompts pinned to speculation and without speculation, in one process.
+same prompts pinned to speculation and without speculation (--systems: one per process keeps
+each engine's GPU memory its own).
 
 Per system and batch size, one untimed batch, then one batch with every scheduler call logged:
 its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step in
@@ -86,7 +87,9 @@ def summary(log: list, wall: float, tokens: int) -> dict:
         r["s"], r["per_req"] = round(r["s"], 4), round(r["per_req"], 1)
     for k in kinds.values():
         k["s"] = round(k["s"], 4)
-    switches = sum(1 for a, b in zip(log, log[1:]) if {a["kind"], b["kind"]} == {"plain", "spec"})
+    # A switch flushes the other side's step in flight, so the two sides' calls never meet.
+    sides = [e["kind"] for e in log if e["kind"] in ("plain", "spec")]
+    switches = sum(a != b for a, b in zip(sides, sides[1:]))
     return {"wall_s": round(wall, 4), "tok_s": round(tokens / wall), "calls": dict(kinds),
             "recorded": dict(rec), "plain_spec_switches": switches}
 
@@ -131,18 +134,14 @@ def main(argv=None) -> None:
                 for e in log:
                     out.write(json.dumps({"system": system, "batch": bs, **e}) + "\n")
                 out.write(json.dumps(line) + "\n")
-            engine.scheduler.__dict__.pop("_run_prefill", None)  # drop the wrappers
-            for name in CALLS:
+            for name in CALLS:  # drop the wrappers
                 engine.scheduler.__dict__.pop(name, None)
             for ov in (engine.scheduler.overlap, engine.scheduler.spec_overlap):
                 if ov is not None:
                     ov.__dict__.pop("flush", None)
             if engine.scheduler.adaptive is not None:
                 engine.scheduler.adaptive.__dict__.pop("record", None)
-        device = engine.device
         engine.shutdown()
-        del engine, log  # the wrappers hold the scheduler: the next engine needs its memory
-        common.free_memory(device)
     if out:
         out.close()
 

@@ -1,12 +1,13 @@
 """The kernels of one overlapped speculative step, in order (CUDA only).
 
 An engine with a random EAGLE3 head (or NGRAM) at (7, 1, 8) (or --setting: a tree, topk > 1)
-and synthetic acceptance decodes repeated-id prompts; one replay of the speculative step graph at the given batch size runs under
-the torch profiler, and its kernels are printed in launch order, runs of the same kernel folded:
-start (us from the first), count, summed duration, name. The draft's steps, the verify's layers
-and the accept stand apart by their kernels, so the launches each phase costs can be counted.
+and synthetic acceptance decodes repeated-id prompts; one replay of the speculative step graph
+at the given batch size runs under the torch profiler, and its kernels are printed in launch
+order, runs of the same kernel folded: start (us from the first), count, summed duration, name.
+The draft's steps, the verify's layers and the accept stand apart by their kernels, so the
+launches each phase costs can be counted.
 
-    python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] [--setting 5,4,8] > trace.txt
+    python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] [--setting 5,4,8] > out.txt
     python benchmarks/probe_step_trace.py --plot OUT.png LABEL=TRACE.txt ...   (busy us, kernels)
 """
 
