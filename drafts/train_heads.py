@@ -27,6 +27,7 @@ from drafts.train_data import Features, choose_draft_vocab, length_batches
 from drafts.train_loop import LoopOptions, evaluate, fit, heldout_curve
 from specpcg.attention.dense import DenseAttnBackend, TTTWindow, dense_batch, dense_forward
 from specpcg.core import ForwardBatch
+from specpcg.transfer import to_device
 
 STEP_DECAY = 0.8  # weight of step k: STEP_DECAY ** (k - 1)
 HIDDEN_LOSS_WEIGHT = {"EAGLE": 1.0}  # EAGLE-1's regression of next_hidden (others: CE only)
@@ -58,7 +59,7 @@ class HeadRows:
         local = ((pos >= k - 1) & acc).nonzero().squeeze(1)
         full = local if window is None else window.host_idx[local]
         device = self.labels.device
-        return local.to(device), full.to(device)
+        return to_device(local, device), to_device(full, device)
 
 
 @dataclass
@@ -85,11 +86,11 @@ def window_rows(batch: ForwardBatch, lens: list, prompt_lens: list, steps: int,
     first[torch.tensor([0] + widths[:-1]).cumsum(0)] = True
     pos = host_pos[idx]
     device = batch.input_ids.device
-    wbatch = dense_batch(batch.input_ids[idx.to(device)], widths)
-    wbatch.positions = pos.to(device)
+    wbatch = dense_batch(batch.input_ids[to_device(idx, device)], widths)
+    wbatch.positions = to_device(pos, device)
     return WindowRows(TTTWindow(wbatch, starts, lens), idx,
-                      torch.where(pos > 0, idx - 1, -1).to(device), first.to(device),
-                      pos, host_acc[idx])
+                      to_device(torch.where(pos > 0, idx - 1, -1), device),
+                      to_device(first, device), pos, host_acc[idx])
 
 
 def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
@@ -98,18 +99,19 @@ def head_rows(feats: Features, seq_ids: list, t2d: torch.Tensor, device,
     window_steps, the window of rows TTT steps k > 1 need for that many steps."""
     store = feats.labels.device
     lens = [feats.seq_len(i) - 1 for i in seq_ids]
-    at = torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
-                    for i, n in zip(seq_ids, lens)]).to(store)  # feature row of each head row
+    at = to_device(torch.cat([torch.arange(feats.offsets[i], feats.offsets[i] + n)
+                              for i, n in zip(seq_ids, lens)]), store)  # each row's feature row
     pos = torch.cat([torch.arange(n) for n in lens])  # in the sequence
     prompt_lens = torch.tensor([feats.prompt_lens[i] for i in seq_ids]).repeat_interleave(
         torch.tensor(lens))
-    batch, acc = dense_batch(feats.token_ids[at + 1].to(device), lens), pos + 2 >= prompt_lens
+    batch = dense_batch(to_device(feats.token_ids[at + 1], device), lens)
+    acc = pos + 2 >= prompt_lens
     window = None if window_steps is None else window_rows(
         batch, lens, [feats.prompt_lens[i] for i in seq_ids], window_steps, pos, acc)
     return HeadRows(
-        batch=batch, hidden=feats.hidden[at].to(device, non_blocking=True),
-        labels=t2d[feats.labels[at + 1].to(device)], host_pos=pos, host_acc=acc,
-        target_next=feats.hidden[at + 1].to(device) if with_next else None,
+        batch=batch, hidden=to_device(feats.hidden[at], device),
+        labels=t2d[to_device(feats.labels[at + 1], device)], host_pos=pos, host_acc=acc,
+        target_next=to_device(feats.hidden[at + 1], device) if with_next else None,
         window=window, **_soft_labels(feats, at + 1, t2d, device))
 
 
@@ -118,8 +120,8 @@ def _soft_labels(feats: Features, at: torch.Tensor, t2d: torch.Tensor, device) -
     renormalised there (a row with none of its k tokens inside has no valid label anyway)."""
     if feats.soft_ids is None:
         return {}
-    ids = t2d[feats.soft_ids[at].to(device)]
-    logp = feats.soft_logp[at].to(device).float().masked_fill(ids < 0, float("-inf"))
+    ids = t2d[to_device(feats.soft_ids[at], device)]
+    logp = to_device(feats.soft_logp[at], device).float().masked_fill(ids < 0, float("-inf"))
     probs = torch.softmax(logp, dim=-1).nan_to_num(0.0)
     return {"soft_ids": ids, "soft_probs": probs}
 

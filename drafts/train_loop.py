@@ -98,6 +98,7 @@ def _forever_shuffled(n: int, seed: int):
 
 
 PROBE_AT = (0.25, 0.5, 0.75)  # shares of the run where `probe` is called
+LOSS_READ_EVERY = 32  # steps between reads of the losses (each read waits for the device)
 
 
 def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions, probe=None) -> dict:
@@ -109,7 +110,7 @@ def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions, probe=No
                             weight_decay=opts.weight_decay)
     max_steps = opts.max_steps or opts.max_epochs * len(batches)
     budget_s = max(opts.minutes * 60.0, 1e-3)
-    losses, t0, probes, probe_at = [], time.perf_counter(), [], list(PROBE_AT)
+    losses, pending, t0, probes, probe_at = [], [], time.perf_counter(), [], list(PROBE_AT)
     bar = tqdm(total=max_steps, desc="train", unit="step", disable=not opts.show_progress)
     for step, j in zip(range(max_steps), _forever_shuffled(len(batches), opts.seed)):
         progress = max(step / max_steps, (time.perf_counter() - t0) / budget_s)
@@ -130,12 +131,23 @@ def fit(model, params: list, batches: list, loss_fn, opts: LoopOptions, probe=No
         torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        pending.append(loss.detach())
         bar.update(1)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if len(pending) == LOSS_READ_EVERY:
+            _read_losses(pending, losses, bar)
+    _read_losses(pending, losses, bar)
     bar.close()
     return {"steps": len(losses), "epochs": len(losses) / max(len(batches), 1),
             "train_s": time.perf_counter() - t0, "losses": losses, "probes": probes}
+
+
+def _read_losses(pending: list, losses: list, bar) -> None:
+    """Moves the steps' losses (device scalars) to `losses` in one read. NOTE: a read per step
+    waited for the device every step, so the host built each batch with the GPU idle."""
+    if pending:
+        losses += torch.stack(pending).tolist()
+        pending.clear()
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
 
 
 def heldout_curve(record: dict) -> list:

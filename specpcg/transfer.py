@@ -39,11 +39,11 @@ def runs(starts: list, counts: list) -> np.ndarray:
 
 
 def to_device(values, device, dtype=torch.long) -> torch.Tensor:
-    """values: a list (of ints, or of equal-length lists) or a CPU tensor; returns it on
-    `device`. On CUDA the copy is queued on the current stream without a host sync."""
+    """values: a list (of ints, or of equal-length lists) or a tensor; returns it on `device`.
+    A CPU tensor's copy to CUDA is queued on the current stream without a host sync."""
     host = values if isinstance(values, torch.Tensor) else host_tensor(values, dtype)
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or host.device.type != "cpu":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 

@@ -1,12 +1,13 @@
 """TTT steps after the first run on a window of each sequence (the rows an answer's labels need):
-the loss, its gradient and the held-out accuracy must be those of running every row (CPU, fp32)."""
+the loss, its gradient and the held-out accuracy must be those of running every row (CPU, fp32).
+On CUDA, a training step must never wait for the device."""
 
 import pytest
 import torch
 
 from drafts.train_data import Sequences, extract_features
 from drafts.train_heads import head_accuracy, head_loss, head_rows, new_head
-from drafts.train_loop import autograd_ops
+from drafts.train_loop import autograd_ops, tf32_matmuls
 from specpcg.attention.dense import DenseAttnBackend
 from specpcg.models.build import build_model
 from specpcg.models.config import ModelConfig
@@ -15,23 +16,23 @@ CPU = torch.device("cpu")
 STEPS = 4
 
 
-def _world(algorithm: str):
+def _world(algorithm: str, device=CPU):
     cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4,
                       num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
-    target = build_model(cfg, None, CPU, torch.float32, seed=3)
+    target = build_model(cfg, None, device, torch.float32, seed=3)
     gen = torch.Generator().manual_seed(0)
     # Prompts shorter than, equal to and longer than the steps; answers of 1 to 9 tokens.
     shapes = [(2, 5), (4, 1), (9, 6), (13, 9), (1, 3), (20, 4)]
     ids = [torch.randint(0, 64, (p + a,), generator=gen).tolist() for p, a in shapes]
     seqs = Sequences(token_ids=ids, prompt_lens=[p for p, _ in shapes])
     aux = (4, 2, 1) if algorithm == "EAGLE3" else ()
-    feats = extract_features(target, seqs, aux, True, CPU, show_progress=False, soft_k=4)
-    head, spec = new_head(algorithm, target, cfg, feats, 48, CPU, seed=1,
+    feats = extract_features(target, seqs, aux, True, device, show_progress=False, soft_k=4)
+    head, spec = new_head(algorithm, target, cfg, feats, 48, device, seed=1,
                           aux_layer_ids=(0, 1, 3) if algorithm == "EAGLE3" else ())
-    t2d = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
+    t2d = torch.full((cfg.vocab_size,), -1, dtype=torch.long, device=device)
     vocab = getattr(head, "draft_to_target", None)
-    vocab = torch.arange(cfg.vocab_size) if vocab is None else vocab
-    t2d[vocab] = torch.arange(vocab.shape[0])
+    vocab = torch.arange(cfg.vocab_size, device=device) if vocab is None else vocab
+    t2d[vocab] = torch.arange(vocab.shape[0], device=device)
     lc = spec.layer_cfg
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5)
     return head, backend, feats, t2d
@@ -83,3 +84,35 @@ def test_a_window_needs_the_masked_ttt():
     with pytest.raises(ValueError, match="ttt='mask'"):
         with backend.unrolled(window=object()):
             pass
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_a_training_step_never_waits_for_the_device(algorithm):
+    """Batch rows, the unrolled loss, backward, clipping and AdamW, with CUDA's sync check set to
+    raise: a step that waited (a pageable copy, a read of a device value) would leave the GPU idle
+    while the host builds the next batch. The loop reads its losses in bulk (drafts.train_loop)."""
+    device = torch.device("cuda")
+    head, backend, feats, t2d = _world(algorithm, device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    weight = 1.0 if algorithm == "EAGLE" else 0.0
+
+    def step():
+        rows = head_rows(feats, list(range(feats.num_seqs)), t2d, device, weight > 0, STEPS)
+        with autograd_ops(head), tf32_matmuls():
+            loss = head_loss(head, backend, rows, STEPS, weight)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    first = step()  # the optimizer's state and the pinned blocks come from the first step
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(second) and second != first

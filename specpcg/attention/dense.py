@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specpcg.attention.base import AttentionBackend
 from specpcg.core import ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
-from specpcg.transfer import runs
+from specpcg.transfer import runs, to_device
 
 
 # NOTE: not cuDNN's attention: it builds an execution plan per new shape, and training batches
@@ -59,7 +59,7 @@ class PaddedLayout:
         lens = torch.tensor(seq_lens)
         seq = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)  # each row's sequence
         shift = torch.arange(len(seq_lens)) * self.max_len - (lens.cumsum(0) - lens)
-        self.rows = (shift[seq] + torch.arange(int(lens.sum()))).to(device)
+        self.rows = to_device(shift[seq] + torch.arange(int(lens.sum())), device)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         padded = x.new_zeros(self.batch_size * self.max_len, *x.shape[1:])
@@ -124,7 +124,7 @@ class TTTWindow:
         device = batch.input_ids.device
         self.batch, self.layout = batch, PaddedLayout(batch.extend_seq_lens_cpu, device)
         self.full_max = max(full_lens)
-        self.starts = torch.tensor(starts, device=device)
+        self.starts = to_device(starts, device)
         self._masks = {}
 
     def mask(self, step: int) -> torch.Tensor:
@@ -243,9 +243,10 @@ def dense_batch(input_ids: torch.Tensor, seq_lens: list) -> ForwardBatch:
     """An EXTEND batch of whole sequences (packed `input_ids`, positions from 0) with no KV."""
     device = input_ids.device
     # Built on the host and copied once: an arange per sequence on the device was a kernel
-    # launch each, and training batches hold dozens of sequences.
-    positions = torch.from_numpy(runs([0] * len(seq_lens), seq_lens)).to(device)
-    lens = torch.tensor(seq_lens, device=device)
+    # launch each, and training batches hold dozens of sequences. Through pinned memory: a copy
+    # from pageable memory waits for the stream to drain (specpcg.transfer).
+    positions = to_device(torch.from_numpy(runs([0] * len(seq_lens), seq_lens)), device)
+    lens = to_device(seq_lens, device)
     return ForwardBatch(
         forward_mode=ForwardMode.EXTEND, input_ids=input_ids, positions=positions,
         out_cache_loc=torch.zeros_like(input_ids), req_pool_indices=torch.zeros_like(lens),
