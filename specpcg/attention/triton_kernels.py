@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.tree_rows import tree_path_rows  # noqa: F401 (the backends' tree plan)
+
 LOG2_E = 1.4426950408889634
 
 
@@ -288,33 +290,6 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         HEAD_DIM=head_dim, NUM_HEADS=num_heads, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
         BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
     )
-
-
-def tree_path_rows(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
-                   tree_mask: torch.Tensor, max_len: int, out=None) -> tuple:
-    """A row of slots per draft tree node: its request's committed prefix, then the tree keys
-    its mask allows, in key order (a node's ancestors come before it). That is the row a decode
-    query at the node's position reads once its path is accepted, so the node's attention is
-    that decode's, bit for bit. (A mask over the tree's own layout puts the same keys at other
-    positions within a block, where a block's sums can pair them differently.)
-
-    req_to_token [R, L]; req_rows, seq_lens [bs] (seq_lens count the K tree keys, the last of
-    each row); tree_mask [bs, E, K]; max_len >= every seq_len; out: an int32 [bs * E, max_len]
-    tensor the rows are written into (a buffer a graph reads). Returns (rows [bs * E, max_len]
-    int32, lens [bs * E] int32): node e of request i is row i * E + e."""
-    bs, width, keys = tree_mask.shape
-    rows = req_to_token[req_rows.long(), :max_len]  # [bs, L]
-    prefix = seq_lens.long() - keys  # [bs]
-    cols = prefix[:, None] + torch.arange(keys, device=rows.device)  # [bs, K]
-    tree_slots = rows.gather(1, cols).repeat_interleave(width, dim=0)  # [bs * E, K]
-    allowed = tree_mask.reshape(bs * width, keys) != 0
-    # The allowed keys first, in key order (a stable sort of "not allowed").
-    order = torch.sort((~allowed).to(torch.int8), dim=1, stable=True).indices
-    node_of = torch.arange(bs, device=rows.device).repeat_interleave(width)  # [bs * E]
-    node_rows = torch.index_select(rows, 0, node_of, out=out)  # [bs * E, L]
-    node_rows.scatter_(1, cols.repeat_interleave(width, dim=0), tree_slots.gather(1, order))
-    lens = prefix.repeat_interleave(width) + allowed.sum(1)
-    return node_rows, lens.to(torch.int32)
 
 
 def pick_num_kv_splits(num_reqs: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
