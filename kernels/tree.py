@@ -11,9 +11,11 @@ Layout, per request, N = num_draft_tokens nodes:
   (-1 = none); the verify walk tries children in that order.
 
 All structure tensors are int64 (they index other tensors); the mask is bool.
-`tree_from_parents` has a Triton kernel (one program per request, tree_triton.py) and a torch
-twin. The top-k node selection of `build_tree` uses torch in both paths: it is one stable sort
-over at most K + (S-1)K^2 scores per request, which a hand-written kernel would not beat.
+`tree_from_parents` and the node selection of `build_tree` each have a Triton kernel (one
+program per request, tree_triton.py) and a torch twin. The twin's selection (a stable sort, a
+second sort, scatters and gathers) ran as about 25 kernels of 1-5 us each in every EAGLE3 tree
+step on the H200 (benchmarks/results/step_eagle3_bs16_548_c5725e6_h200.txt); the kernel ranks
+the candidates by pairwise comparison in registers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import NamedTuple
 import torch
 
 from .dispatch import pick_triton, triton_module
+
+
+MAX_SELECT = 128  # candidates the selection kernel ranks in registers ([C, C] comparisons)
 
 
 class Tree(NamedTuple):
@@ -132,6 +137,18 @@ def build_tree(root_tokens: torch.Tensor, cand_tokens: torch.Tensor, cand_scores
     """
     num_cands = _check_build_inputs(root_tokens, cand_tokens, cand_scores, branch_parents,
                                     num_draft_tokens)
+    if pick_triton(cand_scores, use_triton) and num_cands <= MAX_SELECT:
+        draft_tokens, parents = triton_module("tree_triton").select_nodes_triton(
+            root_tokens, cand_tokens, cand_scores, branch_parents, num_draft_tokens, num_cands)
+    else:
+        draft_tokens, parents = _select_nodes_torch(root_tokens, cand_tokens, cand_scores,
+                                                    branch_parents, num_draft_tokens, num_cands)
+    return tree_from_parents(draft_tokens, parents, use_triton=use_triton)
+
+
+def _select_nodes_torch(root_tokens, cand_tokens, cand_scores, branch_parents,
+                        num_draft_tokens: int, num_cands: int) -> tuple:
+    """The twin of the selection: (draft_tokens [bs, N], parents [bs, N] int64)."""
     bs = root_tokens.shape[0]
     tokens, scores, cand_parents = _flatten_candidates(cand_tokens, cand_scores, branch_parents)
     num_kept = num_draft_tokens - 1
@@ -147,7 +164,7 @@ def build_tree(root_tokens: torch.Tensor, cand_tokens: torch.Tensor, cand_scores
                          parent_node], dim=1)  # [bs, N]
     draft_tokens = torch.cat([root_tokens[:, None].to(tokens.dtype), tokens.gather(1, kept)],
                              dim=1)  # [bs, N]
-    return tree_from_parents(draft_tokens, parents, use_triton=use_triton)
+    return draft_tokens, parents
 
 
 def _check_build_inputs(root_tokens, cand_tokens, cand_scores, branch_parents,

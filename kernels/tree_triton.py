@@ -71,3 +71,56 @@ def tree_from_parents_triton(parents: torch.Tensor, depths: torch.Tensor,
         parents, depths, tree_mask, first_child, next_sibling, num_nodes,
         BLOCK_N=block_n, num_warps=4 if block_n <= 64 else 8,
     )
+
+
+@triton.jit
+def _select_kernel(
+    root_ptr, tokens_ptr, scores_ptr, branch_parents_ptr, out_tokens_ptr, out_parents_ptr,
+    S: tl.constexpr, K: tl.constexpr, NUM_CANDS: tl.constexpr, N: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One program: build_tree's selection for request `req`. Candidate c of the flat list
+    (step 0's K, then each later step's [K, K] grid) is ranked by how many candidates beat it
+    (a higher score, or the same score earlier: the twin's stable sort); the N - 1 best become
+    nodes 1.. in creation order (a cumulative sum), each pointing at its parent's node."""
+    req = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    valid = c < NUM_CANDS
+    later = c >= K
+    step = tl.where(later, 1 + (c - K) // (K * K), 0)
+    cell = tl.where(later, (c - K) % (K * K), c)  # [branch, candidate] in the step's grid
+    at = req * S * K * K + step * K * K + cell
+    score = tl.load(scores_ptr + at, mask=valid, other=float("-inf")).to(tl.float32)
+    token = tl.load(tokens_ptr + at, mask=valid, other=0)
+    grown = tl.load(branch_parents_ptr + req * S * K + step * K + cell // K,
+                    mask=valid & later, other=0).to(tl.int32)
+    parent = tl.where(later, grown + tl.where(step == 1, 0, K + (step - 2) * K * K), -1)
+    beats = ((score[None, :] > score[:, None])
+             | ((score[None, :] == score[:, None]) & (c[None, :] < c[:, None]))) & valid[None, :]
+    kept = valid & (tl.sum(beats.to(tl.int32), axis=1) < N - 1)
+    node = tl.cumsum(kept.to(tl.int32), axis=0)  # a kept candidate's node id (from 1)
+    parent_node = tl.sum(tl.where(c[None, :] == parent[:, None], node[None, :], 0), axis=1)
+    parent_node = tl.where(parent >= 0, parent_node, 0)
+    out = req * N
+    tl.store(out_tokens_ptr + out + node, token, mask=kept)
+    tl.store(out_parents_ptr + out + node, parent_node.to(tl.int64), mask=kept)
+    tl.store(out_tokens_ptr + out, tl.load(root_ptr + req))
+    tl.store(out_parents_ptr + out, tl.full([], -1, tl.int64))
+
+
+def select_nodes_triton(root_tokens, cand_tokens, cand_scores, branch_parents,
+                        num_draft_tokens: int, num_cands: int) -> tuple:
+    """build_tree's selection: (draft_tokens [bs, N] of cand_tokens' dtype, parents [bs, N]
+    int64). The [C, C] ranks live in registers: num_cands <= MAX_NODES."""
+    bs, num_steps, topk, _ = cand_tokens.shape
+    device = cand_tokens.device
+    tokens = torch.empty(bs, num_draft_tokens, dtype=cand_tokens.dtype, device=device)
+    parents = torch.empty(bs, num_draft_tokens, dtype=torch.int64, device=device)
+    if bs:
+        block_c = max(triton.next_power_of_2(num_cands), 16)
+        _select_kernel[(bs,)](
+            root_tokens, cand_tokens.contiguous(), cand_scores.contiguous(),
+            branch_parents.contiguous(), tokens, parents,
+            S=num_steps, K=topk, NUM_CANDS=num_cands, N=num_draft_tokens, BLOCK_C=block_c,
+            num_warps=4 if block_c <= 64 else 8)
+    return tokens, parents

@@ -150,9 +150,16 @@ def _check_tree_kernel(device):
     for (bs, num_nodes), chain in itertools.product(SHAPES, (False, True)):
         tree = _random_tree(bs, num_nodes, 16, gen, chain, device)
         _equal(tree_from_parents(tree.draft_tokens, tree.parents, use_triton=True), tree)
-    for topk, num_steps in [(1, 5), (2, 3), (4, 2)]:
+    # (topk, steps, N): the (5, 4, 8) tree, one node, every candidate, a grid past the
+    # selection kernel's 128 candidates (the twin then), and exact ties of rounded scores.
+    for topk, num_steps, num_draft, ties in [(1, 5, 6, False), (2, 3, 11, False),
+                                             (4, 2, 16, False), (4, 5, 8, False),
+                                             (4, 5, 1, False), (3, 3, 22, False),
+                                             (4, 9, 30, False), (4, 5, 8, True),
+                                             (3, 3, 12, True)]:
         inputs = [t.to(device) for t in _random_candidates(3, num_steps, topk, gen)]
-        num_draft = min(16, 1 + topk + (num_steps - 1) * topk * topk)
+        if ties:  # rounding keeps a child at or below its parent
+            inputs[2] = (inputs[2] * 2).floor() / 2
         _equal(build_tree(*inputs, num_draft, use_triton=True),
                build_tree(*inputs, num_draft, use_triton=False))
 
