@@ -15,6 +15,7 @@ import torch
 
 from kernels.topk import topk_rows
 from kernels.tree import build_tree
+from kernels.tree_step import advance_tree
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 
@@ -33,25 +34,22 @@ def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_
     cand_tokens[:, 0, 0], cand_scores[:, 0, 0] = top_tokens, top_scores
     tokens, scores = top_tokens, top_scores  # [bs, K]: the branches fed next
     branch_hidden = hidden[:, None].expand(bs, k, hidden.shape[-1])
-    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bs, k, k)
-    ancestors = eye  # [bs, K, fed so far]: which fed nodes each branch sees
+    # [bs, K, fed so far]: which fed nodes each branch sees
+    ancestors = torch.eye(k, dtype=torch.bool, device=dev).expand(bs, k, k)
     if num_steps > 1:
         branch_parents[:, 1] = torch.arange(k, device=dev)
     for s in range(1, num_steps):
         step_logits, step_hidden = step(tokens, branch_hidden, ancestors, s)
-        # One fused kernel on the GPU: torch's softmax + radix select cost 80-90 us a step.
+        # Fused kernels on the GPU: torch's softmax + radix select cost 80-90 us a step, and
+        # the bookkeeping after it a dozen small kernels (kernels/tree_step.py).
         top_ids, top_logp = topk_rows(step_logits, k, log_softmax=True)  # [bs, K, K]
-        cand_tokens[:, s] = top_ids
-        cand_scores[:, s] = scores[:, :, None] + top_logp
-        if s + 1 == num_steps:
+        branches = advance_tree(cand_tokens, cand_scores, branch_parents, top_ids, top_logp,
+                                scores, ancestors, s)
+        if branches is None:  # the last step
             break
-        best_ids, scores = topk_rows(cand_scores[:, s].reshape(bs, k * k), k)
-        branch_parents[:, s + 1] = best_ids
-        parent = best_ids // k  # [bs, K] which branch each new branch grew from
-        tokens = cand_tokens[:, s].reshape(bs, k * k).gather(1, best_ids)
-        branch_hidden = step_hidden.gather(1, parent[..., None].expand(-1, -1, hidden.shape[-1]))
-        seen = ancestors.gather(1, parent[..., None].expand(-1, -1, ancestors.shape[-1]))
-        ancestors = torch.cat([seen, eye], dim=-1)
+        scores, tokens, ancestors = branches.scores, branches.tokens, branches.ancestors
+        branch_hidden = step_hidden.gather(
+            1, branches.parent[..., None].expand(-1, -1, hidden.shape[-1]))
     return build_tree(root, cand_tokens, cand_scores, branch_parents, num_draft_tokens)
 
 
