@@ -4,7 +4,7 @@ round that replays every tree step and the tree's selection as one CUDA graph.
 Eagerly each tree step is a batch built on the host, an attention plan and a decode-graph
 replay, about a millisecond of host work per step at batch 1; in the round graph a step reads
 the branches, their hidden states and their ancestry straight from the step before, and the
-attention plan of each step (the node rows of triton_kernels.tree_path_rows) is built on the
+attention plan of each step (the node rows of kernels.tree_rows.tree_path_rows) is built on the
 device inside the graph. The host sends positions, slots and request rows once per round
 (DraftGraphRunner.load).
 """

@@ -61,13 +61,13 @@ def advance_tree_triton(cand_tokens, cand_scores, branch_parents, top_ids, top_l
     last = s + 1 == num_steps
     fed = ancestors.shape[-1]
     device = cand_tokens.device
+    if not all(t.is_contiguous() for t in (cand_tokens, cand_scores, branch_parents)):
+        raise ValueError("the tree's candidate grids must be contiguous")
     out = None if last else Branches(
         torch.empty(bs, k, dtype=torch.float32, device=device),
         torch.empty(bs, k, dtype=cand_tokens.dtype, device=device),
         torch.empty(bs, k, dtype=torch.int64, device=device),
         torch.empty(bs, k, fed + k, dtype=torch.bool, device=device))
-    if not all(t.is_contiguous() for t in (cand_tokens, cand_scores, branch_parents)):
-        raise ValueError("the tree's candidate grids must be contiguous")
     anc = ancestors.view(torch.uint8) if ancestors.dtype == torch.bool else ancestors
     # A last step writes no branches: its kernel never touches these pointers.
     outs = (cand_scores,) * 4 if last else (out.scores, out.tokens, out.parent,

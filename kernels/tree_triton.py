@@ -111,7 +111,7 @@ def _select_kernel(
 def select_nodes_triton(root_tokens, cand_tokens, cand_scores, branch_parents,
                         num_draft_tokens: int, num_cands: int) -> tuple:
     """build_tree's selection: (draft_tokens [bs, N] of cand_tokens' dtype, parents [bs, N]
-    int64). The [C, C] ranks live in registers: num_cands <= MAX_NODES."""
+    int64). The [C, C] ranks live in registers: num_cands <= kernels.tree.MAX_SELECT."""
     bs, num_steps, topk, _ = cand_tokens.shape
     device = cand_tokens.device
     tokens = torch.empty(bs, num_draft_tokens, dtype=cand_tokens.dtype, device=device)

@@ -165,7 +165,7 @@ def test_triton_tree_rows_stay_where_graphs_read_them():
     """A tree verify graph reads the node rows' address: the first tree batch sizes a buffer
     that later batches are copied into (same address, this batch's rows); a larger batch runs
     on rows of its own and leaves the buffer where it was."""
-    from specpcg.attention import triton_kernels
+    from kernels.tree_rows import tree_path_rows
     from specpcg.attention.triton_backend import TritonAttnBackend
 
     cache = _make_cache("cpu", torch.float32, 16)
@@ -175,7 +175,7 @@ def test_triton_tree_rows_stay_where_graphs_read_them():
         batch = _make_batch(cache, lens, ForwardMode.TARGET_VERIFY, seed=seed)
         batch.tree_mask = _random_tree_mask(len(lens), lens[0][1], lens[0][1], "cpu", seed=seed)
         backend.init_forward_metadata(batch)
-        want, _ = triton_kernels.tree_path_rows(
+        want, _ = tree_path_rows(
             cache.req_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
             batch.tree_mask, cache.req_pool.req_to_token.shape[1])
         assert torch.equal(backend._tree_rows, want)

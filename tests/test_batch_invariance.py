@@ -81,7 +81,7 @@ def test_a_tree_node_equals_the_decode_over_its_accepted_path(parents):
     """A tree node (its own row: the prefix, then its path) gives bitwise the decode query at
     its position once its path is accepted, i.e. moved right after the prefix. In the branching
     tree the ancestors of node 6 (0, 2, 4) are not next to each other in the tree's layout."""
-    from specpcg.attention.triton_kernels import tree_path_rows
+    from kernels.tree_rows import tree_path_rows
 
     n, keys = 97, len(parents)
     k_buf, v_buf, r2t = _world([n])

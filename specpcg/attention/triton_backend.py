@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.tree_rows import tree_path_rows
 from specpcg.attention import triton_kernels
 from specpcg.attention.base import AttentionBackend
 from specpcg.config import TRITON_VERIFY_KERNELS
@@ -109,7 +110,7 @@ class TritonAttnBackend(AttentionBackend):
     def _expand_tree(self, num_reqs: int, batch: ForwardBatch, stride: int) -> None:
         """A draft tree's E queries per request (verify nodes, or a draft step's branches) as
         split-K decode queries, node by node over a row of its own: the prefix, then the keys
-        its mask allows (triton_kernels.tree_path_rows), so a node attends exactly as the decode
+        its mask allows (kernels.tree_rows.tree_path_rows), so a node attends exactly as the decode
         at its position will. The rows are built here, outside any graph, into a static buffer
         that a TARGET_VERIFY tree graph reads."""
         tree_mask = batch.tree_mask
@@ -122,7 +123,7 @@ class TritonAttnBackend(AttentionBackend):
         # kernel's split count is a compile-time constant of that width, so a width that grew
         # with the sequences compiled the kernels again each time it crossed a split.
         req_to_token = self.kv_cache.req_pool.req_to_token
-        self._tree_rows, lens = triton_kernels.tree_path_rows(
+        self._tree_rows, lens = tree_path_rows(
             req_to_token, self._req_pool_indices[:num_reqs], self._seq_lens[:num_reqs],
             tree_mask, req_to_token.shape[1], out=self._tree_rows_out(n, req_to_token.shape[1]))
         torch.arange(n, dtype=torch.int32, device=self.device, out=self._verify_req[:n])

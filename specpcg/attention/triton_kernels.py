@@ -16,8 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.tree_rows import tree_path_rows  # noqa: F401 (the backends' tree plan)
-
 LOG2_E = 1.4426950408889634
 
 
@@ -111,7 +109,7 @@ def _decode_split_kernel(
     of programs, not the mode), and each split's partial result is stored on its own: so a
     query's result is bitwise the same whatever it is batched with, and a verify node equals
     the decode query at its position (the reduce merges splits in position order). A draft
-    tree's node reads a row of its own (tree_path_rows): the prefix, then its path."""
+    tree's node reads a row of its own (kernels.tree_rows): the prefix, then its path."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + req)
