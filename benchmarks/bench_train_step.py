@@ -25,14 +25,12 @@ import common
 common.add_repo_to_path()
 
 # (name, attention dtype, soft-label k, features on the CPU, head MLP width / the target's,
-# how TTT steps after the first attend, whether they run on the answer's window of rows only,
-# what the loss's matmuls compute in); "bf16-attn+soft16+window" is the trainer's default.
-# (Earlier lines in train_step.jsonl hold fp32 attention, hard labels, "diag", CPU-stored
-# features, and, before the loss's matmuls ran in bf16, TF32 ones under the default's name.)
-VARIANTS = (("bf16-attn+soft16", "auto", 16, False, 1, "mask", False, "auto"),
-            ("bf16-attn+soft16+window", "auto", 16, False, 1, "mask", True, "auto"),
-            ("bf16-attn+soft16+window+mlp4x", "auto", 16, False, 4, "mask", True, "auto"),
-            ("bf16-attn+soft16+window+tf32-loss", "auto", 16, False, 1, "mask", True, None))
+# how TTT steps after the first attend, whether they run on the answer's window of rows only);
+# "bf16-attn+soft16+window" is the trainer's default. (Earlier lines in train_step.jsonl hold
+# fp32 attention, hard labels, "diag" and CPU-stored features.)
+VARIANTS = (("bf16-attn+soft16", "auto", 16, False, 1, "mask", False),
+            ("bf16-attn+soft16+window", "auto", 16, False, 1, "mask", True),
+            ("bf16-attn+soft16+window+mlp4x", "auto", 16, False, 4, "mask", True))
 DEFAULT_VARIANT = 1
 PROMPT_SHARE = 0.55  # of the default data's tokens (4.79M prompt, 3.99M answer)
 
@@ -65,7 +63,7 @@ def synthetic_features(cfg, num_seqs: int, soft_k: int, store, seed: int = 0, wi
 
 
 def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale, ttt, window,
-                loss_dtype, steps, num_seqs, seed, token_budget: int = 16384,
+                steps, num_seqs, seed, token_budget: int = 16384,
                 algorithm: str = "EAGLE3") -> dict:
     from drafts.train_heads import train_head
     from drafts.train_loop import LoopOptions
@@ -80,13 +78,11 @@ def run_variant(target, cfg, device, name, attn_dtype, soft_k, on_cpu, mlp_scale
         record = train_head(algorithm, target, cfg, feats, split, opts, 7, 8192, device, out,
                             attention_dtype=attn_dtype,
                             intermediate_size=mlp_scale * cfg.intermediate_size, ttt=ttt,
-                            ttt_window=window, loss_dtype=loss_dtype)
+                            ttt_window=window)
     tokens = sum(feats.seq_len(i) for i in split["train"]) * record["epochs"]
     line = {"bench": "train_step", "variant": name, "algorithm": algorithm,
             "steps": record["steps"],
             "ms_per_step": 1e3 * record["train_s"] / max(record["steps"], 1),
-            "loss_matmul_dtype": "bf16" if loss_dtype == "auto" and device.type == "cuda"
-            else "fp32",
             "tokens_per_s": tokens / record["train_s"], "ttt_steps": 7,
             "token_budget": opts.token_budget, "ttt": ttt, "ttt_window": window,
             "prompt_share": PROMPT_SHARE, "device": common.device_name(device)}
@@ -106,8 +102,7 @@ def main() -> None:
                    "the others too (where host overhead per step stops mattering)")
     p.add_argument("--algorithms", nargs="+", default=["EAGLE3"],
                    help="heads to time: EAGLE3 in every variant, the others in the default one "
-                   "and with TF32 loss matmuls (EAGLE and NEXTN draft over the whole "
-                   "vocabulary)")
+                   "(EAGLE and NEXTN draft over the whole vocabulary)")
     p.add_argument("--profile", default=None, help="also write the default variant's kernel "
                    "table under torch.profiler to this file")
     args = p.parse_args()
@@ -121,11 +116,9 @@ def main() -> None:
              for seed, v in enumerate(VARIANTS)]
     lines += [run_variant(target, cfg, device, *VARIANTS[DEFAULT_VARIANT], args.steps,
                           args.num_seqs, len(lines) + i, budget) for i, budget in enumerate(more)]
-    others = [a for a in args.algorithms if a != "EAGLE3"]
-    lines += [run_variant(target, cfg, device, *VARIANTS[v], args.steps,
+    lines += [run_variant(target, cfg, device, *VARIANTS[DEFAULT_VARIANT], args.steps,
                           args.num_seqs, len(lines) + i, first, algorithm=algo)
-              for i, (algo, v) in enumerate((a, v) for a in others
-                                            for v in (DEFAULT_VARIANT, len(VARIANTS) - 1))]
+              for i, algo in enumerate(a for a in args.algorithms if a != "EAGLE3")]
     meta = {"git": common.git_commit(), "time": common.now_iso(), **common.machine_info(device)}
     common.append_jsonl(args.out, [{**line, **meta} for line in lines])
     if args.profile:

@@ -6,11 +6,6 @@ Rows without a label carry p = 0; a hard label is k = 1 with p = 1. The gradient
 the same pass as the loss, chunk by chunk (d loss / d logits = softmax * sum(p) - p at the ids),
 so no [rows, vocab] tensor outlives its chunk and nothing is recomputed in backward.
 
-`matmul_dtype` (bf16 in the trainer on CUDA) is what the three matmuls of a chunk compute in;
-the softmax and the sums stay in fp32 and the gradients come back in the inputs' dtypes. The
-matmuls are most of the loss's time, and TF32 ones run at about half the rate of bf16 ones on
-Hopper.
-
 NOTE: the autograd form it replaces kept each step's logits for backward under a checkpoint, so
 a full-vocabulary head (EAGLE, NEXTN: 49,152 ids) built, recomputed and walked [rows, vocab]
 tensors about a dozen times a step; at 32,768-token batches NEXTN's steps took twice EAGLE3's
@@ -26,26 +21,21 @@ CHUNK_ROWS = 4096  # a 49,152-id chunk of fp32 logits: 0.8 GB
 
 class _ChunkedSoftCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, ids, probs, chunk_rows: int, matmul_dtype):
-        w = weight.to(matmul_dtype)
+    def forward(ctx, hidden, weight, ids, probs, chunk_rows: int):
+        w = weight.to(hidden.dtype)
         grad_h = torch.empty_like(hidden)
-        grad_w = (torch.zeros(weight.shape, dtype=hidden.dtype, device=weight.device)
-                  if weight.requires_grad else None)
+        grad_w = torch.zeros_like(w) if weight.requires_grad else None
         acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         total = hidden.new_zeros((), dtype=acc)
         for start in range(0, hidden.shape[0], chunk_rows):
             h, i, p = (t[start:start + chunk_rows] for t in (hidden, ids, probs))
-            h, p = h.to(matmul_dtype), p.to(acc)
+            p = p.to(acc)
             logp = torch.log_softmax((h @ w.T).to(acc), dim=-1)
             total -= (p * logp.gather(1, i)).sum()
             grad = logp.exp_().mul_(p.sum(1, keepdim=True)).scatter_add_(1, i, -p).to(w.dtype)
             grad_h[start:start + chunk_rows] = grad @ w
-            if grad_w is None:
-                continue
-            if grad_w.dtype == w.dtype:
+            if grad_w is not None:
                 grad_w.addmm_(grad.T, h)
-            else:  # summed over chunks in the inputs' dtype
-                grad_w += grad.T @ h
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_h, grad_w)
         return total
@@ -54,20 +44,17 @@ class _ChunkedSoftCE(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return grad_h * grad_out, gw, None, None, None, None
+        return grad_h * grad_out, gw, None, None, None
 
 
 def soft_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                       soft_ids=None, soft_probs=None, chunk_rows: int = CHUNK_ROWS,
-                       matmul_dtype=None):
+                       soft_ids=None, soft_probs=None, chunk_rows: int = CHUNK_ROWS):
     """Summed cross-entropy of hidden [R, H] @ weight [V, H].T against the target's top-k
     (soft_ids [R, k], -1 outside the vocabulary, soft_probs [R, k]) or, without them, its argmax
-    `labels` [R]; rows whose label is -1 count nothing. matmul_dtype: what the matmuls compute
-    in (None: hidden's dtype)."""
+    `labels` [R]; rows whose label is -1 count nothing."""
     valid = (labels >= 0).to(hidden.dtype)[:, None]
     if soft_ids is None:
         ids, probs = labels.clamp(min=0)[:, None], valid
     else:
         ids, probs = soft_ids.clamp(min=0), soft_probs.to(hidden.dtype) * valid
-    return _ChunkedSoftCE.apply(hidden, weight, ids, probs, chunk_rows,
-                                matmul_dtype or hidden.dtype)
+    return _ChunkedSoftCE.apply(hidden, weight, ids, probs, chunk_rows)

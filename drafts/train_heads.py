@@ -157,8 +157,7 @@ def _logits(head, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, head.head_weight.to(hidden.dtype)).float()  # [R, draft vocab]
 
 
-def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float,
-              loss_dtype=None):
+def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: float):
     total = 0.0
     for k, win, out, nxt in unrolled_steps(head, backend, rows, num_steps):
         # Only rows whose predicted token lies in an answer count: those are what the engine
@@ -171,7 +170,7 @@ def head_loss(head, backend, rows: HeadRows, num_steps: int, hidden_weight: floa
         # [rows, vocab] logits would otherwise stay alive until the chain's backward (7 steps x
         # a 49k vocabulary ran a side-by-side H100 out of memory).
         soft = (rows.soft_ids[at], rows.soft_probs[at]) if rows.soft_ids is not None else ()
-        ce = soft_cross_entropy(out[m], head.head_weight, labels, *soft, matmul_dtype=loss_dtype)
+        ce = soft_cross_entropy(out[m], head.head_weight, labels, *soft)
         step_loss = ce / (labels >= 0).sum().clamp(min=1)
         if hidden_weight:
             diff = F.smooth_l1_loss(nxt[m].float(), rows.target_next[at].float(),
@@ -226,12 +225,10 @@ def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_si
 def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
                opts: LoopOptions, ttt_steps: int, draft_vocab_size: int, device,
                out_dir: str, aux_layer_ids: tuple = (), attention_dtype="auto",
-               intermediate_size=None, ttt: str = "mask", ttt_window: bool = True,
-               loss_dtype="auto") -> dict:
+               intermediate_size=None, ttt: str = "mask", ttt_window: bool = True) -> dict:
     """Trains a head on `split["train"]` sequences, measures `split["heldout"]`, saves it (bf16,
     the published layout) into out_dir; returns the loop's record plus accuracies.
     attention_dtype: what the dense attention computes in ("auto": bf16 on CUDA, else fp32);
-    loss_dtype: what the loss's LM-head matmuls compute in (drafts.soft_ce; "auto": the same);
     intermediate_size: the head's MLP width (None: the target's); ttt: how the dense backend
     computes steps after the first (`specpcg.attention.dense`); ttt_window: steps after the
     first run only on the rows an answer's labels need (WindowRows; the same loss)."""
@@ -242,11 +239,8 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     t2d[ids] = torch.arange(ids.shape[0], device=device)
     weight = HIDDEN_LOSS_WEIGHT.get(algorithm, 0.0)
     lc = spec.layer_cfg
-    on_cuda = torch.device(device).type == "cuda"
     if attention_dtype == "auto":
-        attention_dtype = torch.bfloat16 if on_cuda else None
-    if loss_dtype == "auto":
-        loss_dtype = torch.bfloat16 if on_cuda else None
+        attention_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else None
     backend = DenseAttnBackend(lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.head_dim ** -0.5,
                                attention_dtype, ttt)
     lens = [feats.seq_len(i) - 1 for i in range(feats.num_seqs)]
@@ -258,7 +252,7 @@ def train_head(algorithm: str, target, target_cfg, feats: Features, split: dict,
     accuracy = lambda b: head_accuracy(head, backend, rows(b), ttt_steps)  # noqa: E731
     initial = evaluate(head, eval_batches, accuracy)
     record = fit(head, [p for p in head.parameters() if p.requires_grad], train_batches,
-                 lambda b: head_loss(head, backend, rows(b), ttt_steps, weight, loss_dtype), opts,
+                 lambda b: head_loss(head, backend, rows(b), ttt_steps, weight), opts,
                  probe=lambda: evaluate(head, eval_batches, accuracy))
     record.update(initial_heldout_top1=initial, heldout_top1_curve=heldout_curve(record),
                   heldout_top1=evaluate(head, eval_batches, accuracy),
