@@ -1,7 +1,7 @@
 """`python -m drafts.train`: a draft for a target, trained by self-distillation on one GPU.
 
     python -m drafts.train --algorithm {EAGLE,EAGLE3,NEXTN,STANDALONE} [--target PATH] --out DIR
-        [--data sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1] [--num-prompts N] [--max-turns 2]
+        [--data sharegpt:0.8,gsm8k:0.15,gsm8k-fewshot:0.05] [--num-prompts N] [--max-turns 2]
         [--max-new-tokens 256] [--minutes 9.75] [--ttt-steps 7] [--draft-vocab-size 16384]
         [--soft-label-k 16] [--head-intermediate-size 0]
         [--aux-layer-ids 1,14,29] [--device auto] [--seed 0]

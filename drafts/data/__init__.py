@@ -8,7 +8,10 @@ import os
 from drafts.data.base import Sample, Source
 from drafts.data.mixture import draw, parse_mixture, split_counts
 
-DEFAULT_DATA = "sharegpt:0.7,gsm8k:0.2,gsm8k-fewshot:0.1"
+# Chat first: on the H100, EAGLE3 heads from the default command accepted 2.975 on held-out chat
+# prompts trained on 0.7 / 0.2 / 0.1 and 3.004 on this mixture, with zero-shot GSM8K still 3.2+
+# (benchmarks/results/train19, train20).
+DEFAULT_DATA = "sharegpt:0.8,gsm8k:0.15,gsm8k-fewshot:0.05"
 
 
 def _named_sources() -> dict:
