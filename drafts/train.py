@@ -60,7 +60,9 @@ class TrainOptions:
     max_prompt_tokens: int = 1024  # longer prompts are skipped (first turn) or end the chat
     # The whole run's wall clock (under 10 minutes): generation and features first, then the
     # training loop gets what is left, less FINISH_MARGIN_S for held-out evaluation and saving.
-    minutes: float = 9.75  # 562 s in all at 9.5 on the H100 (train18)
+    # On the H100 the default command's runs took 578-579 s in all (benchmarks/results/train19,
+    # train20): about 20 s to spare.
+    minutes: float = 9.75
     # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
     # read hidden states of a kind never seen in training).
     ttt_steps: int = max(OFFLINE_CHAIN_STEPS)
