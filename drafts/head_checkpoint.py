@@ -2,7 +2,9 @@
 
 - EAGLE (EAGLE repository / SGLang `LlamaForCausalLMEagle`): `fc.weight` [H, 2H] (+ `fc.bias`),
   `layers.0.self_attn.{q,k,v,o}_proj`, `layers.0.mlp.*`, `layers.0.post_attention_layernorm`,
-  optionally `embed_tokens.weight`, `lm_head.weight`; names may carry a `model.` prefix.
+  optionally `embed_tokens.weight`, `lm_head.weight`; names may carry a `model.` prefix. An LM
+  head over a draft vocabulary (config `draft_vocab_size` rows) comes with `d2t` and `t2d`, as
+  EAGLE3's does (what `drafts.train` writes).
 - EAGLE3 (SpecForge / SGLang `LlamaForCausalLMEagle3`): `midlayer.*` (q/k/v over 2H inputs,
   `hidden_norm`), `fc.weight` [H, 3H], `norm.weight`, `lm_head.weight` [draft_vocab, H], `d2t`,
   `t2d`; config `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`.
@@ -25,6 +27,7 @@ from specpcg.models.llama import fuse_projections
 ARCHITECTURES = {"EAGLE": "LlamaForCausalLMEagle", "EAGLE3": "LlamaForCausalLMEagle3",
                  "NEXTN": "LlamaForCausalLMNextN"}
 _NEXTN_PREFIX = re.compile(r"^model\.layers\.(\d+)\.")
+DRAFT_VOCAB_ALGORITHMS = ("EAGLE", "EAGLE3")  # heads whose own LM head may be a draft vocabulary
 
 
 def detect_algorithm(config: dict, names) -> str:
@@ -84,7 +87,8 @@ def read_spec(path: str, config: dict, state: dict, target_cfg: ModelConfig) -> 
     names = set(state)
     return HeadSpec(
         algorithm=algorithm, layer_cfg=layer_cfg,
-        draft_vocab_size=int(config.get("draft_vocab_size") or 0) if algorithm == "EAGLE3" else 0,
+        draft_vocab_size=(int(config.get("draft_vocab_size") or 0)
+                          if algorithm in DRAFT_VOCAB_ALGORITHMS else 0),
         aux_layer_ids=aux, fc_bias="fc.bias" in names,
         has_embed="embed_tokens.weight" in names,
         has_head=algorithm == "EAGLE3" or "lm_head.weight" in names or "shared_head.head.weight" in names)
@@ -120,11 +124,11 @@ def load_head(path: str, algorithm: str, target_cfg: ModelConfig, target_model, 
     if missing or unexpected:
         raise ValueError(f"speculative_draft_model_path {path!r}: the {algorithm} checkpoint does "
                          f"not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if algorithm == "EAGLE3" and d2t is None and spec.draft_vocab_size not in (
+    if head.draft_to_target is not None and d2t is None and spec.draft_vocab_size not in (
             0, target_cfg.vocab_size):
-        raise ValueError(f"speculative_draft_model_path {path!r}: an EAGLE3 head with "
+        raise ValueError(f"speculative_draft_model_path {path!r}: an {algorithm} head with "
                          f"draft_vocab_size {spec.draft_vocab_size} needs its d2t map")
-    if algorithm == "EAGLE3" and d2t is not None:
+    if head.draft_to_target is not None and d2t is not None:
         _check_d2t(path, d2t, spec, target_cfg)
         head.set_d2t(d2t.to(device))
     head.attach_target(target_model)
@@ -179,8 +183,9 @@ def head_config(spec: HeadSpec, target_cfg: ModelConfig) -> dict:
     }
     if c.rope_scaling:
         config["rope_scaling"] = dict(c.rope_scaling)
-    if spec.algorithm == "EAGLE3":
+    if spec.algorithm == "EAGLE3" or spec.draft_vocab_size:
         config["draft_vocab_size"] = spec.draft_vocab_size or c.vocab_size
+    if spec.algorithm == "EAGLE3":
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(spec.aux_layer_ids)}
     if spec.algorithm == "NEXTN":
         config["num_hidden_layers"] = target_cfg.num_layers  # the MTP layer's index in names
@@ -203,7 +208,7 @@ def published_state(head, spec: HeadSpec, num_target_layers: int) -> dict:
                 break
         else:
             out[name] = tensor
-    if spec.algorithm == "EAGLE3":
+    if head.draft_to_target is not None:
         ids = head.draft_to_target.cpu()
         out["d2t"] = ids - torch.arange(ids.shape[0])
         t2d = torch.zeros(spec.layer_cfg.vocab_size, dtype=torch.bool)
@@ -237,17 +242,21 @@ def random_head(algorithm: str, target_cfg: ModelConfig, device, dtype, seed: in
                 draft_vocab_size: int = 0, intermediate_size: int | None = None,
                 aux_layer_ids: tuple = ()):
     """A freshly initialised head shaped for `target_cfg` (tests, and the trainer's start);
-    aux_layer_ids: EAGLE3's fused target layers (() = SGLang's default low, middle, high)."""
+    draft_vocab_size: rows of EAGLE3's LM head, or of EAGLE's own one (0: EAGLE shares the
+    target's); aux_layer_ids: EAGLE3's fused target layers (() = SGLang's default low, middle,
+    high)."""
     if algorithm not in HEAD_ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(HEAD_ALGORITHMS)}")
     layer_cfg = target_cfg.with_overrides(
         num_layers=1, tie_word_embeddings=False,
         intermediate_size=intermediate_size or target_cfg.intermediate_size)
     spec = HeadSpec(algorithm=algorithm, layer_cfg=layer_cfg,
-                    draft_vocab_size=draft_vocab_size if algorithm == "EAGLE3" else 0,
+                    draft_vocab_size=(draft_vocab_size if algorithm in DRAFT_VOCAB_ALGORITHMS
+                                      else 0),
                     aux_layer_ids=(tuple(aux_layer_ids) or default_aux_layer_ids(
                         target_cfg.num_layers)) if algorithm == "EAGLE3" else (),
-                    has_head=algorithm == "EAGLE3")
+                    has_head=algorithm == "EAGLE3" or (algorithm == "EAGLE"
+                                                       and draft_vocab_size > 0))
     head = build_head(spec, device, dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, p in head.named_parameters():

@@ -8,7 +8,9 @@ the hidden state that predicted token p + 1 with the embedding of token p + 1; i
 predicts token p + 2.
 
 - EAGLE (EAGLE-1/2 layout, `LlamaForCausalLMEagle`): `fc([embedding; hidden])`, one decoder layer
-  without its input norm, no final norm; the target's LM head.
+  without its input norm, no final norm; the target's LM head, or its own over a smaller draft
+  vocabulary mapped by `d2t` (the trainer's default: a 16,384-row head costs a third of the
+  target's 49,152 rows per draft step and per training step).
 - EAGLE3 (`LlamaForCausalLMEagle3`): `fc` fuses three target layers' states (3H -> H) once, on
   the way in; the mid layer attends over `[norm(embedding); norm(hidden)]` (2H wide), a final
   norm, its own LM head over a smaller draft vocabulary mapped to target ids by `d2t`.
@@ -38,7 +40,7 @@ class HeadSpec:
 
     algorithm: str  # EAGLE | EAGLE3 | NEXTN
     layer_cfg: ModelConfig  # num_layers == 1; vocab_size is the target's
-    draft_vocab_size: int = 0  # EAGLE3: rows of its own LM head (0: the target's vocabulary)
+    draft_vocab_size: int = 0  # rows of its own LM head (EAGLE, EAGLE3; 0: the target's vocab)
     aux_layer_ids: tuple = ()  # EAGLE3: target layers whose outputs it fuses (SGLang's ids)
     fc_bias: bool = False  # EAGLE-1 checkpoints carry a bias on fc
     has_embed: bool = False  # the checkpoint ships embed_tokens
@@ -67,6 +69,20 @@ class DraftHead(nn.Module):
         if spec.has_embed:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self._target = []  # the target model, outside the parameter tree (never saved)
+        # A head with its own LM head over a draft vocabulary: draft id d is target id
+        # draft_to_target[d] (checkpoints store d2t[d] = draft_to_target[d] - d). None: its logits
+        # are the target vocabulary's, in order.
+        self.register_buffer("draft_to_target", None, persistent=False)
+        self.d2t_is_identity = True
+
+    def own_lm_head(self, vocab: int) -> None:
+        self.lm_head = nn.Linear(self.config.hidden_size, vocab, bias=False)
+        self.register_buffer("draft_to_target", torch.arange(vocab), persistent=False)
+
+    def set_d2t(self, d2t: torch.Tensor) -> None:
+        ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t.long()
+        self.draft_to_target = ids.to(self.draft_to_target.device)
+        self.d2t_is_identity = bool((d2t == 0).all())
 
     def attach_target(self, target) -> None:
         self._target = [target]
@@ -85,11 +101,22 @@ class DraftHead(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.head_weight).float()
+        """Target-vocabulary logits; a draft vocabulary's are placed at their target ids and
+        every other id gets -inf."""
+        draft = torch.nn.functional.linear(hidden, self.head_weight).float()
+        if draft.shape[-1] == self.config.vocab_size and self.d2t_is_identity:
+            return draft
+        full = draft.new_full((draft.shape[0], self.config.vocab_size), float("-inf"))
+        full[:, self.draft_to_target] = draft
+        return full
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax target token per row (a greedy draft step, inside the round's graph)."""
-        return self.compute_logits(hidden).argmax(-1)
+        if self.draft_to_target is None:
+            return self.compute_logits(hidden).argmax(-1)
+        # The argmax over the draft vocabulary, mapped: no [bs, target vocab] scatter.
+        best = torch.nn.functional.linear(hidden, self.head_weight).argmax(-1)
+        return self.draft_to_target[best]
 
 
 class EagleHead(DraftHead):
@@ -100,7 +127,7 @@ class EagleHead(DraftHead):
         self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, 0, self.rotary)])
         del self.layers[0].input_layernorm  # EAGLE's first layer has no input norm
         if spec.has_head:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.own_lm_head(spec.draft_vocab_size or cfg.vocab_size)
 
     def forward(self, input_ids, positions, aux_layers=(), input_hidden=None):
         x = self.fc(torch.cat([self.embed(input_ids), input_hidden.to(self.fc.weight.dtype)], -1))
@@ -124,20 +151,7 @@ class Eagle3Head(DraftHead):
                                   bias=cfg.attention_bias)
         self.midlayer.hidden_norm = RMSNorm(hidden, cfg.rms_norm_eps)
         self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
-        vocab = spec.draft_vocab_size or cfg.vocab_size
-        self.lm_head = nn.Linear(hidden, vocab, bias=False)
-        # draft id d is target id d + d2t[d]; stored as the absolute target id per draft id.
-        self.register_buffer("draft_to_target", torch.arange(vocab), persistent=False)
-        self.d2t_is_identity = True
-
-    @property
-    def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
-
-    def set_d2t(self, d2t: torch.Tensor) -> None:
-        ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t.long()
-        self.draft_to_target = ids.to(self.draft_to_target.device)
-        self.d2t_is_identity = bool((d2t == 0).all())
+        self.own_lm_head(spec.draft_vocab_size or cfg.vocab_size)
 
     def project_target_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[-1] == self.config.hidden_size:
@@ -153,20 +167,6 @@ class Eagle3Head(DraftHead):
         h, residual = layer.post_attention_layernorm.forward_add(h, residual)
         normed, prenorm = self.norm.forward_add(layer.mlp(h), residual)
         return normed, [prenorm]
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits placed at their target ids; every other id gets -inf."""
-        draft = torch.nn.functional.linear(hidden, self.lm_head.weight).float()
-        if draft.shape[-1] == self.config.vocab_size and self.d2t_is_identity:
-            return draft
-        full = draft.new_full((draft.shape[0], self.config.vocab_size), float("-inf"))
-        full[:, self.draft_to_target] = draft
-        return full
-
-    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        # The argmax over the draft vocabulary, mapped: no [bs, target vocab] scatter.
-        best = torch.nn.functional.linear(hidden, self.lm_head.weight).argmax(-1)
-        return self.draft_to_target[best]
 
 
 class NextNHead(DraftHead):

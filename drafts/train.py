@@ -42,7 +42,7 @@ from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-TRAINER_VERSION = 9  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 10  # part of ensure_draft's cache key: bump when trained drafts change
 # Chains whose offline accept length the log carries: the engine's default and the deepest the
 # benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
 OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)
@@ -66,7 +66,8 @@ class TrainOptions:
     # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
     # read hidden states of a kind never seen in training).
     ttt_steps: int = max(OFFLINE_CHAIN_STEPS)
-    # EAGLE3's vocabulary: the most frequent target ids; a label outside it is never drafted.
+    # The draft vocabulary of EAGLE3 and EAGLE (own LM heads; 0: EAGLE shares the target's
+    # 49,152 rows): the most frequent target ids; a label outside it is never drafted.
     # On the default chat + math data 8192 ids cover 96.3% of held-out labels and 16384 cover
     # 99.2%; in the same budget on the H100, 16384 trained to held-out top-1 0.801 (8192:
     # 0.787), offline accept length 3.65 (3.55) and engine accept length 2.81 / 3.28 / 3.03 on

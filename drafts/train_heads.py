@@ -127,8 +127,9 @@ def _soft_labels(feats: Features, at: torch.Tensor, t2d: torch.Tensor, device) -
 
 
 def draft_vocab(head) -> torch.Tensor:
-    """The target id of each row of the head's LM head (EAGLE3 may keep a smaller vocabulary)."""
-    ids = getattr(head, "draft_to_target", None)
+    """The target id of each row of the head's LM head (EAGLE and EAGLE3 may keep a smaller
+    vocabulary)."""
+    ids = head.draft_to_target
     return ids if ids is not None else torch.arange(head.head_weight.shape[0],
                                                     device=head.head_weight.device)
 
@@ -204,14 +205,15 @@ def vocab_coverage(feats: Features, seq_ids: list, t2d: torch.Tensor) -> float:
 
 def new_head(algorithm: str, target, target_cfg, feats: Features, draft_vocab_size: int,
              device, seed: int, aux_layer_ids: tuple = (), intermediate_size=None):
-    """random_head, attached to the target; EAGLE3 keeps the most used target ids as its
-    vocabulary and starts its LM head from the target's rows for them."""
+    """random_head, attached to the target; a head with its own LM head over a draft vocabulary
+    (EAGLE3; EAGLE when draft_vocab_size > 0) keeps the most used target ids as that vocabulary
+    and starts its LM head from the target's rows for them."""
     size = min(draft_vocab_size, target_cfg.vocab_size)
     head, spec = random_head(algorithm, target_cfg, device, torch.float32, seed=seed,
                              draft_vocab_size=size, aux_layer_ids=aux_layer_ids,
                              intermediate_size=intermediate_size)
     head.attach_target(target)
-    if hasattr(head, "set_d2t"):
+    if head.draft_to_target is not None:
         ids = choose_draft_vocab(feats, head.head_weight.shape[0], target_cfg.vocab_size)
         head.set_d2t((ids - torch.arange(ids.shape[0])).to(device))
     with torch.no_grad():

@@ -39,7 +39,7 @@ V = H = 64  # vocabulary == hidden size: one-hot embeddings
 NUM_LAYERS = 4  # EAGLE3's default aux layers (0, 2, 3) are distinct
 SCALE = 8.0  # embedding 8 * e_t has RMS 1, so RMSNorm (weight 1) leaves it unchanged
 NOISE = 1.25  # the noisy target's attention / MLP output scale: it leaves pi ~1 step in 12
-DRAFT_VOCAB = 48  # EAGLE3's draft vocabulary: the tokens of the long cycle S
+DRAFT_VOCAB = 48  # a draft vocabulary (EAGLE3's, EAGLE's own): the tokens of the long cycle S
 NO_CUDA = "no CUDA device (device is cpu)"
 LENGTHS = (1, 2, 5, 9, 13, 20, 31, 40)  # the batch's prompt lengths
 EOS = 2  # transformers' LlamaConfig default eos_token_id
@@ -101,10 +101,13 @@ def _shift_mlp(mlp, pi):
     mlp.down_proj.weight.copy_(down)
 
 
-def _synthetic_head(algo, cfg, pi, subset, out_dir):
-    """A head that predicts pi(pi(t_p)) from the target hidden state at p (see the docstring)."""
+def _synthetic_head(algo, cfg, pi, subset, out_dir, draft_vocab: bool = None):
+    """A head that predicts pi(pi(t_p)) from the target hidden state at p (see the docstring).
+    draft_vocab: its own LM head over the tokens of S, mapped by d2t (EAGLE3 always; EAGLE as
+    drafts.train writes it); otherwise EAGLE and NEXTN share the target's LM head."""
+    draft_vocab = algo == "EAGLE3" or bool(draft_vocab)
     head, spec = random_head(algo, cfg, "cpu", torch.float32, seed=3,
-                             draft_vocab_size=DRAFT_VOCAB if algo == "EAGLE3" else 0)
+                             draft_vocab_size=DRAFT_VOCAB if draft_vocab else 0)
     hidden_only = torch.cat([torch.zeros(H, H), torch.eye(H)], 1)  # [H, 2H]: [0 | I]
     with torch.no_grad():
         if algo == "EAGLE":
@@ -116,6 +119,7 @@ def _synthetic_head(algo, cfg, pi, subset, out_dir):
         else:  # the first aux layer's state (layer 0's output) goes through unchanged
             head.fc.weight.copy_(torch.cat([torch.eye(H), torch.zeros(H, 2 * H)], 1))
             layer = head.midlayer
+        if draft_vocab:
             head.lm_head.weight.copy_(_perm_head_weight(pi)[subset])  # draft id d: token S[d]
             head.set_d2t(subset - torch.arange(DRAFT_VOCAB))
         gen = torch.Generator().manual_seed(4)

@@ -5,6 +5,7 @@ The synthetic target and hand-built heads are described in tests/eagle_world.py.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import pytest
@@ -20,7 +21,7 @@ from specpcg.forward_context import get_forward_context
 
 from tests.eagle_world import (  # noqa: F401 (fixtures)
     ALGOS, SETTINGS, world, plain, _engine, _check_spec_meta, _check_no_leak,
-    _exact_outputs_all_accepted)
+    _exact_outputs_all_accepted, _synthetic_head)
 
 
 # ---- 1. greedy lossless ------------------------------------------------------------------------
@@ -141,6 +142,24 @@ def test_synthetic_head_accepts_every_draft_on_the_exact_target(world, algo, set
     state = engine.get_server_info()["internal_states"][0]
     assert state["avg_spec_accept_length"] == steps + 1
     _check_no_leak(engine)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_eagle_head_with_its_own_draft_vocabulary(world, plain, setting, tmp_path):
+    """EAGLE with an LM head over 48 of the 64 ids (what drafts.train writes): chain steps map
+    their argmax through d2t, tree steps place the draft logits at their target ids; on the
+    exact target every draft is accepted, on the noisy one the outputs are no-spec's."""
+    head = _synthetic_head("EAGLE", world.cfg, world.pi, world.subset, tmp_path / "head",
+                           draft_vocab=True)
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["draft_vocab_size"] == 48
+    exact = _engine(world.exact, "EAGLE", head, **SETTINGS[setting])
+    _exact_outputs_all_accepted(world, exact)
+    state = exact.get_server_info()["internal_states"][0]
+    assert state["avg_spec_accept_length"] == exact.spec.num_steps + 1
+    noisy = _engine(world.noisy, "EAGLE", head, **SETTINGS[setting])
+    outs = noisy.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert [o["output_ids"] for o in outs] == plain.batch
 
 
 class _Recorder:

@@ -149,7 +149,7 @@ def test_eagle3_full_vocab_d2t_is_applied(world):
     torch.testing.assert_close(head.compute_logits(x)[:, target_ids], draft_logits)
 
 
-PUBLISHED_PREFIXES = {"EAGLE": ("fc.", "layers.0."),
+PUBLISHED_PREFIXES = {"EAGLE": ("fc.", "layers.0.", "lm_head.", "d2t", "t2d"),
                       "EAGLE3": ("fc.", "midlayer.", "norm.", "lm_head.", "d2t", "t2d"),
                       "NEXTN": (f"model.layers.{NUM_LAYERS}.",)}
 
@@ -158,7 +158,7 @@ PUBLISHED_PREFIXES = {"EAGLE": ("fc.", "layers.0."),
 def test_save_load_round_trip(world, plain, tmp_path, algo):
     head, spec = random_head(algo, world.cfg, "cpu", torch.float32, seed=5,
                              draft_vocab_size=DRAFT_VOCAB, intermediate_size=96)
-    if algo == "EAGLE3":
+    if algo != "NEXTN":  # EAGLE and EAGLE3 keep their own LM head over a draft vocabulary
         head.set_d2t(world.subset - torch.arange(DRAFT_VOCAB))
     save_head(head, spec, world.cfg, str(tmp_path))
     names = load_file(str(tmp_path / "model.safetensors")).keys()
@@ -170,8 +170,9 @@ def test_save_load_round_trip(world, plain, tmp_path, algo):
     assert want.keys() == got.keys()
     for name in want:
         assert got[name].equal(want[name]), name
-    if algo == "EAGLE3":
+    if algo != "NEXTN":
         assert loaded.draft_to_target.equal(head.draft_to_target)
+        assert loaded.draft_to_target.equal(world.subset)
     for field in ("algorithm", "draft_vocab_size", "aux_layer_ids", "fc_bias", "has_embed",
                   "has_head"):
         assert getattr(loaded_spec, field) == getattr(spec, field), field
