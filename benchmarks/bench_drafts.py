@@ -27,12 +27,12 @@ SETS = {"gsm8k-fewshot": "gsm8k-fewshot", "gsm8k": "gsm8k", "chat": "sharegpt"}
 CHAIN_ONLY = ("STANDALONE",)
 
 
-def prompt_sets(tokenizer, num: int) -> dict:
+def prompt_sets(tokenizer, num: int, names=tuple(SETS)) -> dict:
     from drafts.data import heldout_samples
     from drafts.distill import first_prompts
 
-    return {name: first_prompts(heldout_samples(src, 4 * num), tokenizer, num)
-            for name, src in SETS.items()}
+    return {name: first_prompts(heldout_samples(SETS[name], 4 * num), tokenizer, num)
+            for name in names}
 
 
 def run(engine, prompts: list, params: dict) -> tuple:
@@ -61,9 +61,9 @@ def measure(engine, prompts: list, bs1_prompts: int, params: dict) -> dict:
             "output_ids": [o["output_ids"] for o in outs]}
 
 
-def systems(drafts: dict, settings: list) -> list:
+def systems(drafts: dict, settings: list, ngram: bool = True) -> list:
     out = [("no-spec", None, None, None)]
-    for algo in ["NGRAM"] + list(drafts):
+    for algo in ["NGRAM"] * ngram + list(drafts):
         for s in settings:
             if s[1] > 1 and algo in CHAIN_ONLY:
                 continue
@@ -78,7 +78,7 @@ def run_all(args) -> None:
     settings = [common.parse_setting(s) for s in args.settings]
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     sets, reference, base = None, {}, {}
-    for system, algo, path, s in systems(drafts, settings):
+    for system, algo, path, s in systems(drafts, settings, not args.no_ngram):
         kw = {} if algo is None else dict(
             speculative_algorithm=algo, speculative_draft_model_path=path,
             speculative_num_steps=s[0], speculative_eagle_topk=s[1],
@@ -95,7 +95,7 @@ def run_all(args) -> None:
             common.append_jsonl(args.out, [{"bench": "drafts_error", "system": system,
                                             "error": repr(exc)}])
             continue
-        sets = sets or prompt_sets(engine.tokenizer, args.num_prompts)
+        sets = sets or prompt_sets(engine.tokenizer, args.num_prompts, args.sets)
         lines = []
         for name, prompts in sets.items():
             m = measure(engine, prompts, args.bs1_prompts, params)
@@ -152,6 +152,9 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--drafts", nargs="*", default=[], metavar="ALGO=DIR")
     p.add_argument("--settings", nargs="+", default=["3,1,4", "7,1,8", "5,4,8"])
+    p.add_argument("--sets", nargs="+", choices=list(SETS), default=list(SETS),
+                   help="prompt sets to run (default: all three)")
+    p.add_argument("--no-ngram", action="store_true", help="skip NGRAM (a sweep of one draft)")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--bs1-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=192)
