@@ -30,6 +30,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
     if rotate is not None and backend.paged:
         backend.rotate_and_save_kv(*rotate, q, k, v, layer_id, ctx.batch)
         return _attend(q, layer_id)
+    v = v.contiguous()  # the paths below view or hand it on whole
     if rotate is not None:
         rotate[0](rotate[1], q, k)  # in place
     if not backend.paged:
@@ -71,7 +72,8 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.contiguous()
+        # v stays a view into the qkv output (rows strided): the fused rotary + KV write reads it
+        # by its row stride; a copy here was one more kernel in each layer of every step.
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         out = attention(q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, self.layer_id,
