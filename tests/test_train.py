@@ -157,12 +157,16 @@ def test_aux_layer_ids_past_the_target_are_refused(tiny, tmp_path):
 def test_minutes_bound_the_whole_run():
     """The loop gets what generation and features left of `minutes`, less the finishing
     margin; a budget they already spent is refused with the figures."""
-    from drafts.train import FINISH_MARGIN_S, TrainOptions, _loop_minutes
+    from drafts.train import TrainOptions, _loop_minutes, finish_margin_s
 
     o = TrainOptions(minutes=8.0)
-    assert _loop_minutes(o, 100.0) * 60 == pytest.approx(480.0 - 100.0 - FINISH_MARGIN_S)
+    for algorithm in ("EAGLE3", "STANDALONE"):
+        margin = finish_margin_s(algorithm)
+        assert _loop_minutes(o, 100.0, margin) * 60 == pytest.approx(480.0 - 100.0 - margin)
+    # STANDALONE's held-out simulation runs a 4-layer model: it keeps more than a head
+    assert finish_margin_s("STANDALONE") > finish_margin_s("EAGLE3") > 0
     with pytest.raises(RuntimeError, match=r"took 70 s of the 1.0 minute budget"):
-        _loop_minutes(TrainOptions(minutes=1.0), 70.0)
+        _loop_minutes(TrainOptions(minutes=1.0), 70.0, 10.0)
 
 
 def test_drafts_of_one_target_share_its_answers(tiny, tmp_path, monkeypatch):
