@@ -68,8 +68,8 @@ class TrainOptions:
     max_prompt_tokens: int = 1024  # longer prompts are skipped (first turn) or end the chat
     # The whole run's wall clock (under 10 minutes): generation and features first, then the
     # training loop gets what is left, less finish_margin_s for held-out evaluation and saving.
-    # On the H100 the default command's runs took 578-579 s in all (benchmarks/results/train19,
-    # train20): about 20 s to spare.
+    # On the H100 the default command's head runs took 578-579 s in all (benchmarks/results/
+    # train19, train20, train21): about 20 s to spare.
     minutes: float = 9.75
     # Unrolled draft steps trained: as many as the deepest chain drafted (steps past it would
     # read hidden states of a kind never seen in training).

@@ -101,11 +101,11 @@ def _shift_mlp(mlp, pi):
     mlp.down_proj.weight.copy_(down)
 
 
-def _synthetic_head(algo, cfg, pi, subset, out_dir, draft_vocab: bool = None):
+def _synthetic_head(algo, cfg, pi, subset, out_dir, draft_vocab: bool = False):
     """A head that predicts pi(pi(t_p)) from the target hidden state at p (see the docstring).
     draft_vocab: its own LM head over the tokens of S, mapped by d2t (EAGLE3 always; EAGLE as
     drafts.train writes it); otherwise EAGLE and NEXTN share the target's LM head."""
-    draft_vocab = algo == "EAGLE3" or bool(draft_vocab)
+    draft_vocab = draft_vocab or algo == "EAGLE3"
     head, spec = random_head(algo, cfg, "cpu", torch.float32, seed=3,
                              draft_vocab_size=DRAFT_VOCAB if draft_vocab else 0)
     hidden_only = torch.cat([torch.zeros(H, H), torch.eye(H)], 1)  # [H, 2H]: [0 | I]
