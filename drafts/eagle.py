@@ -27,6 +27,7 @@ from drafts.base import DraftWorker, Proposal
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
+from drafts.tree_round import step_children
 from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -309,7 +310,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
 
     def _tree_step(self, states, tokens, branch_hidden, ancestors, s: int):
         """Feeds step s's K branches per request at position base + s - 1, each seeing the
-        prefix and its own ancestors; returns logits [bs, K, V] and hidden [bs, K, H]."""
+        prefix and its own ancestors; returns its children (top_ids, top_logp [bs, K, K]) and
+        hidden [bs, K, H]."""
         bs, k = tokens.shape
         rows = [_Row(st.req_pool_idx, st.num_cached + (s - 1) * k) for st in states]
         # Placeholder ids build the batch; the branches stay on the device (no host sync).
@@ -319,6 +321,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
         base = to_device([st.num_cached for st in states], tokens.device)
         batch.positions = (base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous()
         batch.tree_mask = ancestors.contiguous()
-        batch.return_all_logits = True
         out = self.router.forward(batch)
-        return out.all_logits.view(bs, k, -1), out.aux_hidden_states[0].view(bs, k, -1)
+        return (*step_children(self.model, out.hidden_states, bs, k),
+                out.aux_hidden_states[0].view(bs, k, -1))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from kernels.topk import argmax_rows, topk_rows
 from specpcg.models.config import ModelConfig
 from specpcg.models.layers import RMSNorm, RotaryEmbedding
 from specpcg.models.llama import LlamaAttention, LlamaDecoderLayer
@@ -112,11 +113,16 @@ class DraftHead(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
         """The argmax target token per row (a greedy draft step, inside the round's graph)."""
-        if self.draft_to_target is None:
-            return self.compute_logits(hidden).argmax(-1)
-        # The argmax over the draft vocabulary, mapped: no [bs, target vocab] scatter.
-        best = torch.nn.functional.linear(hidden, self.head_weight).argmax(-1)
-        return self.draft_to_target[best]
+        # The argmax over the head's own logits (no fp32 copy, no [bs, target vocab] scatter),
+        # mapped to target ids; bf16 and fp32 logits have the same argmax.
+        best = argmax_rows(torch.nn.functional.linear(hidden, self.head_weight))
+        return best if self.draft_to_target is None else self.draft_to_target[best]
+
+    def top_children(self, hidden: torch.Tensor, k: int) -> tuple:
+        """A tree step's K best target tokens per row and their log-probabilities ([T, K]
+        each), from the head's own logits: the top-k maps draft ids to target ids itself."""
+        logits = torch.nn.functional.linear(hidden, self.head_weight)
+        return topk_rows(logits, k, log_softmax=True, index_map=self.draft_to_target)
 
 
 class EagleHead(DraftHead):
@@ -161,8 +167,11 @@ class Eagle3Head(DraftHead):
     def forward(self, input_ids, positions, aux_layers=(), input_hidden=None):
         layer = self.midlayer
         residual = input_hidden.to(self.norm.weight.dtype)
-        x = torch.cat([layer.input_layernorm(self.embed(input_ids)),
-                       layer.hidden_norm(residual)], dim=-1)
+        embedded = self.embed(input_ids)
+        # [norm(embedding); norm(hidden)], each norm writing its half: no concatenation.
+        x = embedded.new_empty(embedded.shape[0], 2 * embedded.shape[1])
+        layer.input_layernorm(embedded, out=x[:, :embedded.shape[1]])
+        layer.hidden_norm(residual, out=x[:, embedded.shape[1]:])
         h = layer.self_attn(positions, x)
         h, residual = layer.post_attention_layernorm.forward_add(h, residual)
         normed, prenorm = self.norm.forward_add(layer.mlp(h), residual)

@@ -24,8 +24,9 @@ def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_
     """EAGLE-2 expansion. root [bs]: the last committed tokens; top_tokens, top_scores [bs, K]:
     the root's K best children and their log-probs; hidden [bs, H]: the draft's hidden state at
     the root; step(tokens [bs, K], branch_hidden [bs, K, H], ancestors [bs, K, fed], s) feeds
-    step s's K branches and returns (logits [bs, K, V], hidden [bs, K, H]). Returns the Tree of
-    the num_draft_tokens best-scored nodes (kernels.tree.build_tree). Device ops only."""
+    step s's K branches and returns (top_ids, top_logp [bs, K, K]: each branch's K best
+    children and their log-probs, hidden [bs, K, H]). Returns the Tree of the num_draft_tokens
+    best-scored nodes (kernels.tree.build_tree). Device ops only."""
     bs, k = top_tokens.shape
     dev = top_tokens.device
     cand_tokens = torch.zeros(bs, num_steps, k, k, dtype=torch.long, device=dev)
@@ -39,10 +40,9 @@ def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_
     if num_steps > 1:
         branch_parents[:, 1] = torch.arange(k, device=dev)
     for s in range(1, num_steps):
-        step_logits, step_hidden = step(tokens, branch_hidden, ancestors, s)
-        # Fused kernels on the GPU: torch's softmax + radix select cost 80-90 us a step, and
-        # the bookkeeping after it a dozen small kernels (kernels/tree_step.py).
-        top_ids, top_logp = topk_rows(step_logits, k, log_softmax=True)  # [bs, K, K]
+        top_ids, top_logp, step_hidden = step(tokens, branch_hidden, ancestors, s)
+        # A fused kernel on the GPU: the bookkeeping is a dozen small torch kernels
+        # (kernels/tree_step.py).
         branches = advance_tree(cand_tokens, cand_scores, branch_parents, top_ids, top_logp,
                                 scores, ancestors, s)
         if branches is None:  # the last step
@@ -56,6 +56,14 @@ def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_
 def root_children(logits: torch.Tensor, k: int):
     """The root's K best children and their log-probs: ([bs, K], [bs, K])."""
     return topk_rows(logits, k, log_softmax=True)
+
+
+def step_children(model, head_hidden: torch.Tensor, bs: int, k: int):
+    """A tree step's (top_ids, top_logp) [bs, K, K] from its [bs * K, H] head outputs: fused
+    kernels on the GPU (torch's softmax and radix select cost 80-90 us a step at batch 16)
+    over the head's own vocabulary (kernels/topk.py)."""
+    ids, logp = model.top_children(head_hidden, k)
+    return ids.view(bs, k, k), logp.view(bs, k, k)
 
 
 class TreeRound:
@@ -85,24 +93,35 @@ class TreeRound:
         """Every tree step and the selection, from the round's buffers (top_tokens, top_scores
         and hidden0 hold the root's children): the Tree of the bs rows."""
         v, k = self.rnd.buf.views(bs), self.topk
-        base, slots, rows = v["seq_lens"], v["chain"], v["rows"]
-        widths = torch.full((bs,), k, dtype=torch.long, device=base.device)
+        rows = v["rows"]
+        widths = torch.full((bs,), k, dtype=torch.long, device=rows.device)
+        positions, slots, seq_lens = self._step_inputs(v, bs)
 
         def step(tokens, branch_hidden, ancestors, s: int):
             batch = ForwardBatch(
                 forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=tokens.reshape(-1),
-                positions=(base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous(),
-                out_cache_loc=slots[(s - 1) * k:s * k].t().reshape(-1).contiguous(),
-                req_pool_indices=rows, seq_lens=base + s * k, extend_seq_lens=widths,
+                positions=positions[s - 1], out_cache_loc=slots[s - 1], req_pool_indices=rows,
+                seq_lens=seq_lens[s - 1], extend_seq_lens=widths,
                 seq_lens_cpu=[n + s * k for n in base_cpu], extend_seq_lens_cpu=[k] * bs,
                 capture_hidden_mode=CaptureHiddenMode.FULL,
                 input_hidden=branch_hidden.reshape(bs * k, -1), tree_mask=ancestors.contiguous())
             out, aux = self.rnd.forward(batch)
-            logits = self.model.compute_logits(out)
-            return logits.view(bs, k, -1), aux[0].view(bs, k, -1)
+            return (*step_children(self.model, out, bs, k), aux[0].view(bs, k, -1))
 
         return expand_tree(v["roots"], self.top_tokens[:bs], self.top_scores[:bs],
                            self.rnd.buf.hidden0[:bs], self.num_steps, self.num_draft_tokens, step)
+
+    def _step_inputs(self, v: dict, bs: int) -> tuple:
+        """Every tree step's positions and KV slots ([S - 1, bs * K], request-major) and
+        sequence lengths ([S - 1, bs]), built once a round: a handful of kernels where each
+        step built its own with as many."""
+        k, steps = self.topk, self.num_steps - 1
+        base = v["seq_lens"]  # step s's branches sit at base + s - 1
+        offsets = torch.arange(steps, device=base.device)[:, None]
+        positions = (base + offsets)[:, :, None].expand(steps, bs, k).reshape(steps, bs * k)
+        # views()["chain"]: step s's slot of branch j is row (s - 1) * K + j, one column a request
+        slots = v["chain"].view(steps, k, bs).transpose(1, 2).reshape(steps, bs * k)
+        return positions, slots, base + (offsets + 1) * k
 
     def run(self, bs: int, logits, hidden, base_cpu: list):
         """After the round's load and catch-up: (draft_tokens, parents) [n, N] of the n real

@@ -5,7 +5,8 @@ its k best in registers (k rounds of max, lowest index on ties, the pick then ma
 writes the chunk's max and sum of exp(x - max). The global k best are among the chunks' k best,
 so `_merge_kernel` (one program per row) picks k again over chunks * k candidates by the same
 rule and, for log-probabilities, subtracts the row's log-sum-exp combined from the chunks'. A
-row of one chunk is finished by the first kernel alone.
+row of one chunk is finished by the first kernel alone. Whichever kernel finishes a row maps its
+indices through the index map when there is one.
 
 Launchers allocate their scratch and outputs with torch (from the graph's pool under capture)
 and never read tensor values on the host.
@@ -30,10 +31,18 @@ def _pick(x, idx, valid, NONE: tl.constexpr):
 
 
 @triton.jit
+def _mapped(map_ptr, i, MAPPED: tl.constexpr):
+    """Index i as returned: map[i] with an index map (i is always a valid entry here)."""
+    if MAPPED:
+        return tl.load(map_ptr + i)
+    return i.to(tl.int64)
+
+
+@triton.jit
 def _chunk_kernel(x_ptr, cand_val_ptr, cand_idx_ptr, chunk_max_ptr, chunk_sum_ptr,
-                  out_idx_ptr, out_val_ptr, V, num_chunks,
+                  out_idx_ptr, out_val_ptr, map_ptr, V, num_chunks,
                   K: tl.constexpr, BLOCK: tl.constexpr, LOG_SOFTMAX: tl.constexpr,
-                  FINAL: tl.constexpr, NONE: tl.constexpr):
+                  FINAL: tl.constexpr, NONE: tl.constexpr, MAPPED: tl.constexpr):
     row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
     valid = idx < V
@@ -50,7 +59,7 @@ def _chunk_kernel(x_ptr, cand_val_ptr, cand_idx_ptr, chunk_max_ptr, chunk_sum_pt
         v, i = _pick(x, idx, valid, NONE)
         valid = valid & (idx != i)
         if FINAL:
-            tl.store(out_idx_ptr + row * K + j, i.to(tl.int64))
+            tl.store(out_idx_ptr + row * K + j, _mapped(map_ptr, i, MAPPED))
             tl.store(out_val_ptr + row * K + j, v - shift)
         else:
             tl.store(cand_val_ptr + slot + j, v)
@@ -62,9 +71,9 @@ def _chunk_kernel(x_ptr, cand_val_ptr, cand_idx_ptr, chunk_max_ptr, chunk_sum_pt
 
 @triton.jit
 def _merge_kernel(cand_val_ptr, cand_idx_ptr, chunk_max_ptr, chunk_sum_ptr,
-                  out_idx_ptr, out_val_ptr, num_chunks,
+                  out_idx_ptr, out_val_ptr, map_ptr, num_chunks,
                   K: tl.constexpr, CANDS: tl.constexpr, CHUNKS: tl.constexpr,
-                  LOG_SOFTMAX: tl.constexpr, NONE: tl.constexpr):
+                  LOG_SOFTMAX: tl.constexpr, NONE: tl.constexpr, MAPPED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, CANDS)
     live = c < num_chunks * K
@@ -82,11 +91,11 @@ def _merge_kernel(cand_val_ptr, cand_idx_ptr, chunk_max_ptr, chunk_sum_ptr,
     for j in tl.static_range(K):
         v, i = _pick(x, idx, valid, NONE)
         valid = valid & (idx != i)
-        tl.store(out_idx_ptr + row * K + j, i.to(tl.int64))
+        tl.store(out_idx_ptr + row * K + j, _mapped(map_ptr, i, MAPPED))
         tl.store(out_val_ptr + row * K + j, v - shift)
 
 
-def topk_rows_triton(x: torch.Tensor, k: int, log_softmax: bool) -> tuple:
+def topk_rows_triton(x: torch.Tensor, k: int, log_softmax: bool, index_map=None) -> tuple:
     """kernels.topk.topk_rows on the GPU (or the interpreter)."""
     shape, V = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, V).contiguous()
@@ -98,19 +107,22 @@ def topk_rows_triton(x: torch.Tensor, k: int, log_softmax: bool) -> tuple:
     block = min(BLOCK, triton.next_power_of_2(V))
     chunks = triton.cdiv(V, block)
     none = 2 ** 31 - 1  # no entry: larger than any index
+    mapped = index_map is not None
+    index_map = index_map if mapped else out_idx  # unread without a map: any valid pointer
     if chunks == 1:
-        _chunk_kernel[(n, 1)](rows, out_val, out_idx, out_val, out_val, out_idx, out_val, V, 1,
-                              K=k, BLOCK=block, LOG_SOFTMAX=log_softmax, FINAL=True, NONE=none)
+        _chunk_kernel[(n, 1)](rows, out_val, out_idx, out_val, out_val, out_idx, out_val,
+                              index_map, V, 1, K=k, BLOCK=block, LOG_SOFTMAX=log_softmax,
+                              FINAL=True, NONE=none, MAPPED=mapped)
         return out_idx.view(*shape, k), out_val.view(*shape, k)
     cand_val = torch.empty(n, chunks, k, dtype=torch.float32, device=x.device)
     cand_idx = torch.empty(n, chunks, k, dtype=torch.int32, device=x.device)
     chunk_max = torch.empty(n, chunks, dtype=torch.float32, device=x.device)
     chunk_sum = torch.empty(n, chunks, dtype=torch.float32, device=x.device)
     _chunk_kernel[(n, chunks)](rows, cand_val, cand_idx, chunk_max, chunk_sum, out_idx, out_val,
-                               V, chunks, K=k, BLOCK=block, LOG_SOFTMAX=log_softmax,
-                               FINAL=False, NONE=none)
-    _merge_kernel[(n,)](cand_val, cand_idx, chunk_max, chunk_sum, out_idx, out_val, chunks,
-                        K=k, CANDS=triton.next_power_of_2(chunks * k),
+                               index_map, V, chunks, K=k, BLOCK=block,
+                               LOG_SOFTMAX=log_softmax, FINAL=False, NONE=none, MAPPED=False)
+    _merge_kernel[(n,)](cand_val, cand_idx, chunk_max, chunk_sum, out_idx, out_val, index_map,
+                        chunks, K=k, CANDS=triton.next_power_of_2(chunks * k),
                         CHUNKS=triton.next_power_of_2(chunks), LOG_SOFTMAX=log_softmax,
-                        NONE=none)
+                        NONE=none, MAPPED=mapped)
     return out_idx.view(*shape, k), out_val.view(*shape, k)

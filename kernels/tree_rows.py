@@ -26,7 +26,7 @@ from .dispatch import pick_triton, triton_module
 
 def tree_path_rows_torch(req_to_token: torch.Tensor, req_rows: torch.Tensor,
                          seq_lens: torch.Tensor, tree_mask: torch.Tensor, max_len: int,
-                         out=None) -> tuple:
+                         out=None, lens_out=None) -> tuple:
     """The twin of tree_path_rows (same arguments and results)."""
     bs, width, keys = tree_mask.shape
     rows = req_to_token[req_rows.long(), :max_len]  # [bs, L]
@@ -39,21 +39,23 @@ def tree_path_rows_torch(req_to_token: torch.Tensor, req_rows: torch.Tensor,
     node_of = torch.arange(bs, device=rows.device).repeat_interleave(width)  # [bs * E]
     node_rows = torch.index_select(rows, 0, node_of, out=out)  # [bs * E, L]
     node_rows.scatter_(1, cols.repeat_interleave(width, dim=0), tree_slots.gather(1, order))
-    lens = prefix.repeat_interleave(width) + allowed.sum(1)
-    return node_rows, lens.to(torch.int32)
+    lens = (prefix.repeat_interleave(width) + allowed.sum(1)).to(torch.int32)
+    return node_rows, lens if lens_out is None else lens_out.copy_(lens)
 
 
 def tree_path_rows(req_to_token: torch.Tensor, req_rows: torch.Tensor, seq_lens: torch.Tensor,
-                   tree_mask: torch.Tensor, max_len: int, out=None,
+                   tree_mask: torch.Tensor, max_len: int, out=None, lens_out=None,
                    use_triton: bool | None = None) -> tuple:
     """req_to_token [R, L]; req_rows, seq_lens [bs] (seq_lens count the K tree keys, the last of
     each row); tree_mask [bs, E, K]; max_len >= every seq_len; out: a [bs * E, max_len] tensor of
-    req_to_token's dtype the rows are written into (a buffer a graph reads). Returns (rows
+    req_to_token's dtype the rows are written into (a buffer a graph reads); lens_out: a
+    [bs * E] int32 tensor the lengths are written into. Returns (rows
     [bs * E, max_len], lens [bs * E] int32): node e of request i is row i * E + e, its first
     lens entries the slots it attends over. Never reads tensor values on the host."""
     if tree_mask.dim() != 3:
         raise ValueError(f"tree_mask must be [bs, E, K], got shape {tuple(tree_mask.shape)}")
     if not pick_triton(req_to_token, use_triton):
-        return tree_path_rows_torch(req_to_token, req_rows, seq_lens, tree_mask, max_len, out)
+        return tree_path_rows_torch(req_to_token, req_rows, seq_lens, tree_mask, max_len, out,
+                                    lens_out)
     return triton_module("tree_rows_triton").tree_path_rows_triton(
-        req_to_token, req_rows, seq_lens, tree_mask, max_len, out)
+        req_to_token, req_rows, seq_lens, tree_mask, max_len, out, lens_out)

@@ -43,12 +43,15 @@ def _tree_rows_kernel(
     tl.store(lens_ptr + node, prefix + num_allowed)
 
 
-def tree_path_rows_triton(req_to_token, req_rows, seq_lens, tree_mask, max_len: int, out=None):
+def tree_path_rows_triton(req_to_token, req_rows, seq_lens, tree_mask, max_len: int, out=None,
+                          lens_out=None):
     bs, width, keys = tree_mask.shape
     if out is None:
         out = torch.empty(bs * width, max_len, dtype=req_to_token.dtype,
                           device=req_to_token.device)
-    lens = torch.empty(bs * width, dtype=torch.int32, device=req_to_token.device)
+    lens = lens_out
+    if lens is None:
+        lens = torch.empty(bs * width, dtype=torch.int32, device=req_to_token.device)
     mask = tree_mask.view(torch.uint8) if tree_mask.dtype == torch.bool else tree_mask
     if bs * width:
         _tree_rows_kernel[(bs * width,)](

@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from kernels.topk import topk_rows, topk_rows_torch  # noqa: E402
+from kernels.topk import argmax_rows, topk_rows, topk_rows_torch  # noqa: E402
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
@@ -54,6 +54,33 @@ def test_ties_come_lowest_index_first_and_minus_inf_counts_as_a_value():
     assert len(set(idx[1].tolist())) == 5  # no entry picked twice
     _, logp = topk_rows(x[:1], 2, log_softmax=True, use_triton=True)
     torch.testing.assert_close(logp, x[:1].log_softmax(-1).topk(2).values)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("vocab", [1000, 2048 + 37])  # one chunk (no merge), two chunks
+def test_an_index_map_returns_mapped_indices(vocab):
+    """A draft vocabulary's logits come back as target ids: the map applied to the indices the
+    unmapped call returns, with the same values; a wrong map is refused."""
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(3, vocab, generator=gen) * 4
+    index_map = torch.randperm(5 * vocab, generator=gen)[:vocab]  # ids in a larger vocabulary
+    for use_triton in (True, False):
+        idx, val = topk_rows(x, 4, True, use_triton=use_triton, index_map=index_map)
+        plain_idx, plain_val = topk_rows(x, 4, True, use_triton=use_triton)
+        assert torch.equal(idx, index_map[plain_idx]) and torch.equal(val, plain_val)
+    with pytest.raises(ValueError, match="index_map must be"):
+        topk_rows(x, 4, index_map=index_map[:-1])
+
+
+@needs_interpreter
+def test_argmax_rows_takes_the_lowest_index_of_a_tie_like_torch():
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 3, 2048 + 37, generator=gen) * 4).bfloat16()
+    x[0, 0, [5, 2080]] = 40.0  # a tie across two chunks
+    got = argmax_rows(x, use_triton=True)
+    assert got.dtype == torch.int64 and got.shape == (2, 3)
+    assert torch.equal(got, x.float().argmax(-1)) and got[0, 0] == 5
+    assert torch.equal(argmax_rows(x, use_triton=False), got)
 
 
 def test_k_outside_the_row_is_refused():

@@ -57,6 +57,12 @@ def test_an_integer_mask_and_an_output_buffer():
     assert got.data_ptr() == buf.data_ptr() and torch.equal(lens, want_lens)
     assert torch.equal(got[:4, :40], want[:4, :40]) and torch.equal(got[4:, :90], want[4:, :90])
     assert (buf[8:] == -7).all()  # rows past the batch untouched
+    for use_triton in (True, False):  # lengths into a buffer (what the attention plan reads)
+        lens_buf = torch.full((10,), -3, dtype=torch.int32)
+        _, lens = tree_path_rows(r2t, rows, lens_in, mask, MAX_LEN, lens_out=lens_buf[:8],
+                                 use_triton=use_triton)
+        assert lens.data_ptr() == lens_buf.data_ptr() and torch.equal(lens_buf[:8], want_lens)
+        assert (lens_buf[8:] == -3).all()
 
 
 def test_a_mask_of_the_wrong_rank_is_refused():

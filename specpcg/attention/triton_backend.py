@@ -35,6 +35,8 @@ class TritonAttnBackend(AttentionBackend):
         self.verify_kernel = verify_kernel
         self._verify_width = 0  # > 0: this batch's verify runs as split-K decode queries
         self._verify_req = self._verify_seq = None
+        self._node_ids = None  # [size] int32 0, 1, ..: a tree node's row is its own
+        self._verify_req_now = None  # the row index of each query: _verify_req or _node_ids
         self._verify_splits = 1
         self._tree_rows = None  # [bs * E, L] slots while a draft tree's batch runs
         self._tree_rows_buf = None  # what graphs read _tree_rows from (see _tree_rows_out)
@@ -72,9 +74,10 @@ class TritonAttnBackend(AttentionBackend):
         self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
         self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
         stride = batch.req_row_stride
-        if batch.forward_mode != ForwardMode.DECODE:
+        if batch.forward_mode != ForwardMode.DECODE and batch.tree_mask is None:
             # Only the extend kernel reads query starts. NOTE: skipped for decode, a draft
-            # chain's every step among them: three of a head step's ~27 kernels on the H100.
+            # chain's every step among them (three of a head step's ~27 kernels on the H100),
+            # and for trees, whose nodes run as decode queries.
             self._extend_lens[:num_reqs].copy_(batch.extend_seq_lens[:num_reqs])
             if stride:  # request i's queries start at row i * stride
                 self._q_starts[:num_reqs + 1].copy_(torch.arange(
@@ -123,11 +126,11 @@ class TritonAttnBackend(AttentionBackend):
         # kernel's split count is a compile-time constant of that width, so a width that grew
         # with the sequences compiled the kernels again each time it crossed a split.
         req_to_token = self.kv_cache.req_pool.req_to_token
-        self._tree_rows, lens = tree_path_rows(
+        self._tree_rows, _ = tree_path_rows(
             req_to_token, self._req_pool_indices[:num_reqs], self._seq_lens[:num_reqs],
-            tree_mask, req_to_token.shape[1], out=self._tree_rows_out(n, req_to_token.shape[1]))
-        torch.arange(n, dtype=torch.int32, device=self.device, out=self._verify_req[:n])
-        self._verify_seq[:n].copy_(lens)
+            tree_mask, req_to_token.shape[1], out=self._tree_rows_out(n, req_to_token.shape[1]),
+            lens_out=self._verify_seq[:n])
+        self._verify_req_now = self._node_ids[:n]  # node e of request i reads row i * E + e
 
     def _tree_rows_out(self, n: int, width: int):
         """Where n node rows are built: the buffer graphs read, or None (rows of their own)
@@ -161,6 +164,8 @@ class TritonAttnBackend(AttentionBackend):
             size = max(n, self._req_pool_indices.shape[0] * width)
             self._verify_req = torch.zeros(size, dtype=torch.int32, device=self.device)
             self._verify_seq = torch.zeros(size, dtype=torch.int32, device=self.device)
+            self._node_ids = torch.arange(size, dtype=torch.int32, device=self.device)
+        self._verify_req_now = self._verify_req
         self._verify_width = width
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             n, self.num_kv_heads, self._num_sms)
@@ -186,7 +191,7 @@ class TritonAttnBackend(AttentionBackend):
             rows = req_to_token if self._tree_rows is None else self._tree_rows
             triton_kernels.decode_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, rows,
-                self._verify_req, self._verify_seq, self._num_reqs * self._verify_width,
+                self._verify_req_now, self._verify_seq, self._num_reqs * self._verify_width,
                 self._verify_splits, self.scale)
         elif batch.forward_mode == ForwardMode.DECODE:
             num_real = self._num_reqs  # one query per request, request i in row i

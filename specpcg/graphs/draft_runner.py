@@ -244,20 +244,32 @@ class DraftGraphRunner:
         values = {"ids": torch.where(real, path.ids, 0), "positions": pos, "slots": slots,
                   "rows": rows, "seq_lens": seq_lens, "lens": path.lens,
                   "verify_rows": torch.arange(n, device=dev), "roots": path.roots}
-        pad = {"ids": 0, "positions": 0, "slots": SINK_SLOT, "seq_lens": 1, "lens": 1,
-               "verify_rows": 0, "roots": 0,
-               "rows": self.model_runner.kv_cache.req_pool.pad_row}
-        for name, value in values.items():
-            view = v[name].view(bs, -1)
-            view[:n].copy_(value.view(n, -1))
-            view[n:].fill_(pad[name])
         chain = v["chain"]
         if chain.shape[0]:
             steps = torch.arange(chain.shape[0], device=dev)[:, None]
-            chain[:, :n].copy_(req_to_token[rows[None, :], seq_lens[None, :] + steps])
-            chain[:, n:].fill_(SINK_SLOT)
+            values["chain"] = req_to_token[rows[None, :], seq_lens[None, :] + steps]
+        if n == bs:  # no padding: every input in one concatenation (views() order)
+            parts = [values[name].reshape(-1).long() for name in v if name in values]
+            total = sum(p.numel() for p in parts)
+            torch.cat(parts, out=self.buf.ints[:total])
+        else:
+            self._load_padded(v, values, n, bs)
         if path.hidden is not None:
             self.buf.target_hidden[:n * w].view(n, w, -1).copy_(path.hidden)
+
+    def _load_padded(self, v: dict, values: dict, n: int, bs: int) -> None:
+        """load_on_device's inputs for n < bs requests: the rows past them are padding."""
+        pad = {"ids": 0, "positions": 0, "slots": SINK_SLOT, "seq_lens": 1, "lens": 1,
+               "verify_rows": 0, "roots": 0, "chain": SINK_SLOT,
+               "rows": self.model_runner.kv_cache.req_pool.pad_row}
+        for name, value in values.items():
+            if name == "chain":  # [steps, bs]: requests are columns
+                v[name][:, :n].copy_(value)
+                v[name][:, n:].fill_(pad[name])
+                continue
+            view = v[name].view(bs, -1)
+            view[:n].copy_(value.view(n, -1))
+            view[n:].fill_(pad[name])
 
     def catch_up(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
         """After `load`: ([bs, V] logits, [bs, H] hidden) at each request's last accepted row."""

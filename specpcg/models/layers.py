@@ -18,8 +18,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_ops.rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out: where the result goes (a column block of a wider tensor: no concatenation)."""
+        return fused_ops.rms_norm(x, self.weight, self.eps, out=out)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple:
         """(norm(x + residual), x + residual) in one kernel: the residual add fused in."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels.topk import argmax_rows
 from specpcg.forward_context import get_forward_context
 from specpcg.graphs.breakable import eager_break
 from specpcg.models.config import ModelConfig
@@ -143,8 +144,9 @@ class LlamaForCausalLM(nn.Module):
         return self.head_linear(hidden, self.head_weight).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The argmax token per row of `hidden` (a draft's greedy step, inside its graph)."""
-        return self.compute_logits(hidden).argmax(-1)
+        """The argmax token per row of `hidden` (a draft's greedy step or a greedy verify,
+        inside their graphs), read from the head's own dtype: no fp32 copy of the logits."""
+        return argmax_rows(self.head_linear(hidden, self.head_weight))
 
     def load_weights(self, state_dict: dict) -> None:
         """Takes Hugging Face parameter names; fuses q/k/v and gate/up into one matrix each."""

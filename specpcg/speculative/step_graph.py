@@ -106,12 +106,12 @@ class SpecStepGraphs:
         path = st.path(bs, self.cols)
         tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
         prefix = torch.where(st.live[:bs], path.first_pos + path.lens, 0)
-        out_hidden, aux, logits = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
+        out_hidden, aux = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
         order = self.cols.expand(bs, n)
         if tree is None:
             tree = self.dec.verify_tree(tokens)
         simulate = self.dec.simulate
-        predict = logits.view(bs, n, -1).argmax(-1)
+        predict = self.target.model.greedy_tokens(out_hidden).view(bs, n)
         if simulate is None:
             result = verify_greedy(tokens, tree.first_child, tree.next_sibling, predict, n - 1)
         else:  # benchmark only; the default generator, which graphs replay safely
@@ -127,7 +127,7 @@ class SpecStepGraphs:
         st.bonus[:bs].copy_(result.bonus.long())
         st.prefix[:bs].copy_(prefix)
         if st.hidden is not None:
-            rows = self.draft.target_hidden(ModelOutput(logits, hidden_states=out_hidden,
+            rows = self.draft.target_hidden(ModelOutput(None, hidden_states=out_hidden,
                                                         aux_hidden_states=aux))
             rows = rows.view(bs, n, -1)
             if not self.is_chain:
@@ -163,8 +163,7 @@ class SpecStepGraphs:
         attn = self.target.attn_backend
         attn.init_forward_metadata(batch)
         with forward_context(ForwardContext(batch, attn, bs * n)):
-            hidden, aux = self.target.call_model(batch)
-        return hidden, aux, self.target.model.compute_logits(hidden)
+            return self.target.call_model(batch)
 
     # -- capture and replay -------------------------------------------------------------------
     @torch.inference_mode()
