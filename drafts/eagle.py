@@ -150,9 +150,10 @@ class HeadDraft(RoundDrafting, DraftWorker):
         batch.input_hidden, batch.capture_hidden_mode = hidden, capture
         return batch
 
-    def _eager_catch_up(self, reqs: list, states: list):
+    def _eager_catch_up(self, reqs: list, states: list, head_rows: bool = False):
         """DRAFT_EXTEND over each request's positions with fresh target hidden states;
-        returns the last position's logits [bs, V] and output hidden state [bs, H]."""
+        returns the last position's logits [bs, V] (head_rows: the head's output rows [bs, H]
+        instead, what a tree's root children come from) and output hidden state [bs, H]."""
         new_ids, hidden = [], []
         for req, st in zip(reqs, states):
             rows = torch.cat(st.pending)
@@ -167,7 +168,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         out = self.router.forward(batch)
         for st, ids in zip(states, new_ids):
             st.num_cached += len(ids)
-        return out.logits, out.aux_hidden_states[0]
+        return out.hidden_states if head_rows else out.logits, out.aux_hidden_states[0]
 
     def propose(self, reqs: list, spec) -> Proposal:
         states = [self._state(r) for r in reqs]
@@ -175,8 +176,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
             bs = self.round.bucket(len(reqs)) if self.tree_round is not None else None
             if bs is not None:
                 return self._propose_tree_round(reqs, states, bs)
-            logits, hidden = self._eager_catch_up(reqs, states)  # no round, or no bucket
-            return self._propose_tree(states, roots_of(reqs, logits.device), logits, hidden, spec)
+            rows, hidden = self._eager_catch_up(reqs, states, head_rows=True)  # no round or bucket
+            return self._propose_tree(states, roots_of(reqs, rows.device), rows, hidden, spec)
         return self._propose_chain(reqs, states, spec)
 
     # -- RoundDrafting hooks -------------------------------------------------------------------
@@ -282,13 +283,13 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self.kv_cache.truncate(st.req_pool_idx, st.num_cached)
 
     # -- trees ---------------------------------------------------------------------------------
-    def _propose_tree(self, states, root, logits, hidden, spec) -> Proposal:
+    def _propose_tree(self, states, root, rows, hidden, spec) -> Proposal:
         """EAGLE-2 expansion, one eager tree step at a time; proposals are a deterministic
         function of the context, so sampled requests verify target-only (no draft
         probabilities needed)."""
-        from drafts.tree_round import expand_tree, root_children
+        from drafts.tree_round import expand_tree
 
-        tokens, scores = root_children(logits, spec.topk)
+        tokens, scores = self.model.top_children(rows, spec.topk)
         tree = expand_tree(root, tokens, scores, hidden, spec.num_steps, spec.num_draft_tokens,
                            lambda *a: self._tree_step(states, *a))
         return Proposal(draft_tokens=tree.draft_tokens, parents=tree.parents)
@@ -299,11 +300,11 @@ class HeadDraft(RoundDrafting, DraftWorker):
         tr = self.tree_round
         plan = self._catch_up_plan(reqs, states)
         if plan is None:
-            logits, hidden = self._eager_catch_up(reqs, states)
+            rows, hidden = self._eager_catch_up(reqs, states, head_rows=True)
         _, caught = self._load_round(reqs, states, bs, plan, tr.round_slots)
         if caught is not None:
-            logits, hidden = caught
-        tokens, parents = tr.run(bs, logits, hidden, [st.num_cached for st in states])
+            rows, hidden = caught
+        tokens, parents = tr.run(bs, rows, hidden, [st.num_cached for st in states])
         self.router.count("DRAFT_EXTEND", self.round.runner_name, self.round.eager_reason,
                           tr.num_steps - 1)
         return Proposal(draft_tokens=tokens, parents=parents)

@@ -28,7 +28,7 @@ class CatchUpPlan(NamedTuple):
 
 class RoundDrafting:
     """Mixin for chain drafts with a `round` runner (None: none built). The draft provides
-    `kv_cache`, `router`, and:
+    `kv_cache`, `router`, `model` (compute_logits, greedy_tokens), and:
 
     - `_catch_up_plan(reqs, states) -> CatchUpPlan | None` (None: the catch-up runs eagerly);
     - `_eager_catch_up(reqs, states) -> (logits [bs, V], hidden [bs, H] or None)`;
@@ -52,10 +52,13 @@ class RoundDrafting:
         n = len(reqs)
         root, caught = self._load_round(reqs, states, bs, plan, rnd.steps if greedy else 0)
         if caught is not None:
-            logits, hidden = caught
-        if not greedy:
-            return self._propose_steps(reqs, states, spec, logits, hidden, root)
-        token0 = logits.argmax(-1)
+            rows, hidden = caught
+            if not greedy:
+                logits = self.model.compute_logits(rows)
+                return self._propose_steps(reqs, states, spec, logits, hidden, root)
+            token0 = self.model.greedy_tokens(rows)
+        else:
+            token0 = logits.argmax(-1)
         tokens = rnd.chain(bs, token0, hidden, [st.num_cached for st in states])
         self.router.count("DECODE", rnd.runner_name, rnd.eager_reason, rnd.steps)
         self._chained(states, rnd.steps)
@@ -65,7 +68,7 @@ class RoundDrafting:
         """Loads a round into the runner: the catch-up's rows (`plan`; None when it ran
         eagerly) and `step_slots` KV slots a request for the round's steps, allocated with the
         catch-up's in one go (one req_to_token write). Returns (the requests' root tokens,
-        the graph catch-up's (logits, hidden) or None)."""
+        the graph catch-up's (output rows, hidden) or None: DraftGraphRunner.catch_up)."""
         ids = plan.ids if plan else [[] for _ in reqs]
         verify_rows = plan.verify_rows if plan and plan.verify_rows else [0] * len(reqs)
         slots = self.kv_cache.extend_many([st.req_pool_idx for st in states],
@@ -84,11 +87,11 @@ class RoundDrafting:
     def _graph_catch_up(self, states: list, lens: list, bs: int):
         n, rnd = len(states), self.round
         seq_lens = [st.num_cached + k for st, k in zip(states, lens)]
-        logits, hidden = rnd.catch_up(bs, seq_lens + [1] * (bs - n), lens + [1] * (bs - n))
+        rows, hidden = rnd.catch_up(bs, seq_lens + [1] * (bs - n), lens + [1] * (bs - n))
         self.router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason)
         for st, k in zip(states, lens):
             self._caught_up(st, k)
-        return logits[:n], (hidden[:n] if hidden is not None else None)
+        return rows[:n], (hidden[:n] if hidden is not None else None)
 
 
 def roots_of(reqs: list, device) -> torch.Tensor:

@@ -32,9 +32,9 @@ class HeadStepRound:
         """([bs, N] verify nodes, root first: the catch-up's argmax, then the chain; None: a
         chain's tree)."""
         rnd = self.rnd
-        logits, hidden = self._catch_up(state, bs, path)
+        rows, hidden = self._catch_up(state, bs, path)
         widest = [rnd.width] * bs
-        token0 = logits.argmax(-1)
+        token0 = self.draft.model.greedy_tokens(rows)
         columns = [path.roots[:, None], token0[:, None]]
         if rnd.steps:
             rnd.buf.token0[:bs].copy_(token0)
@@ -75,8 +75,8 @@ class HeadTreeStepRound(HeadStepRound):
 
     def propose(self, state, bs: int, path):
         """([bs, N] the tree's nodes, root first; its Tree)."""
-        logits, hidden = self._catch_up(state, bs, path)
-        self.tree.load_root(logits, hidden)
+        rows, hidden = self._catch_up(state, bs, path)
+        self.tree.load_root(rows, hidden)
         tree = self.tree.tree_body(bs, [self.rnd.width] * bs)
         return tree.draft_tokens, tree
 

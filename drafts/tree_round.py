@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels.topk import topk_rows
 from kernels.tree import build_tree
 from kernels.tree_step import advance_tree
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -51,11 +50,6 @@ def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_
         branch_hidden = step_hidden.gather(
             1, branches.parent[..., None].expand(-1, -1, hidden.shape[-1]))
     return build_tree(root, cand_tokens, cand_scores, branch_parents, num_draft_tokens)
-
-
-def root_children(logits: torch.Tensor, k: int):
-    """The root's K best children and their log-probs: ([bs, K], [bs, K])."""
-    return topk_rows(logits, k, log_softmax=True)
 
 
 def step_children(model, head_hidden: torch.Tensor, bs: int, k: int):
@@ -121,20 +115,22 @@ class TreeRound:
         positions = (base + offsets)[:, :, None].expand(steps, bs, k).reshape(steps, bs * k)
         # views()["chain"]: step s's slot of branch j is row (s - 1) * K + j, one column a request
         slots = v["chain"].view(steps, k, bs).transpose(1, 2).reshape(steps, bs * k)
-        return positions, slots, base + (offsets + 1) * k
+        # NOTE: at batch 1 both reshapes can be views with a zero stride; kernels need rows.
+        return positions.contiguous(), slots.contiguous(), base + (offsets + 1) * k
 
-    def run(self, bs: int, logits, hidden, base_cpu: list):
+    def run(self, bs: int, rows, hidden, base_cpu: list):
         """After the round's load and catch-up: (draft_tokens, parents) [n, N] of the n real
-        requests, from the root logits [n, V] and hidden states [n, H] the catch-up gave."""
-        n = logits.shape[0]
-        self.load_root(logits, hidden)
+        requests, from the root's output rows and hidden states [n, H] the catch-up gave."""
+        n = rows.shape[0]
+        self.load_root(rows, hidden)
         draft_tokens, parents = self.rnd.run("tree", bs, base_cpu + [1] * (bs - n))
         return draft_tokens[:n].clone(), parents[:n].clone()
 
-    def load_root(self, logits, hidden) -> None:
-        """The root's children and hidden state ([n, V] logits, [n, H]) for tree_body."""
-        n = logits.shape[0]
-        tokens, scores = root_children(logits, self.topk)
+    def load_root(self, rows, hidden) -> None:
+        """The root's children and hidden state (from [n, H] output rows and hidden states)
+        for tree_body."""
+        n = rows.shape[0]
+        tokens, scores = self.model.top_children(rows, self.topk)
         self.top_tokens[:n].copy_(tokens)
         self.top_scores[:n].copy_(scores)
         self.rnd.buf.hidden0[:n].copy_(hidden)

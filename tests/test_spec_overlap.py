@@ -92,7 +92,7 @@ def test_overlapped_tree_steps_emit_the_synchronous_tokens(world, monkeypatch):
 def test_path_first_puts_the_accepted_nodes_first_in_path_order():
     import torch
 
-    from specpcg.speculative.step_graph import path_first
+    from kernels.step_commit import path_first
 
     accept_index = torch.tensor([[0, 2, 5, -1, -1, -1], [0, -1, -1, -1, -1, -1],
                                  [0, 1, 2, 3, 4, 5]])

@@ -71,8 +71,11 @@ class TritonAttnBackend(AttentionBackend):
         if num_reqs > self._seq_lens.shape[0]:
             self._alloc_metadata(num_reqs)
         # Copies stay on the device (no host sync); int64 batch tensors are cast to int32 here.
-        self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
-        self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
+        # A tree's node rows are built from the batch's own tensors: no copies (two of a tree
+        # step's ~20 kernels).
+        if batch.tree_mask is None:
+            self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
+            self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
         stride = batch.req_row_stride
         if batch.forward_mode != ForwardMode.DECODE and batch.tree_mask is None:
             # Only the extend kernel reads query starts. NOTE: skipped for decode, a draft
@@ -127,7 +130,7 @@ class TritonAttnBackend(AttentionBackend):
         # with the sequences compiled the kernels again each time it crossed a split.
         req_to_token = self.kv_cache.req_pool.req_to_token
         self._tree_rows, _ = tree_path_rows(
-            req_to_token, self._req_pool_indices[:num_reqs], self._seq_lens[:num_reqs],
+            req_to_token, batch.req_pool_indices[:num_reqs], batch.seq_lens[:num_reqs],
             tree_mask, req_to_token.shape[1], out=self._tree_rows_out(n, req_to_token.shape[1]),
             lens_out=self._verify_seq[:n])
         self._verify_req_now = self._node_ids[:n]  # node e of request i reads row i * E + e

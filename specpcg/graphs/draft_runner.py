@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from kernels.round_load import SEGMENTS, load_round, round_inputs
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
@@ -43,12 +44,11 @@ class RoundRow(NamedTuple):
     root: int  # the last committed token: node 0 of the proposal
 
 
-_SEGMENTS = ("rows", "seq_lens", "lens", "verify_rows", "roots")  # [bs] each
 
 
 class DraftRoundBuffers:
     """Static inputs of both graphs, sized for the largest bucket. One int64 host tensor fills
-    every integer input: [catch-up ids, positions, slots (bs*W each); the _SEGMENTS (bs each);
+    every integer input: [catch-up ids, positions, slots (bs*W each); the SEGMENTS (bs each);
     chain slots (steps*bs)]."""
 
     def __init__(self, max_bs: int, width: int, steps: int, hidden_in: int, hidden: int, dtype,
@@ -61,14 +61,14 @@ class DraftRoundBuffers:
         self.token0 = torch.zeros(max_bs, dtype=torch.long, device=device)
 
     def _per_req(self) -> int:
-        return 3 * self.width + len(_SEGMENTS) + self.steps
+        return 3 * self.width + len(SEGMENTS) + self.steps
 
     def views(self, bs: int) -> dict:
         """The integer inputs of a bucket of `bs` requests, as views of `ints`."""
         w, s = self.width, self.steps
         parts = self.ints[:bs * self._per_req()].split(
-            [bs * w] * 3 + [bs] * len(_SEGMENTS) + [bs * s])
-        out = dict(zip(("ids", "positions", "slots") + _SEGMENTS + ("chain",), parts))
+            [bs * w] * 3 + [bs] * len(SEGMENTS) + [bs * s])
+        out = dict(zip(("ids", "positions", "slots") + SEGMENTS + ("chain",), parts))
         out["chain"] = out["chain"].view(s, bs)
         return out
 
@@ -84,13 +84,13 @@ class DraftRoundBuffers:
             ids[i * w:i * w + k] = r.ids
             pos[i * w:i * w + k] = range(r.first_pos, r.first_pos + k)
             slots[i * w:i * w + k] = r.slots
-            for name, value in zip(_SEGMENTS, (r.req_pool_idx, r.first_pos + k, k, r.verify_row,
+            for name, value in zip(SEGMENTS, (r.req_pool_idx, r.first_pos + k, k, r.verify_row,
                                                r.root)):
                 seg[name][i] = value
         chain = [SINK_SLOT] * (s * bs)
         for i, req_slots in enumerate(chain_slots or []):
             chain[i:s * bs:bs] = req_slots  # step-major: step j's slots are contiguous
-        return torch.tensor(ids + pos + slots + sum((seg[n] for n in _SEGMENTS), []) + chain)
+        return torch.tensor(ids + pos + slots + sum((seg[n] for n in SEGMENTS), []) + chain)
 
 
 class DraftGraphRunner:
@@ -148,7 +148,10 @@ class DraftGraphRunner:
             return self.model_runner.call_model(batch)
 
     def catch_up_body(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
-        """Returns ([bs, V] logits, [bs, H] hidden or None) at each request's last real row."""
+        """Returns ([bs, H] the model's output rows, [bs, H] hidden or None) at each request's
+        last real row. The output rows, not logits: a greedy chain takes their argmax and a
+        tree its K best over the head's own vocabulary (model.greedy_tokens, top_children),
+        without a [bs, target vocab] fp32 row; sampling computes logits from them."""
         v, w = self.buf.views(bs), self.width
         hidden = None
         if self.is_head:
@@ -160,8 +163,7 @@ class DraftGraphRunner:
             capture_hidden_mode=CaptureHiddenMode.FULL, input_hidden=hidden, req_row_stride=w)
         out, aux = self.forward(batch)
         last = torch.arange(bs, device=v["lens"].device) * w + v["lens"] - 1  # [bs]
-        logits = self.model.compute_logits(out[last])
-        return logits, (aux[0][last] if self.is_head else None)
+        return out[last], (aux[0][last] if self.is_head else None)
 
     def chain_body(self, bs: int, first_seq_lens: list):
         """num_steps - 1 greedy DECODE steps from token0 (and hidden0); returns [bs, steps]."""
@@ -233,27 +235,17 @@ class DraftGraphRunner:
         speculative.overlap.DevicePath of n <= bs requests. Slots come from req_to_token, so
         every position the round writes must already hold one (the caller reserves them).
         Fills the same buffers with the same values as load()."""
-        n, w, dev = rows.shape[0], self.width, rows.device
-        v = self.buf.views(bs)
+        n, w = rows.shape[0], self.width
         req_to_token = self.model_runner.kv_cache.req_pool.req_to_token
-        cols = torch.arange(w, device=dev)
-        real = cols < path.lens[:, None]  # [n, W]
-        pos = torch.where(real, path.first_pos[:, None] + cols, 0)
-        slots = torch.where(real, req_to_token[rows[:, None], pos].long(), SINK_SLOT)
-        seq_lens = path.first_pos + path.lens
-        values = {"ids": torch.where(real, path.ids, 0), "positions": pos, "slots": slots,
-                  "rows": rows, "seq_lens": seq_lens, "lens": path.lens,
-                  "verify_rows": torch.arange(n, device=dev), "roots": path.roots}
-        chain = v["chain"]
-        if chain.shape[0]:
-            steps = torch.arange(chain.shape[0], device=dev)[:, None]
-            values["chain"] = req_to_token[rows[None, :], seq_lens[None, :] + steps]
-        if n == bs:  # no padding: every input in one concatenation (views() order)
-            parts = [values[name].reshape(-1).long() for name in v if name in values]
-            total = sum(p.numel() for p in parts)
-            torch.cat(parts, out=self.buf.ints[:total])
+        steps = self.buf.steps
+        if n == bs:  # no padding: one kernel on the GPU (kernels/round_load.py)
+            size = bs * (3 * w + len(SEGMENTS) + steps)
+            load_round(rows, path.first_pos, path.lens, path.roots, path.ids, req_to_token,
+                       steps, SINK_SLOT, self.buf.ints[:size])
         else:
-            self._load_padded(v, values, n, bs)
+            values = round_inputs(rows, path.first_pos, path.lens, path.roots, path.ids,
+                                  req_to_token, steps, SINK_SLOT)
+            self._load_padded(self.buf.views(bs), values, n, bs)
         if path.hidden is not None:
             self.buf.target_hidden[:n * w].view(n, w, -1).copy_(path.hidden)
 
@@ -272,7 +264,8 @@ class DraftGraphRunner:
             view[n:].fill_(pad[name])
 
     def catch_up(self, bs: int, seq_lens_cpu: list, lens_cpu: list):
-        """After `load`: ([bs, V] logits, [bs, H] hidden) at each request's last accepted row."""
+        """After `load`: ([bs, H] output rows, [bs, H] hidden) at each request's last accepted
+        row (catch_up_body)."""
         return self._run("catch_up", bs, seq_lens_cpu, lens_cpu)
 
     def chain(self, bs: int, token0: torch.Tensor, hidden0, first_seq_lens: list) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.step_commit import StepOutputs, commit_step
 from kernels.verify import verify_greedy
 from specpcg.core import ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
@@ -107,7 +108,6 @@ class SpecStepGraphs:
         tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
         prefix = torch.where(st.live[:bs], path.first_pos + path.lens, 0)
         out_hidden, aux = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
-        order = self.cols.expand(bs, n)
         if tree is None:
             tree = self.dec.verify_tree(tokens)
         simulate = self.dec.simulate
@@ -117,15 +117,11 @@ class SpecStepGraphs:
         else:  # benchmark only; the default generator, which graphs replay safely
             coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
             result = simulate_accept(tree.first_child, tree.depths, predict, coins)
-        m = torch.where(st.live[:bs], result.accept_len.long(), 0)
-        if not self.is_chain:
-            order = path_first(result.accept_index, m)
-            tokens = tokens.gather(1, order)
-            self._keep_path_kv(st.rows[0, :bs], prefix, order)
-        st.tokens[:bs].copy_(tokens)
-        st.accept_len[:bs].copy_(m)
-        st.bonus[:bs].copy_(result.bonus.long())
-        st.prefix[:bs].copy_(prefix)
+        out = StepOutputs(st.tokens[:bs], st.accept_len[:bs], st.bonus[:bs], st.prefix[:bs],
+                          st.out[:bs])
+        order = commit_step(result.accept_index, result.accept_len, st.live[:bs], tokens,
+                            result.bonus, prefix, st.rows[0, :bs],
+                            self.target.kv_cache.req_pool.req_to_token, out, not self.is_chain)
         if st.hidden is not None:
             rows = self.draft.target_hidden(ModelOutput(None, hidden_states=out_hidden,
                                                         aux_hidden_states=aux))
@@ -133,15 +129,6 @@ class SpecStepGraphs:
             if not self.is_chain:
                 rows = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[-1]))
             st.hidden[:bs].copy_(rows)
-        torch.cat([m[:, None], st.bonus[:bs, None], tokens, order], 1, out=st.out[:bs])
-
-    def _keep_path_kv(self, rows, prefix, order) -> None:
-        """A tree's accepted path moves to the verify's first positions, as keep_path does on
-        the host: its nodes' slots, in path order, then the other nodes' (kept reserved)."""
-        req_to_token = self.target.kv_cache.req_pool.req_to_token
-        cols = prefix[:, None] + self.cols
-        slots = req_to_token[rows[:, None], cols]
-        req_to_token[rows[:, None], cols] = slots.gather(1, order)
 
     def _verify(self, bs: int, rows, prefix, tokens, tree=None):
         """The target's TARGET_VERIFY body over [bs, N] nodes at prefix.. (metadata planned
@@ -195,15 +182,3 @@ class SpecStepGraphs:
 
     def info(self) -> dict:
         return {"batch_sizes": self.buckets, "captured": bool(self.graphs), **self.cost.info()}
-
-
-def path_first(accept_index: torch.Tensor, accept_len: torch.Tensor) -> torch.Tensor:
-    """[bs, N] node indices: each request's accepted path (accept_index[:, :m + 1], root
-    first), then its other nodes in ascending order."""
-    bs, n = accept_index.shape
-    cols = torch.arange(n, device=accept_index.device).expand(bs, n)
-    on_path = cols <= accept_len[:, None]
-    key = torch.full((bs, n + 1), n, dtype=torch.long, device=accept_index.device) + torch.arange(
-        n + 1, device=accept_index.device)  # off the path: after every path node, in order
-    key.scatter_(1, torch.where(on_path, accept_index, n), cols)  # column n: a sink
-    return key[:, :n].argsort(1)
