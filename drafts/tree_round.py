@@ -40,8 +40,7 @@ def expand_tree(root, top_tokens, top_scores, hidden, num_steps: int, num_draft_
         branch_parents[:, 1] = torch.arange(k, device=dev)
     for s in range(1, num_steps):
         top_ids, top_logp, step_hidden = step(tokens, branch_hidden, ancestors, s)
-        # A fused kernel on the GPU: the bookkeeping is a dozen small torch kernels
-        # (kernels/tree_step.py).
+        # The step's bookkeeping: one kernel on the GPU, a dozen in torch (kernels/tree_step.py).
         branches = advance_tree(cand_tokens, cand_scores, branch_parents, top_ids, top_logp,
                                 scores, ancestors, s)
         if branches is None:  # the last step
