@@ -44,8 +44,6 @@ class RoundRow(NamedTuple):
     root: int  # the last committed token: node 0 of the proposal
 
 
-
-
 class DraftRoundBuffers:
     """Static inputs of both graphs, sized for the largest bucket. One int64 host tensor fills
     every integer input: [catch-up ids, positions, slots (bs*W each); the SEGMENTS (bs each);
