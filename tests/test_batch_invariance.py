@@ -141,6 +141,38 @@ def test_the_split_result_matches_plain_softmax_attention():
     torch.testing.assert_close(got, torch.einsum("hn,nhd->hd", w, v), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("programs", [1, 4, 16])
+def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs):
+    """The last program of each (request, KV head) merges the splits: a kept counter buffer
+    comes back zeroed (a graph replays it), and a second launch on it gives the same bits. A
+    padded request (no keys) gets zeros, and counters past the batch are left alone."""
+    from specpcg.attention.triton_kernels import arrival_counters, decode_attention
+
+    lens = [300, 0, 129, 31]
+    k_buf, v_buf, r2t = _world([n or 1 for n in lens])
+    q = torch.randn(len(lens), H, D, generator=torch.Generator().manual_seed(11))
+    arrived = arrival_counters(len(lens) + 2, HKV, "cpu")
+    arrived[-HKV:] = 7  # another batch's, not touched
+    outs = []
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, k_buf, v_buf, out, r2t, torch.arange(len(lens), dtype=torch.int32),
+                         torch.tensor(lens, dtype=torch.int32), len(lens), programs, D ** -0.5,
+                         arrived)
+        outs.append(out)
+        assert arrived[:-HKV].eq(0).all() and arrived[-HKV:].eq(7).all()
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0][1], torch.zeros(H, D))
+    assert torch.equal(outs[0], _decode(q, k_buf, v_buf, r2t, list(range(len(lens))), lens, 2))
+    for i in (0, 2, 3):  # against softmax attention over the request's keys
+        idx = r2t[i, :lens[i]].long()
+        k = k_buf[idx].repeat_interleave(H // HKV, dim=1)
+        v = v_buf[idx].repeat_interleave(H // HKV, dim=1)
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q[i], k) * D ** -0.5, dim=-1)
+        torch.testing.assert_close(outs[0][i], torch.einsum("hn,nhd->hd", w, v), atol=1e-5,
+                                   rtol=1e-5)
+
+
 @pytest.mark.parametrize("k,n,bias", [(96, 80, False), (64, 130, True)])
 def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):
     from kernels.matmul import invariant_linear

@@ -65,6 +65,8 @@ class TritonAttnBackend(AttentionBackend):
         self._seq_lens = torch.zeros(max_reqs, **kw)  # [max_reqs]
         self._extend_lens = torch.zeros(max_reqs, **kw)  # [max_reqs]
         self._q_starts = torch.zeros(max_reqs + 1, **kw)  # [max_reqs + 1] exclusive cumsum
+        # The decode kernel's arrival counters (zero between launches): a decode query each.
+        self._arrived = triton_kernels.arrival_counters(max_reqs, self.num_kv_heads, self.device)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         num_reqs = batch.batch_size
@@ -168,6 +170,8 @@ class TritonAttnBackend(AttentionBackend):
             self._verify_req = torch.zeros(size, dtype=torch.int32, device=self.device)
             self._verify_seq = torch.zeros(size, dtype=torch.int32, device=self.device)
             self._node_ids = torch.arange(size, dtype=torch.int32, device=self.device)
+            self._verify_arrived = triton_kernels.arrival_counters(size, self.num_kv_heads,
+                                                                   self.device)
         self._verify_req_now = self._verify_req
         self._verify_width = width
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
@@ -195,13 +199,13 @@ class TritonAttnBackend(AttentionBackend):
             triton_kernels.decode_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, rows,
                 self._verify_req_now, self._verify_seq, self._num_reqs * self._verify_width,
-                self._verify_splits, self.scale)
+                self._verify_splits, self.scale, self._verify_arrived)
         elif batch.forward_mode == ForwardMode.DECODE:
             num_real = self._num_reqs  # one query per request, request i in row i
             triton_kernels.decode_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
                 self._req_pool_indices, self._seq_lens, self._num_reqs, self._num_kv_splits,
-                self.scale)
+                self.scale, self._arrived)
         else:
             num_real = self._num_real_tokens
             triton_kernels.extend_attention(

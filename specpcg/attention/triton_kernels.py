@@ -92,10 +92,10 @@ def _extend_attn_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr,
+    q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr, arrived_ptr, out_ptr,
     req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
     stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
-    stride_req_row,
+    stride_out_tok, stride_out_head, stride_req_row,
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
@@ -104,12 +104,13 @@ def _decode_split_kernel(
 ):
     """Programs (req, kv head, p) cover every query head of one KV head (each key loaded once)
     over the key splits p, p + NUM_PROGRAMS, ...: splits of SPLIT_LEN keys at fixed positions.
+    The last program of a (req, kv head) to finish merges its splits (`_merge_splits`).
 
     NOTE: split boundaries depend on nothing but key positions (not the batch, not the number
-    of programs, not the mode), and each split's partial result is stored on its own: so a
-    query's result is bitwise the same whatever it is batched with, and a verify node equals
-    the decode query at its position (the reduce merges splits in position order). A draft
-    tree's node reads a row of its own (kernels.tree_rows): the prefix, then its path."""
+    of programs, not the mode), each split's partial result is stored on its own, and the merge
+    reads them in position order: so a query's result is bitwise the same whatever it is batched
+    with, and a verify node equals the decode query at its position. A draft tree's node reads
+    a row of its own (kernels.tree_rows): the prefix, then its path."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + req)
@@ -123,6 +124,7 @@ def _decode_split_kernel(
     mask_d = offs_d < HEAD_DIM
     q_offs = req.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [H, D]
+    mid_rows = (req.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS  # [H]: split 0 of each head
 
     for split in range(tl.program_id(2), num_splits, NUM_PROGRAMS):
         split_start = split * SPLIT_LEN
@@ -150,48 +152,55 @@ def _decode_split_kernel(
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None],
                          input_precision=DOT_PRECISION)
             m_i = m_new
-        # A split with no key reports lse = -inf: the reduce skips it.
+        # A split with no key reports lse = -inf: the merge skips it.
         has_keys = l_i > 0
         l_safe = tl.where(has_keys, l_i, 1.0)
         lse = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
-        mid_row = (req.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS + split  # [bs, H, S]
-        tl.store(mid_lse_ptr + mid_row, lse, mask=mask_h)
-        tl.store(mid_out_ptr + mid_row[:, None] * HEAD_DIM + offs_d[None, :],
+        tl.store(mid_lse_ptr + mid_rows + split, lse, mask=mask_h)
+        tl.store(mid_out_ptr + (mid_rows + split)[:, None] * HEAD_DIM + offs_d[None, :],
                  acc / l_safe[:, None], mask=mask_h[:, None] & mask_d[None, :])
+
+    # NOTE: one kernel, not a split kernel and a merge kernel: the merge was a launch per layer
+    # and step (36 of a batch-16 EAGLE3 step's 581 kernels on the H100, 67 of its 1,687 us).
+    # The barrier orders every thread's stores before the counter's release; the last to
+    # arrive (acquire) sees them all and sets the counter back to 0 for the next launch.
+    tl.debug_barrier()
+    counter = arrived_ptr + req * tl.num_programs(1) + kv_head
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_PROGRAMS - 1:
+        tl.store(counter, 0)
+        _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
+                      out_ptr + req.to(tl.int64) * stride_out_tok, heads, stride_out_head,
+                      HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    mid_out_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr, stride_out_tok, stride_out_head,
-    HEAD_DIM: tl.constexpr, NUM_HEADS: tl.constexpr, SPLIT_LEN: tl.constexpr,
-    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """One program: merges one (request, head)'s split results in split order (an online
-    log-sum-exp merge), skipping empty splits, so the result depends only on the splits."""
-    req = tl.program_id(0)
-    head = tl.program_id(1)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    num_splits = tl.cdiv(tl.load(seq_lens_ptr + req), SPLIT_LEN)
-    base = (req.to(tl.int64) * NUM_HEADS + head) * MAX_SPLITS
-    m = tl.full([], float("-inf"), dtype=tl.float32)  # typed: loop-carried scalars
-    total = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+def _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
+                  out_row_ptr, heads, stride_out_head,
+                  HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merges each head's split results in split order (an online log-sum-exp merge), skipping
+    empty splits, so the result depends only on the splits. Loads bypass L1 (".cg"): other
+    programs wrote the splits, and an SM's L1 may hold the lines of an earlier launch."""
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for split in range(0, num_splits):
-        lse = tl.load(mid_lse_ptr + base + split)
-        if lse > float("-inf"):
-            part = tl.load(mid_out_ptr + (base + split) * HEAD_DIM + offs_d, mask=mask_d,
-                           other=0.0)
-            m_new = tl.maximum(m, lse)
-            scale = tl.exp2(m - m_new)
-            w = tl.exp2(lse - m_new)
-            acc = acc * scale + w * part
-            total = total * scale + w
-            m = m_new
+        lse = tl.load(mid_lse_ptr + mid_rows + split, mask=mask_h, other=float("-inf"),
+                      cache_modifier=".cg")
+        part = tl.load(mid_out_ptr + (mid_rows + split)[:, None] * HEAD_DIM + offs_d[None, :],
+                       mask=mask_h[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+        seen = lse > float("-inf")
+        m_new = tl.where(seen, tl.maximum(m, lse), m)
+        # Where both are -inf (nothing seen yet, an empty split) the shift is 0, not NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale = tl.exp2(m - m_shift)
+        w = tl.where(seen, tl.exp2(lse - m_shift), 0.0)
+        acc = acc * scale[:, None] + w[:, None] * part
+        total = total * scale + w
+        m = m_new
     # seq_len 0 (a padded request) leaves no split: output zeros, not NaN.
-    out = acc / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + req.to(tl.int64) * stride_out_tok + head * stride_out_head + offs_d,
-             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_row_ptr + heads[:, None] * stride_out_head + offs_d[None, :],
+             out.to(out_row_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -247,13 +256,17 @@ def split_len_for(device: torch.device) -> int:
 
 
 def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
-                     num_reqs: int, num_kv_splits: int, scale: float) -> None:
+                     num_reqs: int, num_kv_splits: int, scale: float, arrived=None) -> None:
     """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
 
     Each request's keys are cut into fixed splits of split_len_for(device) keys; num_kv_splits
     programs per (request, KV head) share them out (so batch 1 with a long context still fills
-    the GPU), each split's result is kept, and a second kernel merges them in order. The
-    number of programs changes only the speed, never the result.
+    the GPU), each split's result is kept, and the last program of each (request, KV head)
+    merges them in order. The number of programs changes only the speed, never the result.
+
+    arrived: int32 zeros, >= num_reqs * num_kv_heads, counting the programs done; each launch
+    leaves them at zero again. Callers that replay graphs pass a buffer they keep
+    (`arrival_counters`); without one, a new one is made (one more kernel: a memset).
     """
     _check_shapes(q, k_buf, out)
     assert num_kv_splits >= 1
@@ -261,6 +274,9 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buf.shape[1]
+    if arrived is None:
+        arrived = arrival_counters(num_reqs, num_kv_heads, q.device)
+    assert arrived.dtype == torch.int32 and arrived.numel() >= num_reqs * num_kv_heads
     group_size = num_heads // num_kv_heads
     block_d = _padded_head_dim(head_dim)
     cpu = q.device.type == "cpu"
@@ -271,9 +287,10 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     mid_lse = torch.empty(num_reqs, num_heads, max_splits, dtype=torch.float32,
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
     _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
-        q, k_buf, v_buf, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
+        q, k_buf, v_buf, mid_out, mid_lse, arrived, out,
+        req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
-        v_buf.stride(0), v_buf.stride(1),
+        v_buf.stride(0), v_buf.stride(1), out.stride(0), out.stride(1),
         req_to_token.stride(0),
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads,
@@ -283,11 +300,11 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         BLOCK_N=16 if cpu else 64, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2,
     )
-    _decode_reduce_kernel[(num_reqs, num_heads)](
-        mid_out, mid_lse, seq_lens, out, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, NUM_HEADS=num_heads, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
-        BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
-    )
+
+
+def arrival_counters(num_queries: int, num_kv_heads: int, device) -> torch.Tensor:
+    """The zeroed counters decode_attention needs for num_queries queries (see there)."""
+    return torch.zeros(num_queries * num_kv_heads, dtype=torch.int32, device=device)
 
 
 def pick_num_kv_splits(num_reqs: int, num_kv_heads: int, num_sms: int, max_splits: int = 16) -> int:
