@@ -13,6 +13,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+# Most tests hand CPU tensors to Triton: the interpreter's, which is set above only where no GPU
+# is present (the flag is read when kernels are decorated, at import).
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="CPU tensors through Triton need TRITON_INTERPRET=1")
 
 H, HKV, D = 4, 2, 16
 ROW = 512  # keys a row can hold
@@ -44,6 +48,7 @@ def _decode(q, k_buf, v_buf, req_to_token, rows, seq_lens, programs):
     return out
 
 
+@needs_interpreter
 @pytest.mark.parametrize("programs_alone,programs_batched", [(16, 1), (4, 2), (1, 8)])
 def test_a_query_is_the_same_alone_and_in_any_batch(programs_alone, programs_batched):
     lens = [300, 7, 129, 64, 250]
@@ -55,6 +60,7 @@ def test_a_query_is_the_same_alone_and_in_any_batch(programs_alone, programs_bat
         assert torch.equal(alone[0], batched[i]), i
 
 
+@needs_interpreter
 def test_a_chain_verify_node_equals_the_decode_at_its_position():
     lens = [200]
     k_buf, v_buf, r2t = _world(lens)
@@ -75,6 +81,7 @@ def _paths(parents: list) -> list:
     return paths
 
 
+@needs_interpreter
 @pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3], [-1, 0, 0, 1, 2, 1, 4, 3]],
                          ids=["chain", "branching"])
 def test_a_tree_node_equals_the_decode_over_its_accepted_path(parents):
@@ -117,6 +124,7 @@ def _extend(q, k_buf, v_buf, r2t, chunks: list, row: int = 0):
     return torch.cat(outs)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("chunks", [[(0, 37), (37, 63)], [(0, 16), (16, 16), (32, 68)],
                                     [(0, 1), (1, 99)]])
 def test_prefill_attention_does_not_depend_on_the_chunk_size(chunks):
@@ -129,6 +137,7 @@ def test_prefill_attention_does_not_depend_on_the_chunk_size(chunks):
     assert torch.equal(_extend(q, k_buf, v_buf, r2t, chunks), whole)
 
 
+@needs_interpreter
 def test_the_split_result_matches_plain_softmax_attention():
     lens = [333]
     k_buf, v_buf, r2t = _world(lens)
@@ -141,6 +150,7 @@ def test_the_split_result_matches_plain_softmax_attention():
     torch.testing.assert_close(got, torch.einsum("hn,nhd->hd", w, v), atol=1e-5, rtol=1e-5)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("programs", [1, 4, 16])
 def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs):
     """The last program of each (request, KV head) merges the splits: a kept counter buffer
@@ -173,6 +183,7 @@ def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs)
                                    rtol=1e-5)
 
 
+@needs_interpreter
 @pytest.mark.parametrize("k,n,bias", [(96, 80, False), (64, 130, True)])
 def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):
     from kernels.matmul import invariant_linear
@@ -188,6 +199,7 @@ def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):
         assert torch.equal(part, full[rows]), rows
 
 
+@needs_interpreter
 @pytest.mark.parametrize("block_n,split_k", [(32, 1), (64, 2), (32, 3)])
 def test_every_tiling_keeps_a_row_the_same_whatever_rows_come_with_it(block_n, split_k):
     """Narrow N tiles and split K (what big weights get on a GPU) keep the guarantee: the
@@ -211,6 +223,7 @@ def test_every_tiling_keeps_a_row_the_same_whatever_rows_come_with_it(block_n, s
         assert torch.equal(run(rows), full[rows]), rows
 
 
+@needs_interpreter
 @pytest.mark.parametrize("split_k,k,bias", [(2, 200, True), (3, 200, False), (1, 200, True),
                                            (4, 160, False)])  # 4 x 160: the last split is empty
 def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias):
@@ -241,6 +254,7 @@ def test_one_program_adding_the_splits_gives_the_workspace_bits(split_k, k, bias
     assert torch.equal(run(wide), run(mm.Launch(block_m=32, block_n=64, tma=True)))
 
 
+@needs_interpreter
 def test_a_tma_launch_of_unaligned_tensors_takes_pointer_loads(monkeypatch):
     """TMA needs 16-byte aligned rows: a [.., 7] fp32 view has 28-byte rows, so the launch
     falls back to pointer loads with the same tiles (the same bits)."""
@@ -274,6 +288,7 @@ def test_many_rows_take_the_widest_launch_that_fills_the_gpu():
     assert all(lc.tma for lc in mm.WIDE_LAUNCHES_TMA)
 
 
+@needs_interpreter
 def test_a_wide_launch_the_gpu_cannot_fit_falls_back_to_the_decode_launch(monkeypatch):
     """A GPU with less shared memory than the one the wide launches were fitted on refuses
     them at compile time: the call takes the decode launch (same bits) from then on."""
@@ -335,6 +350,7 @@ def test_cuda_the_rules_tiling_keeps_rows_alone(n, k):
         assert torch.equal(invariant_linear(x[rows], w), full[rows]), rows
 
 
+@needs_interpreter
 def test_deterministic_mode_swaps_every_linear_and_keeps_the_tokens(tmp_path):
     """On CPU the swapped layers run the torch twin (the interpreter is too slow for a whole
     model): tokens stay the same; with the Triton kernel forced on for the LM head they still
