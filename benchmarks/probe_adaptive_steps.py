@@ -102,11 +102,11 @@ def main(argv=None) -> None:
     p.add_argument("--setting", default="3,1,4", help="steps,topk,tokens (bench_adaptive's)")
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS,
-                   help="one process per system keeps each engine's memory its own")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--out", default=None,
                    help="append JSON lines: one per call, then the summary")
     args = p.parse_args(argv)
+    from bench_accept import close
     from bench_adaptive import engine_kwargs, prompts_for
     from specpcg import Engine
 
@@ -141,7 +141,8 @@ def main(argv=None) -> None:
                     ov.__dict__.pop("flush", None)
             if engine.scheduler.adaptive is not None:
                 engine.scheduler.adaptive.__dict__.pop("record", None)
-        engine.shutdown()
+        # NOTE: shutdown alone left the next engine no memory for its KV cache (H100, 7f5f586).
+        close(engine)
     if out:
         out.close()
 
