@@ -137,17 +137,22 @@ def test_prefill_attention_does_not_depend_on_the_chunk_size(chunks):
     assert torch.equal(_extend(q, k_buf, v_buf, r2t, chunks), whole)
 
 
+def _softmax_attention(q, k_buf, v_buf, slots):
+    """Plain softmax attention of one query [H, D] over the keys in `slots` (the reference)."""
+    k = k_buf[slots.long()].repeat_interleave(H // HKV, dim=1)  # [N, H, D]
+    v = v_buf[slots.long()].repeat_interleave(H // HKV, dim=1)
+    w = torch.softmax(torch.einsum("hd,nhd->hn", q, k) * D ** -0.5, dim=-1)
+    return torch.einsum("hn,nhd->hd", w, v)
+
+
 @needs_interpreter
 def test_the_split_result_matches_plain_softmax_attention():
     lens = [333]
     k_buf, v_buf, r2t = _world(lens)
     q = torch.randn(1, H, D, generator=torch.Generator().manual_seed(8))
     got = _decode(q, k_buf, v_buf, r2t, [0], lens, 4)[0]
-    idx = r2t[0, :lens[0]].long()
-    k = k_buf[idx].repeat_interleave(H // HKV, dim=1)  # [N, H, D]
-    v = v_buf[idx].repeat_interleave(H // HKV, dim=1)
-    w = torch.softmax(torch.einsum("hd,nhd->hn", q[0], k) * D ** -0.5, dim=-1)
-    torch.testing.assert_close(got, torch.einsum("hn,nhd->hd", w, v), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, _softmax_attention(q[0], k_buf, v_buf, r2t[0, :lens[0]]),
+                               atol=1e-5, rtol=1e-5)
 
 
 @needs_interpreter
@@ -174,13 +179,10 @@ def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs)
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(outs[0][1], torch.zeros(H, D))
     assert torch.equal(outs[0], _decode(q, k_buf, v_buf, r2t, list(range(len(lens))), lens, 2))
-    for i in (0, 2, 3):  # against softmax attention over the request's keys
-        idx = r2t[i, :lens[i]].long()
-        k = k_buf[idx].repeat_interleave(H // HKV, dim=1)
-        v = v_buf[idx].repeat_interleave(H // HKV, dim=1)
-        w = torch.softmax(torch.einsum("hd,nhd->hn", q[i], k) * D ** -0.5, dim=-1)
-        torch.testing.assert_close(outs[0][i], torch.einsum("hn,nhd->hd", w, v), atol=1e-5,
-                                   rtol=1e-5)
+    for i in (0, 2, 3):
+        torch.testing.assert_close(outs[0][i],
+                                   _softmax_attention(q[i], k_buf, v_buf, r2t[i, :lens[i]]),
+                                   atol=1e-5, rtol=1e-5)
 
 
 @needs_interpreter
