@@ -1,6 +1,7 @@
 """Adaptive speculation against no-spec and against speculating at every step, per batch size.
 
-For each algorithm (NGRAM, and every --drafts ALGO=DIR) at each --batches size, three engines
+For each algorithm (NGRAM, every --drafts ALGO=DIR, every --untrained ALGO: a draft that
+predicts badly, where speculating never pays) at each --batches size, three engines
 decode the same greedy prompts in one run: no-spec, speculative at every step (pinned), and
 adaptive (the engine's default). Lines carry tok/s, both speedups over no-spec, and how many
 steps the adaptive engine ran on each side. The goal: adaptive >= 1.0x no-spec at every size.
@@ -10,6 +11,7 @@ on a random-weight shape (`shape:llama-3-8b`) repeated-id prompts, over which NG
 matches that the random target rarely follows (speculation that does not pay).
 
     python benchmarks/bench_adaptive.py [--model-path shape:llama-3-8b] [--drafts EAGLE3=DIR]
+        [--untrained EAGLE EAGLE3 NEXTN STANDALONE] [--systems no-spec pinned plain adaptive]
         [--batches 1 4 16 64] [--setting 7,1,8] [--repeats 3] [--out FILE]
     python benchmarks/bench_adaptive.py --table-only benchmarks/results/adaptive.jsonl
 """
@@ -26,8 +28,10 @@ common.add_repo_to_path()
 SYSTEMS = ("no-spec", "pinned", "adaptive")
 # --systems may add "adaptive-rate": the adaptive controller comparing per-request rates alone,
 # without the finish estimate of a batch with nothing waiting (`Finish`), to measure what that
-# estimate gains or costs.
-EXTRA_SYSTEMS = ("adaptive-rate",)
+# estimate gains or costs; and "plain": the engine with its draft, held to plain steps, whose
+# speed is the floor adaptive speculation stands on where speculating does not pay (what a
+# plain step costs in an engine with a draft: the hidden states a head catches up on).
+EXTRA_SYSTEMS = ("adaptive-rate", "plain")
 
 
 def prompts_for(engine, num: int, prompt_len: int) -> list:
@@ -73,24 +77,58 @@ def rates_only(engine) -> None:
     adaptive.use_spec = lambda batch_size, finish=None: choose(batch_size, None)
 
 
+def plain_only(engine) -> None:
+    """The engine's adaptive controller choosing plain steps at every step (plain)."""
+    engine.scheduler.adaptive.use_spec = lambda batch_size, finish=None: False
+
+
+HOLDS = {"adaptive-rate": rates_only, "plain": plain_only}
+
+
+def untrained_drafts(algos: list, model_path) -> dict:
+    """Drafts that predict badly, where speculation must not cost speed: random heads of the
+    model's shape, and for STANDALONE the model's first STANDALONE_LAYERS layers, untrained."""
+    import tempfile
+
+    from bench_step import random_head_dir
+    from drafts.truncate import truncate
+    from specpcg.models.loader import default_model_path
+
+    out = {}
+    for algo in algos:
+        if algo == "STANDALONE":
+            out[algo] = tempfile.mkdtemp(prefix="truncated-")
+            truncate(model_path or default_model_path(), STANDALONE_LAYERS, out[algo])
+        else:
+            out[algo] = random_head_dir(algo, model_path or default_model_path())
+    return out
+
+
+STANDALONE_LAYERS = 4
+UNTRAINED = "(untrained)"  # after the algorithm's name in a line's "algorithm"
+
+
 def run_all(args) -> None:
     from specpcg import Engine
 
-    drafts = {"NGRAM": None, **dict(item.split("=", 1) for item in args.drafts)}
+    drafts = {} if args.skip_ngram else {"NGRAM": None}
+    drafts.update(item.split("=", 1) for item in args.drafts)
+    untrained = untrained_drafts(args.untrained, args.model_path)
+    drafts.update({f"{algo} {UNTRAINED}": path for algo, path in untrained.items()})
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
     most = max(args.batches)
     prompts, base = None, {}
-    for algo, draft in drafts.items():
-        lines = []
+    for label, draft in drafts.items():
+        algo, lines = label.split()[0], []
         for system in args.systems:
             if system == "no-spec" and base:
                 continue  # one no-spec baseline serves every algorithm
             engine = Engine(model_path=args.model_path, device=args.device,
                             max_running_requests=most, cuda_graph_max_bs=most,
                             show_progress=False, **engine_kwargs(system, algo, draft, setting))
-            if system == "adaptive-rate":
-                rates_only(engine)
+            if system in HOLDS:
+                HOLDS[system](engine)
             prompts = prompts or prompts_for(engine, most, args.prompt_len)
             for bs in args.batches:
                 rate, outs = tok_s(engine, prompts[:bs], params, args.repeats)
@@ -100,7 +138,7 @@ def run_all(args) -> None:
                 adaptive = engine.get_server_info()["speculative"]["adaptive"]
                 lines.append({
                     "bench": "adaptive", "model": args.model_path or "default",
-                    "algorithm": algo, "system": system, "setting": list(setting),
+                    "algorithm": label, "system": system, "setting": list(setting),
                     "batch": bs, "max_new_tokens": args.max_new_tokens, "tok_s": rate,
                     "repeats": args.repeats,
                     "no_spec_tok_s": base[bs], "speedup": rate / base[bs],
@@ -108,7 +146,7 @@ def run_all(args) -> None:
                                                for o in outs),
                     "adaptive_buckets": adaptive, "draft": draft,
                     **common.machine_info(engine.device)})
-                print(f"[bench_adaptive] {algo:8} {system:8} bs {bs:3} "
+                print(f"[bench_adaptive] {label:8} {system:8} bs {bs:3} "
                       f"{rate:9.1f} tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)
             engine.shutdown()
         common.append_jsonl(args.out, lines)
@@ -161,6 +199,11 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--drafts", nargs="*", default=[], metavar="ALGO=DIR")
+    p.add_argument("--skip-ngram", action="store_true", help="only the drafts named")
+    p.add_argument("--untrained", nargs="*", default=[],
+                   choices=("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"),
+                   help="also these algorithms with untrained drafts (random heads; STANDALONE: "
+                        "the model's first layers)")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS),
                    choices=SYSTEMS + EXTRA_SYSTEMS, help="no-spec must come first")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])

@@ -6,16 +6,20 @@ probability, drawn around a mean with a spread across requests; a step's seconds
 per-request rates measured on an H100 (NEXTN (3, 1, 4) on the default model, bench_adaptive at
 dae63fc), with 5% noise. Batches run one after another on one controller, as in a served engine.
 A line per (spread, batch): simulated seconds of pinned speculation, of plain decoding and of
-adaptive, and adaptive's speed against the faster pinned side. The simulation leaves out what a
-GPU adds (switch costs, prefills), so it checks the decisions, not the engine.
+adaptive, and adaptive's speed against the faster pinned side. A switch of side costs SWITCH_STEPS plain
+steps more, unrecorded, as on a GPU (the per-call log of probe_adaptive_steps.py: each switch
+drains the overlapped pipeline and leaves a call that only launches its step); prefills are left
+out, so it checks the decisions, not the engine. --alphas sets the mean chance that a draft
+token is accepted: 0.05 is an untrained draft, where speculating never pays.
 
-    python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--batches 4 16 64] [--seeds 6]
-        [--hiccup PROB X]
+    python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
+        [--seeds 6] [--hiccup PROB X]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -25,6 +29,7 @@ common.add_repo_to_path()
 
 from specpcg.speculative.adaptive import AdaptiveSpeculation, Finish, bucket_of  # noqa: E402
 
+SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
 MEAN_ACCEPT = 2.6  # tokens a verify at the rates below (NEXTN's chat accept length)
 # Per-request tok/s by bucket: speculative steps and plain ones (H100, dae63fc).
@@ -68,10 +73,13 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     either side takes factor times as long (the host stalled: a collection, another process)."""
     running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
                for _ in range(batch)]
-    seconds = 0.0
+    seconds, last = 0.0, None
     while running:
         spec = _choose(policy, ctrl, running, new_tokens)
         step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
+        if last is not None and spec != last:
+            step += SWITCH_STEPS * step_seconds(False, len(running))
+        last = spec
         if rng.random() < hiccup[0]:
             step *= hiccup[1]
         emitted = 0
@@ -89,7 +97,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
 
 
 def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
-             hiccup: tuple = (0.0, 1.0)) -> dict:
+             hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7) -> dict:
     """{policy: simulated seconds} over `seeds` engines of `batches` batches each, and
     {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
     first batch)."""
@@ -100,7 +108,8 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
             each = []
             for _ in range(batches):
-                each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup))
+                each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup,
+                                      mean_alpha=mean_alpha))
                 ctrl.interrupt()  # the next batch's prefill
             total += sum(each)
             if seed == 0:
@@ -116,10 +125,11 @@ def _hiccup(record: dict) -> str:
 
 def render_table(records: list) -> str:
     latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
-    rows = [[_hiccup(r), f"{r['spread']:.2f}", str(r["batch"]),
+    rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}", f"{r['spread']:.2f}", str(r["batch"]),
              f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
              f"{r['vs_best']:.3f}"] for r in latest]
-    return common.markdown_table(["hiccups (share of steps, slowdown)", "accept spread", "batch", "pinned spec vs plain",
+    return common.markdown_table(["hiccups (share of steps, slowdown)", "mean accept chance",
+                                  "accept spread", "batch", "pinned spec vs plain",
                                   "adaptive vs plain", "adaptive vs the faster pinned side"],
                                  rows)
 
@@ -140,6 +150,8 @@ def render_plot(records: list, path) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.7],
+                   help="mean chance that a draft token is accepted (0.05: an untrained draft)")
     p.add_argument("--batches", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--seeds", type=int, default=6)
     p.add_argument("--hiccup", type=float, nargs=2, default=[0.0, 1.0], metavar=("PROB", "X"),
@@ -147,19 +159,18 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
     lines = []
-    for spread in args.spreads:
-        for batch in args.batches:
-            t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup))
-            lines.append({"bench": "sim_adaptive", "spread": spread, "batch": batch,
-                          "hiccup": args.hiccup,
-                          "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
-                          "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
-                          "seed0_batches_s": {p: t[p + "_seed0"] for p in
-                                              ("spec", "plain", "adaptive")},
-                          "seeds": args.seeds, "git": common.git_commit(),
-                          "time": common.now_iso()})
-            print(f"[sim_adaptive] spread {spread} batch {batch} hiccup {args.hiccup}: adaptive "
-                  f"{lines[-1]['vs_best']:.3f} of the faster pinned side", flush=True)
+    for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
+        t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha)
+        lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
+                      "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup,
+                      "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
+                      "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
+                      "seed0_batches_s": {p: t[p + "_seed0"] for p in
+                                          ("spec", "plain", "adaptive")},
+                      "seeds": args.seeds, "git": common.git_commit(), "time": common.now_iso()})
+        print(f"[sim_adaptive] alpha {alpha} spread {spread} batch {batch} hiccup "
+              f"{args.hiccup}: adaptive {lines[-1]['vs_best']:.3f} of the faster pinned side",
+              flush=True)
     common.append_jsonl(args.out, lines)
     common.render_results(args.out, render_table, render_plot)
 
