@@ -8,15 +8,18 @@ recent earlier occurrences of the last token, the one whose match with the conte
 is longest (at most max_window tokens; the most recent on a tie) gives the continuation after
 it, if that match has at least min_window tokens. Trees merge the first max_bfs_breadth
 distinct continuations in that order into a trie (`match_tree`). So a request proposes the
-same drafts whether its step ran on the host or on the device. Every shape is fixed by the batch bucket
-and the history's width, so one CUDA graph replays it; the cost grows with that width (the
-engine's context length), not with the requests' own lengths.
+same drafts whether its step ran on the host or on the device. Every shape is fixed by the
+batch bucket and the history's width, so one CUDA graph replays it. A chain's match (one
+kernel: kernels/ngram_match.py) reads a request's tokens back from its end until it has met
+MAX_CANDIDATES occurrences; a tree's grows with the history's width (the engine's context
+length), not with the requests' own lengths.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.ngram_match import continuation, match_chain_rows, scored_matches
 from kernels.tree import tree_from_parents
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.transfer import to_device
@@ -63,50 +66,6 @@ class TokenHistory:
         self.ids[rows[:, None].expand_as(pos), pos] = ids.to(self.ids.dtype)
 
 
-def _scored_matches(h: torch.Tensor, last: torch.Tensor, max_window: int,
-                    max_candidates: int) -> torch.Tensor:
-    """h: [bs, C] int64 tokens, last: [bs, 1] the last token's position. Returns [bs, k]: each
-    of the k most recent earlier occurrences of the last token scored match * (C + 1) + its
-    position (match: how many tokens ending there equal the context's suffix, <= max_window),
-    -1 for none. Three passes over [bs, C], the rest over [bs, k, max_window]."""
-    width, dev = h.shape[1], h.device
-    pos = torch.arange(width, device=dev)
-    occurs = (h == h.gather(1, last.clamp(min=0))) & (pos < last)
-    ends = torch.where(occurs, pos, -1).topk(min(max_candidates, width), dim=1).values  # [bs, k]
-    back = torch.arange(max_window, device=dev)  # offsets before a match's end
-    at = ends[:, :, None] - back  # [bs, k, W]
-    before = h.gather(1, at.clamp(min=0).flatten(1)).view(at.shape)
-    query = h.gather(1, (last - back).clamp(min=0))  # [bs, W]: the context's own suffix
-    same = (before == query[:, None, :]) & (at >= 0)
-    # Offset 0 matches by construction; the match runs while every offset after it does.
-    match = same[:, :, 1:].long().cumprod(2).sum(2) + 1  # [bs, k]
-    return torch.where(ends >= 0, match * (width + 1) + ends, -1)
-
-
-def _continuation(h: torch.Tensor, last: torch.Tensor, score: torch.Tensor, min_window: int,
-                  length: int) -> tuple:
-    """The `length` tokens after each scored match ([bs, ...] scores) and which of them exist
-    (the match is long enough, the token is inside the context): ([..., length], same)."""
-    width = h.shape[1]
-    found = (score >= 0) & (score // (width + 1) >= min_window)
-    cols = (score % (width + 1) + 1)[..., None] + torch.arange(length, device=h.device)
-    tail = (1,) * (score.dim() - 1)
-    valid = found[..., None] & (cols <= last.view(-1, *tail, 1))
-    flat = cols.clamp(max=width - 1).flatten(1)
-    return h.gather(1, flat).view(cols.shape), valid
-
-
-def match_chain(history: torch.Tensor, lens: torch.Tensor, length: int, min_window: int,
-                max_window: int, max_candidates: int, pad_token: int) -> torch.Tensor:
-    """history: [bs, C] tokens by position; lens: [bs] context lengths (the last token at
-    lens - 1). Returns [bs, length]: each context's continuation after its best earlier match,
-    pad_token past it (or everywhere when nothing matches)."""
-    h, last = history.long(), (lens - 1)[:, None]
-    best = _scored_matches(h, last, max_window, max_candidates).max(1).values
-    tokens, valid = _continuation(h, last, best, min_window, length)
-    return torch.where(valid, tokens, torch.full_like(tokens, pad_token))
-
-
 def match_tree(history: torch.Tensor, lens: torch.Tensor, num_nodes: int, min_window: int,
                max_window: int, max_candidates: int, breadth: int, pad_token: int) -> tuple:
     """The host's tree (drafts/ngram.py: `continuations` merged by `_trie_bfs`) on the device.
@@ -118,8 +77,8 @@ def match_tree(history: torch.Tensor, lens: torch.Tensor, num_nodes: int, min_wi
     depth by its parents' order, then siblings by the continuation that made them."""
     h, last = history.long(), (lens - 1)[:, None]
     bs, length, dev = h.shape[0], num_nodes - 1, h.device
-    score = _scored_matches(h, last, max_window, max_candidates).sort(1, descending=True).values
-    tokens, valid = _continuation(h, last, score, min_window, length)  # [bs, k, L]
+    score = scored_matches(h, last, max_window, max_candidates).sort(1, descending=True).values
+    tokens, valid = continuation(h, last, score, min_window, length)  # [bs, k, L]
     conts = torch.where(valid, tokens, -1)
     ok = valid[:, :, 0]  # a continuation of at least one token
     k = conts.shape[1]
@@ -186,11 +145,12 @@ class NgramStepRound:
         d, history = self.draft, self.draft.history
         rows, n = state.rows[0, :bs], state.tokens.shape[1]
         history.append(rows, path.first_pos, path.lens, path.ids)
-        ids, lens = history.ids[rows, :history.width], path.first_pos + path.lens + 1
+        lens = path.first_pos + path.lens + 1
         if d.chain:
-            drafts = match_chain(ids, lens, n - 1, d.min_window, d.max_window, d.max_candidates,
-                                 d.pad_token)
+            drafts = match_chain_rows(history.ids, rows, history.width, lens, n - 1,
+                                      d.min_window, d.max_window, d.max_candidates, d.pad_token)
             return torch.cat([path.roots[:, None], drafts], 1), None
+        ids = history.ids[rows, :history.width]
         drafts, parents = match_tree(ids, lens, n, d.min_window, d.max_window, d.max_candidates,
                                      d.max_bfs_breadth, d.pad_token)
         tokens = torch.cat([path.roots[:, None], drafts], 1)

@@ -13,7 +13,8 @@ import torch
 
 import drafts.ngram as ngram
 from drafts.ngram import _chain, _RequestIndex, _trie_bfs
-from drafts.ngram_device import TokenHistory, match_chain, match_tree
+from drafts.ngram_device import TokenHistory, match_tree
+from kernels.ngram_match import match_chain
 from specpcg.speculative.overlap import SpecOverlap
 from tests.eagle_world import _engine, same_as_sync, world  # noqa: F401 (fixture)
 
