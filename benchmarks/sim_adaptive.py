@@ -13,7 +13,7 @@ out, so it checks the decisions, not the engine. --alphas sets the mean chance t
 token is accepted: 0.05 is an untrained draft, where speculating never pays.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
-        [--seeds 6] [--hiccup PROB X]
+        [--seeds 6] [--hiccup PROB X] [--look-budget 0.03]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import common
 
 common.add_repo_to_path()
 
+from specpcg.speculative import adaptive  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, Finish, bucket_of  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
@@ -123,8 +124,14 @@ def _hiccup(record: dict) -> str:
     return f"{prob:.0%} {factor:g}x" if prob > 0 else "none"
 
 
+def _last_run(records: list) -> list:
+    """The lines of the last run: its commit and look budget."""
+    key = lambda r: (r.get("git"), r.get("look_budget"))  # noqa: E731
+    return [r for r in records if key(r) == key(records[-1])] if records else []
+
+
 def render_table(records: list) -> str:
-    latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
+    latest = _last_run(records)
     rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}", f"{r['spread']:.2f}", str(r["batch"]),
              f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
              f"{r['vs_best']:.3f}"] for r in latest]
@@ -135,7 +142,7 @@ def render_table(records: list) -> str:
 
 
 def render_plot(records: list, path) -> None:
-    latest = [r for r in records if r.get("git") == records[-1].get("git")] if records else []
+    latest = _last_run(records)
     spreads = sorted({r["spread"] for r in latest})
     panels = [{"title": f"accept spread {s:.2f}", "ylabel": "speed",
                "labels": [f"bs {r['batch']}\n{_hiccup(r)}" for r in latest
@@ -156,13 +163,18 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, default=6)
     p.add_argument("--hiccup", type=float, nargs=2, default=[0.0, 1.0], metavar=("PROB", "X"),
                    help="a step of either side takes X times as long with probability PROB")
+    p.add_argument("--look-budget", type=float, default=None,
+                   help="the controller's LOOK_BUDGET for this run (default: the engine's)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
+    if args.look_budget is not None:
+        adaptive.LOOK_BUDGET = args.look_budget
     lines = []
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
         t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
                       "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup,
+                      "look_budget": adaptive.LOOK_BUDGET,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
                       "seed0_batches_s": {p: t[p + "_seed0"] for p in
