@@ -5,8 +5,9 @@ occurrences, if that match has at least min_window tokens (drafts/ngram.py has t
 host index the reference).
 
 In torch (the twin) that is about sixty small kernels and a top-k over the history's whole
-width: 243 of the 1,275 us an NGRAM (7, 1, 8) step at batch 16 kept the H100 busy
-(benchmarks/results/step_ngram_bs16_7f5f586_h100.txt). The Triton kernel
+width: most of the 82 kernels and 207 busy us (of 1,275) that an NGRAM (7, 1, 8) step at batch
+16 ran before its verify on the H100 (benchmarks/results/step_ngram_bs16_7f5f586_h100.txt), a
+79 us top-k among them. The Triton kernel
 (ngram_match_triton.py) is one program per request, scanning its row backwards from the last
 token until it has seen max_candidates occurrences.
 """
