@@ -1,10 +1,11 @@
 """Adaptive speculation against no-spec and against speculating at every step, per batch size.
 
 For each algorithm (NGRAM, every --drafts ALGO=DIR, every --untrained ALGO: a draft that
-predicts badly, where speculating never pays) at each --batches size, three engines
-decode the same greedy prompts in one run: no-spec (measured again per algorithm),
-speculative at every step (pinned), and adaptive (the engine's default). Lines carry tok/s, both speedups over no-spec, and how many
-steps the adaptive engine ran on each side. The goal: adaptive >= 1.0x no-spec at every size.
+predicts badly, where speculating never pays) at each --batches size, engines decode the same
+greedy prompts in one run: no-spec (measured again per algorithm), speculative at every step
+(pinned), adaptive (the engine's default) and, with --systems, the extra ones below. Lines
+carry tok/s, the speedup over no-spec, and how many steps the adaptive engine ran on each
+side. The goal: adaptive >= 1.0x no-spec at every size.
 
 Prompts: held-out ShareGPT first turns through the chat template on a model with a tokenizer;
 on a random-weight shape (`shape:llama-3-8b`) repeated-id prompts, over which NGRAM finds

@@ -5,12 +5,13 @@ waits) decides every step of simulated batches. Each request accepts draft token
 probability, drawn around a mean with a spread across requests; a step's seconds come from
 per-request rates measured on an H100 (NEXTN (3, 1, 4) on the default model, bench_adaptive at
 dae63fc), with 5% noise. Batches run one after another on one controller, as in a served engine.
-A line per (spread, batch): simulated seconds of pinned speculation, of plain decoding and of
-adaptive, and adaptive's speed against the faster pinned side. A switch of side costs SWITCH_STEPS plain
-steps more, unrecorded, as on a GPU (the per-call log of probe_adaptive_steps.py: each switch
-drains the overlapped pipeline and leaves a call that only launches its step); prefills are left
-out, so it checks the decisions, not the engine. --alphas sets the mean chance that a draft
-token is accepted: 0.05 is an untrained draft, where speculating never pays.
+A line per (acceptance, spread, batch): simulated seconds of pinned speculation, of plain
+decoding and of adaptive, and adaptive's speed against the faster pinned side. A switch of side
+costs SWITCH_STEPS plain steps more, unrecorded, as on a GPU (the per-call log of
+probe_adaptive_steps.py: each switch drains the overlapped pipeline and leaves a call that only
+launches its step); prefills are left out, so it checks the decisions, not the engine. --alphas
+sets the mean chance that a draft token is accepted: 0.05 is an untrained draft, where
+speculating never pays.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03]

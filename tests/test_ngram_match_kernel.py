@@ -1,7 +1,7 @@
 """NGRAM's chain match in one Triton kernel (kernels/ngram_match.py) against its torch twin (the
-interpreter on CPU, compiled on a GPU): random contexts over a few tokens, so that matches, ties and more
-occurrences than the candidates looked at are common, and histories long enough to span
-several of the kernel's blocks."""
+interpreter on CPU, compiled on a GPU): random contexts over a few tokens, so that matches,
+ties and more occurrences than the candidates looked at are common, and histories long enough
+to span several of the kernel's blocks."""
 
 import os
 import random
