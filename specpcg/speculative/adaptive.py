@@ -86,15 +86,8 @@ WINDOW = 32  # recorded steps a side's rate is measured over
 # up, eagerly, on every position it missed, and a switch to plain steps drains the overlapped
 # pipeline. With a look every 32 steps, EAGLE3 (7, 1, 8) ran adaptive at 0.85 / 0.77x no-spec
 # at batch 16 / 64 where pinned speculation ran 0.94 / 0.90x (H100, 73d57f9, bench_adaptive);
-# with this budget, 0.87 / 0.87x against 0.98 / 0.89x (53c19ec). Where speculating does not
-# pay (an untrained draft) the budget is what adaptive loses: simulated with a switch costing a
-# plain step (sim_adaptive.py --look-budget, acceptance 0.05 and 0.3, 8 seeds), this budget
-# kept adaptive at 0.95-0.97 of the faster pinned side, 1% at 0.98-1.01. Yet at 1% (and at 2%)
-# a faster side that starts with a bad streak wins back its place later
-# (test_a_faster_but_noisy_side_is_not_shut_out_by_a_bad_streak: 1.07x at worst over 12 seeds,
-# against 1.1x), and on the GPU the gain did not show: untrained drafts of every kind ran
-# adaptive at 0.95-1.02x no-spec at 1% (H200, 8cd4016), EAGLE3's 0.95-0.99x against 0.95-1.00x
-# at this budget (393feda, the same machine).
+# with this budget, 0.87 / 0.87x against 0.98 / 0.89x (53c19ec). 1% won 1-4% in simulation
+# (sim_adaptive.py), failed the noisy-side test (test_adaptive.py), gained nothing on an H200.
 LOOK_BUDGET = 0.03
 # A look this many times off its side's window restarts that window: the speed has changed
 # (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
