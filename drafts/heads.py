@@ -167,7 +167,9 @@ class Eagle3Head(DraftHead):
     def forward(self, input_ids, positions, aux_layers=(), input_hidden=None):
         layer = self.midlayer
         residual = input_hidden.to(self.norm.weight.dtype)
-        embedded = self.embed(input_ids)
+        # In the head's dtype: a head trained in fp32 reads a bf16 target's embeddings, and the
+        # norms write their halves of one tensor of one dtype.
+        embedded = self.embed(input_ids).to(residual.dtype)
         # [norm(embedding); norm(hidden)], each norm writing its half: no concatenation.
         x = embedded.new_empty(embedded.shape[0], 2 * embedded.shape[1])
         layer.input_layernorm(embedded, out=x[:, :embedded.shape[1]])

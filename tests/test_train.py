@@ -383,3 +383,38 @@ def test_offline_figures_report_a_chats_later_turns_apart():
                      [0, 0, 1], [0, 1, 0])
     assert _source_labels(seqs) == ["sharegpt", "sharegpt turn 2+", "gsm8k"]
     assert _source_labels(Sequences([[1, 2]], [1])) == ["ids"]
+
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN"])
+def test_an_fp32_head_reads_a_bf16_targets_embeddings(algorithm):
+    """On a GPU the target runs in bf16 while its head trains in fp32, reading the target's
+    embeddings: the head's forward takes them (EAGLE3's norms once wrote their fp32 outputs
+    into a buffer of the embeddings' dtype, a ValueError once the target's answers had been
+    generated), and gives the fp32 head's outputs up to the bf16 rounding of a norm."""
+    from specpcg.attention.dense import DenseAttnBackend, dense_batch, dense_forward
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4,
+                      num_heads=H, num_kv_heads=HKV, head_dim=D, max_position_embeddings=64)
+    target = build_model(cfg, None, CPU, torch.float32, seed=3)
+    embed = target.model.embed_tokens.weight
+    with torch.no_grad():  # values a bf16 target holds exactly
+        embed.copy_(embed.bfloat16().float())
+    head, _ = random_head(algorithm, cfg, CPU, torch.float32, seed=1)
+    head.attach_target(target)
+    backend = DenseAttnBackend(H, HKV, D, D ** -0.5, None, "mask")
+    ids = torch.tensor([5, 9, 2, 7, 11, 3])
+    width = head.fc.in_features if algorithm == "EAGLE3" else cfg.hidden_size
+    hidden = torch.randn(len(ids), width, generator=torch.Generator().manual_seed(0))
+
+    def run():
+        x = head.project_target_hidden(hidden)
+        return dense_forward(head, backend, dense_batch(ids, [len(ids)]), (), input_hidden=x)[0]
+
+    with torch.no_grad():
+        want = run()
+        target.to(torch.bfloat16)
+        got = run()
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2)
+    assert want.abs().max() > 0.1
