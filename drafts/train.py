@@ -42,7 +42,7 @@ from drafts.train_loop import LoopOptions, loss_curve
 from specpcg.speculative.config import DEFAULT_NUM_STEPS
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-TRAINER_VERSION = 10  # part of ensure_draft's cache key: bump when trained drafts change
+TRAINER_VERSION = 11  # part of ensure_draft's cache key: bump when trained drafts change
 # Chains whose offline accept length the log carries: the engine's default and the deepest the
 # benchmarks run (7, 1, 8); TTT trains as deep as the deepest.
 OFFLINE_CHAIN_STEPS = (DEFAULT_NUM_STEPS, 7)

@@ -9,13 +9,14 @@ import torch
 
 from specpcg import Engine
 from test_train import _tiny_target  # noqa: F401
+from tests.cores import cores_per_worker
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
 def engine():
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, cores_per_worker()))
     eng = Engine(device="cpu", max_total_tokens=4096, show_progress=False)
     yield eng
     eng.shutdown()

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from specpcg import Engine
+from tests.cores import cores_per_worker
 
 PROMPTS = ["The capital of France is", "Count: one, two,", "Water boils at", "Hello"]
 
 
 @pytest.fixture(scope="module")
 def engines():
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, cores_per_worker()))
     kw = dict(device="cpu", max_total_tokens=4096, show_progress=False)
     on, off = Engine(**kw), Engine(disable_overlap_schedule=True, **kw)
     assert on.scheduler.overlap is not None and off.scheduler.overlap is None

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from specpcg import Engine  # noqa: E402
 from specpcg.serve.app import create_app  # noqa: E402
+from tests.cores import cores_per_worker  # noqa: E402
 
 MODEL = "smollm2"
 PROMPTS = ["The capital of France is", "Water boils at", "One, two, three,", "Once upon a time",
@@ -33,7 +34,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, cores_per_worker()))
     # Every step speculative: the spec metrics and details below must see verifies (adaptive
     # speculation prefers plain steps for this model on a CPU).
     engine = Engine(device="cpu", max_total_tokens=8192, max_running_requests=40,

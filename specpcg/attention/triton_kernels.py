@@ -297,7 +297,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
         DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(group_size)),
-        BLOCK_N=16 if cpu else 64, BLOCK_D=block_d,
+        BLOCK_N=32 if cpu else 64, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2,
     )
 
