@@ -60,13 +60,7 @@ def run_system(code: str, layout: tuple, args) -> list:
     """Runs one system in a fresh process with `code` first on its path; its JSON result."""
     spec = {"layout": layout, "model_path": args.model_path, "batches": args.batches,
             "prompt_len": args.prompt_len, "new": args.max_new_tokens, "repeats": args.repeats}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [code, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, __file__, WORKER, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, cwd=code)
-    if proc.returncode:
-        raise RuntimeError(f"{code} at {layout}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return common.run_json_worker(__file__, WORKER, spec, code)
 
 
 def code_label(code: str) -> str:

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -311,6 +312,19 @@ def served_by(engine, mode: str, fn: Callable) -> tuple:
     before = counts()
     result = fn()
     return result, {runner for m, runner, _ in counts() - before if m == mode}
+
+
+def run_json_worker(script: str, flag: str, spec: dict, code: Optional[str] = None):
+    """`python script flag JSON(spec)` in a process of its own (with `code` first on its path
+    and as its directory, where given): the JSON its last stdout line holds."""
+    code = code or str(REPO_ROOT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([code, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, script, flag, json.dumps(spec)], env=env,
+                          capture_output=True, text=True, cwd=code)
+    if proc.returncode:
+        raise RuntimeError(f"{os.path.basename(script)} worker {spec.get('layout')} at {code}: "
+                           f"exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def column_table(keys: list, columns: list) -> str:

@@ -109,6 +109,7 @@ class Engine:
                                    reserve_outputs=cfg.enable_deterministic_inference,
                                    spec_overlap=self._spec_step_graphs())
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
+        self.rank_reports = self.tp.reports(cfg, self.graphs, self.device) if self.tp else None
         freeze_startup_objects()
 
     def _load_parallel_shard(self, cfg):
@@ -337,8 +338,8 @@ class Engine:
             "dtype": str(self.dtype).replace("torch.", ""),
             "attention_backend": self.attn_backend.name, "context_length": self.context_len,
             "enable_deterministic_inference": self.config.enable_deterministic_inference,
-            "tp_size": self.config.tp_size,
-            "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
+            "tp_size": self.config.tp_size, "pp_size": self.config.pp_size, "ranks":
+            self.rank_reports, "kv_cache": self.kv_cache.info(), "load_time_s": self.load_time_s,
             "num_preemptions": self.scheduler.num_preemptions,
             **self.graphs.info(), "forward_stats": self.router.forward_stats(),
             "internal_states": [{**self._stats, **(self.spec_decoder.stats()

@@ -253,6 +253,22 @@ def test_tp2_pp2_greedy_tokens_match_one_process(tiny, algo):
     assert _parallel_outputs(kw, tp_size=2, pp_size=2, **spec) == want
 
 
+def test_every_rank_reports_its_start_up_and_steps_go_on(tiny):
+    """get_server_info()["ranks"]: each rank's place and graph capture cost (none on CPU),
+    gathered after the captures; the steps after it still meet on every rank."""
+    kw, want, _ = tiny
+    engine = Engine(tp_size=2, pp_size=2, **kw)
+    try:
+        ranks = engine.get_server_info()["ranks"]
+        out = [o["output_ids"] for o in engine.generate(input_ids=IDS, sampling_params=GREEDY)]
+    finally:
+        engine.shutdown()
+    assert [(r["rank"], r["stage"], r["tp_rank"]) for r in ranks] == [
+        (0, 1, 0), (1, 1, 1), (2, 0, 0), (3, 0, 1)]
+    assert all(r["piecewise_cuda_graph"] == {"enabled": False} for r in ranks)
+    assert out == want
+
+
 def _start_node(kw: dict, addr: str, node_rank: int, **layout):
     """Another machine's share of the ranks: `python -m specpcg serve --node-rank K` as its own
     process, as a user starts it on that machine."""

@@ -45,6 +45,13 @@ def broadcast_message(msg=None):
     return box[0]
 
 
+def gather_to_rank0(obj):
+    """Every rank's `obj` in rank order on rank 0 (None on the others)."""
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=_CONTROL)
+    return out
+
+
 _TP_GROUP = None  # this rank's tensor-parallel group (None: every rank)
 
 

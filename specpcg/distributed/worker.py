@@ -17,7 +17,8 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from specpcg.distributed.group import broadcast_message, init_group, init_tp_groups
+from specpcg.distributed.group import (broadcast_message, gather_to_rank0, init_group,
+                                       init_tp_groups)
 
 logger = logging.getLogger("specpcg")
 
@@ -108,6 +109,9 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
             graphs = build_graphs(replace(cfg, show_progress=False), runner, context_len,
                                   **needs)
             continue
+        if msg[0] == "report":
+            gather_to_rank0(rank_report(cfg, rank, graphs, device))
+            continue
         if msg[0] == "draft_setup":
             if rank < cfg.tp_size:  # rank 0's stage (the last) drafts
                 draft = draft_runner(cfg, msg[1], rank, device)
@@ -122,6 +126,22 @@ def _serve(cfg, rank: int, init_addr: str) -> None:
         else:
             mirror(runner, graphs, batch.to(device), route, rank >= cfg.tp_size, like)
     dist.destroy_process_group()
+
+
+def rank_report(cfg, rank: int, graphs, device) -> dict:
+    """What one rank's start-up cost: its graphs' capture time and memory, and the GPU memory
+    it holds (weights, KV cache and graphs) and held at most."""
+    from specpcg.distributed.pipeline import stage_of
+
+    out = {"rank": rank, "tp_rank": rank % cfg.tp_size,
+           "stage": stage_of(rank, cfg.tp_size, cfg.pp_size)}
+    for name, info in (graphs.info() if graphs is not None else {}).items():
+        out[name] = {k: info[k] for k in ("enabled", "capture_time_s", "capture_memory_mb")
+                     if k in info}
+    if device.type == "cuda":
+        out["memory_allocated_mb"] = round(torch.cuda.memory_allocated(device) / 2**20, 1)
+        out["max_memory_allocated_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return out
 
 
 def mirror_runner(cfg, model, mc, setup: dict, device):
@@ -227,6 +247,13 @@ class TPDriver:
         """Before rank 0 captures: every rank builds the same graphs (build_graphs' arguments)
         and captures them in the same order, so each capture's collectives meet."""
         self._send(("graphs", context_len, needs))
+
+    def reports(self, cfg, graphs, device) -> list:
+        """Every rank's rank_report in rank order (rank 0's of `graphs` on `device`), gathered
+        once the graphs are captured: start-up only, since no other message may interleave
+        with a step's."""
+        self._send(("report",))
+        return gather_to_rank0(rank_report(cfg, 0, graphs, device))
 
     def _send(self, msg) -> None:
         self.check_alive()
