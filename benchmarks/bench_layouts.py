@@ -89,7 +89,8 @@ def measure(spec: dict) -> list:
 
     tp, pp = spec["layout"]
     rng = random.Random(0)
-    token = lambda: rng.randrange(min(100, spec["vocab"] // 4), min(30000, spec["vocab"]))  # noqa: E731
+    low, high = min(100, spec["vocab"] // 4), min(30000, spec["vocab"])
+    token = lambda: rng.randrange(low, high)  # noqa: E731
     prompts = [[token() for _ in range(spec["prompt_len"])] for _ in range(max(spec["batches"]))]
     longest = max(spec["ttft_lens"] + [spec["prompt_len"] + spec["new"]])
     base = dict(model_path=spec["model_path"], tp_size=tp, pp_size=pp, dtype=spec["dtype"],
@@ -130,19 +131,10 @@ def systems(args, head_dir) -> list:
             kw["speculative_draft_model_path"] = head_dir
         out.append({"name": algo, "kw": kw})
     for p in args.synthetic:
-        out.append({"name": f"NGRAM p={p}", "synthetic": p, "kw": {
+        out.append({"name": f"NGRAM p={p}", "kw": {
             "speculative_algorithm": "NGRAM", "speculative_num_steps": 3,
             "speculative_simulate_accept_prob": p, "disable_adaptive_speculation": True}})
     return out
-
-
-def model_config(model_path: str):
-    from specpcg.models.build import SHAPE_PREFIX, preset_config
-    from specpcg.models.loader import load_checkpoint
-
-    if model_path.startswith(SHAPE_PREFIX):
-        return preset_config(model_path)
-    return load_checkpoint(model_path)[0]
 
 
 def random_eagle3_head(cfg, dtype: str, out_dir: str) -> str:
@@ -150,7 +142,8 @@ def random_eagle3_head(cfg, dtype: str, out_dir: str) -> str:
 
     from drafts.head_checkpoint import random_head, save_head
 
-    head, spec = random_head("EAGLE3", cfg, "cpu", torch.float32, draft_vocab_size=min(8192, cfg.vocab_size))
+    head, spec = random_head("EAGLE3", cfg, "cpu", torch.float32,
+                             draft_vocab_size=min(8192, cfg.vocab_size))
     return save_head(head.to(getattr(torch, dtype)), spec, cfg, out_dir)
 
 
@@ -179,9 +172,9 @@ def run_all(args) -> None:
     info = common.machine_info(device)
     layouts = [tuple(int(x) for x in text.split("x")) for text in args.layouts]
     with tempfile.TemporaryDirectory(prefix="bench_layouts_") as tmp:
-        cfg = model_config(args.model_path)
+        cfg = common.model_config(args.model_path)
         head = random_eagle3_head(cfg, args.dtype, tmp) if "EAGLE3" in args.spec else None
-        for pcg in args.pcg:
+        for pcg in (setting == "on" for setting in args.pcg):
             for layout in layouts:
                 print(f"tp x pp = {layout}, piecewise graphs {'on' if pcg else 'off'}",
                       flush=True)
@@ -199,7 +192,8 @@ def _latest(records: list) -> list:
     rows = [r for r in records if r.get("bench") == "layouts"]
     if not rows:
         raise ValueError("no layouts benchmark lines to render")
-    return [r for r in rows if r["device"] == rows[-1]["device"] and r["model"] == rows[-1]["model"]]
+    last = rows[-1]
+    return [r for r in rows if (r["device"], r["model"]) == (last["device"], last["model"])]
 
 
 def identical(line: dict, rows: list):
@@ -287,7 +281,7 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default="shape:llama-3-8b")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--layouts", nargs="+", default=["1x1", "2x1", "1x2"],
-                   help="TPxPP, the first 1x1, e.g. 1x1 2x1 4x1 1x2 2x2")
+                   help="TPxPP, e.g. 1x1 2x1 4x1 1x2 2x2 (identity needs a 1x1 line)")
     p.add_argument("--pcg", nargs="+", choices=["on", "off"], default=["on", "off"])
     p.add_argument("--spec", nargs="*", default=["NGRAM", "EAGLE3"], choices=["NGRAM", "EAGLE3"])
     p.add_argument("--synthetic", type=float, nargs="*", default=[0.7])
@@ -297,12 +291,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=str(common.RESULTS_DIR / "layouts.jsonl"))
-    common.measure_or_render(p, argv, lambda a: run_all(_with_pcg(a)), render_table, render_plot)
-
-
-def _with_pcg(args):
-    args.pcg = [x == "on" for x in args.pcg]
-    return args
+    common.measure_or_render(p, argv, run_all, render_table, render_plot)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,8 @@ def random_head(target: str, tmp: str) -> str:
     import torch
 
     from drafts.head_checkpoint import random_head as make, save_head
-    from specpcg.models.build import SHAPE_PREFIX, preset_config
-    from specpcg.models.loader import load_checkpoint
 
-    cfg = preset_config(target) if target.startswith(SHAPE_PREFIX) else load_checkpoint(target)[0]
+    cfg = common.model_config(target)
     head, spec = make("EAGLE3", cfg, "cpu", torch.float32, draft_vocab_size=8192)
     return save_head(head, spec, cfg, os.path.join(tmp, "random-eagle3"))
 

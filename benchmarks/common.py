@@ -314,6 +314,16 @@ def served_by(engine, mode: str, fn: Callable) -> tuple:
     return result, {runner for m, runner, _ in counts() - before if m == mode}
 
 
+def model_config(model_path: str):
+    """The ModelConfig of a checkpoint path or a `shape:` preset, without building the model."""
+    from specpcg.models.build import SHAPE_PREFIX, preset_config
+    from specpcg.models.loader import load_checkpoint
+
+    if model_path.startswith(SHAPE_PREFIX):
+        return preset_config(model_path)
+    return load_checkpoint(model_path)[0]
+
+
 def run_json_worker(script: str, flag: str, spec: dict, code: Optional[str] = None):
     """`python script flag JSON(spec)` in a process of its own (with `code` first on its path
     and as its directory, where given): the JSON its last stdout line holds."""
