@@ -7,20 +7,25 @@ from __future__ import annotations
 
 from torch import nn
 
+from kernels.fused_ops import silu_and_mul
 from kernels.matmul import invariant_linear
+from specpcg.models.layers import Linear
 
 
 class InvariantLinear(nn.Linear):
     def forward(self, x):
         return invariant_linear(x, self.weight, self.bias)
 
+    def forward_silu_mul(self, x):  # a gated MLP's [gate; up] projection (layers.Linear's)
+        return silu_and_mul(self(x))
+
 
 def make_batch_invariant(model: nn.Module) -> int:
-    """Swaps every nn.Linear of `model` (same parameters) and its LM head's matmul; returns how
-    many layers it swapped."""
+    """Swaps every nn.Linear of `model` (same parameters; layers.Linear's one-row GEMV too)
+    and its LM head's matmul; returns how many layers it swapped."""
     swapped = 0
     for module in model.modules():
-        if type(module) is nn.Linear:
+        if type(module) in (nn.Linear, Linear):
             module.__class__ = InvariantLinear
             swapped += 1
     model.head_linear = invariant_linear

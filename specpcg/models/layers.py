@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from kernels import fused_ops
+from kernels import fused_ops, gemv
 
 
 class RMSNorm(nn.Module):
@@ -69,12 +69,25 @@ class RotaryEmbedding(nn.Module):
                                            if q.dim() == 3 else self.head_dim)
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose one-row calls on CUDA (a batch-1 decode) take the GEMV kernel
+    (kernels/gemv.py), which reads the weight faster than cuBLAS's tiles there."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gemv.linear(x, self.weight, self.bias)
+
+    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this [gate; up] projection (no bias): in the GEMV's epilogue
+        where it applies, else the SiLU-and-mul kernel after the matmul."""
+        return gemv.linear_silu_mul(x, self.weight)
+
+
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         # gate and up in one GEMM: [gate; up] rows (checkpoints are concatenated at load).
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused_ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.forward_silu_mul(x))

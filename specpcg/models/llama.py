@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import gemv
 from kernels.topk import argmax_rows
 from specpcg.forward_context import get_forward_context
 from specpcg.graphs.breakable import eager_break
 from specpcg.models.config import ModelConfig
-from specpcg.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from specpcg.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
@@ -61,8 +62,8 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
         # One GEMM for q, k and v (checkpoints' q/k/v_proj are concatenated at load).
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -137,8 +138,9 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.model.norm.forward_add(hidden, residual)
         return hidden, aux
 
-    # The LM head's matmul (enable_deterministic_inference swaps in a batch-invariant one).
-    head_linear = staticmethod(torch.nn.functional.linear)
+    # The LM head's matmul (enable_deterministic_inference swaps in a batch-invariant one; one
+    # row on CUDA takes the GEMV kernel).
+    head_linear = staticmethod(gemv.linear)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head_linear(hidden, self.head_weight).float()

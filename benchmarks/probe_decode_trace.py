@@ -1,0 +1,180 @@
+"""Where a plain decode step's device time goes (CUDA only): one replay of the decode graph at
+--batch under the torch profiler, its kernels in launch order, and the weight bandwidth each
+matmul reached.
+
+An engine without speculation decodes random-id prompts; the first decode-graph replay at the
+batch size after a warm-up generate is traced. The lines give the step's span, its busy time
+(the sum of kernel durations) and the idle time between kernels; then each kernel kind's count
+and time; then the first layer's kernels in order; then the matmuls (counted in launch order
+against the model's weights: qkv, o, gate_up, down per layer, then the LM head) with the
+bytes each read per microsecond, against a device-to-device copy's rate. Last, a whole generate
+under the profiler: the period of a decode step, its busy and idle time, and the kernels that
+run outside the graph each step.
+
+    python benchmarks/probe_decode_trace.py --model-path shape:llama-3-8b --batch 1 > out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+
+import torch
+
+import common
+
+common.add_repo_to_path()
+from bench_reference import copy_bandwidth  # noqa: E402
+
+MATMUL_MARKS = ("gemv", "gemm", "nvjet", "cutlass", "sm90_xmma", "matmul")
+
+
+def trace_one_replay(bs: int, run) -> list:
+    """(name, start us, end us) of every kernel of the first decode-graph replay at batch bs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specpcg.core import ForwardMode
+    from specpcg.graphs.decode_runner import DecodeGraphRunner
+
+    original, events = DecodeGraphRunner.forward, []
+
+    def traced(self, batch):
+        if events or batch.batch_size != bs or batch.forward_mode != ForwardMode.DECODE:
+            return original(self, batch)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = original(self, batch)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        events.extend((e.name, e.time_range.start, e.time_range.end)
+                      for e in sorted(kernels, key=lambda e: e.time_range.start))
+        return out
+
+    DecodeGraphRunner.forward = traced
+    try:
+        run()
+    finally:
+        DecodeGraphRunner.forward = original
+    return events
+
+
+def trace_window(run) -> list:
+    """(name, start us, end us) of every kernel of a whole generate, in start order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return [(e.name, e.time_range.start, e.time_range.end)
+            for e in sorted(kernels, key=lambda e: e.time_range.start)]
+
+
+def report_window(events: list, step_kernels: set, first_name: str) -> None:
+    """Steps are counted by the graph's first kernel; from the second step to the last, the
+    period between steps, the kernels' busy time, and each kernel outside the graph per step."""
+    starts = [i for i, e in enumerate(events) if e[0] == first_name]
+    if len(starts) < 4:
+        print(f"# window: only {len(starts)} steps found")
+        return
+    window = events[starts[1]:starts[-1]]
+    steps = len(starts) - 2
+    span = window[-1][2] - window[0][1]
+    busy = sum(e[2] - e[1] for e in window)
+    print(f"# window: {steps} steps, {span / steps:.1f} us a step, busy {busy / steps:.1f} us, "
+          f"idle {(span - busy) / steps:.1f} us a step")
+    outside = collections.defaultdict(lambda: [0, 0.0])
+    for name, s, e in window:
+        if name not in step_kernels:
+            outside[name[:90]][0] += 1
+            outside[name[:90]][1] += e - s
+    for name, (n, us) in sorted(outside.items(), key=lambda kv: -kv[1][1]):
+        print(f"  outside the graph: {n / steps:5.2f} a step, {us / steps:6.1f} us a step  {name}")
+    gaps = collections.Counter()
+    for a, b in zip(window, window[1:]):
+        if b[1] - a[2] > 20:
+            gaps[f"{a[0][:40]} -> {b[0][:40]}"] += b[1] - a[2]
+    for name, us in gaps.most_common(6):
+        print(f"  gaps over 20 us: {us / steps:6.1f} us a step  {name}")
+
+
+def weight_bytes_in_order(model) -> list:
+    """(name, bytes) of each matmul's weight in a decode step's launch order."""
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        for name, lin in (("qkv", layer.self_attn.qkv_proj), ("o", layer.self_attn.o_proj),
+                          ("gate_up", layer.mlp.gate_up_proj), ("down", layer.mlp.down_proj)):
+            out.append((f"{i}.{name}", lin.weight.numel() * lin.weight.element_size()))
+    head = model.head_weight
+    out.append(("lm_head", head.numel() * head.element_size()))
+    return out
+
+
+def is_matmul(name: str) -> bool:
+    low = name.lower()
+    return any(m in low for m in MATMUL_MARKS)
+
+
+def report(events: list, model, copy_bps: float) -> None:
+    t0, t1 = events[0][1], events[-1][2]
+    busy = sum(e[2] - e[1] for e in events)
+    print(f"# {len(events)} kernels, span {t1 - t0:.0f} us, busy {busy:.0f} us, "
+          f"idle {t1 - t0 - busy:.0f} us; copy {copy_bps / 1e9:.0f} GB/s")
+    kinds = collections.defaultdict(lambda: [0, 0.0])
+    for name, s, e in events:
+        kinds[name[:90]][0] += 1
+        kinds[name[:90]][1] += e - s
+    print("# by kernel: count, us, name")
+    for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        print(f"{n:5d} {us:9.1f}  {name}")
+    mm = [e for e in events if is_matmul(e[0])]
+    weights = weight_bytes_in_order(model)
+    print(f"# matmuls: {len(mm)} kernels for {len(weights)} weights")
+    if len(mm) == len(weights):
+        sums = collections.defaultdict(lambda: [0, 0.0])
+        for (wname, nbytes), (_, s, e) in zip(weights, mm):
+            key = wname.split(".", 1)[-1]
+            sums[key][0] += nbytes
+            sums[key][1] += e - s
+        for key, (nbytes, us) in sums.items():
+            print(f"  {key:8s} {nbytes / 1e6:9.1f} MB {us:9.1f} us "
+                  f"{nbytes / us / 1e3:6.0f} GB/s ({nbytes / us * 1e6 / copy_bps:.2f} of copy)")
+    print("# the first layer's kernels (start us, us, name)")
+    first = [i for i, e in enumerate(events) if is_matmul(e[0])]
+    stop = first[4] if len(first) > 4 else len(events)
+    for name, s, e in events[:stop + 1]:
+        print(f"  {s - t0:8.1f} {e - s:7.1f}  {name[:110]}")
+    gaps = sorted(((events[i + 1][1] - events[i][2], events[i][0][:50])
+                   for i in range(len(events) - 1)), reverse=True)[:5]
+    print("# widest gaps: " + "; ".join(f"{g:.1f} us after {n}" for g, n in gaps))
+
+
+def main(argv=None) -> None:
+    from specpcg import Engine
+    from specpcg.models.loader import default_model_path
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--model-path", default=None)
+    args = p.parse_args(argv)
+    engine = Engine(model_path=args.model_path or default_model_path(), show_progress=False,
+                    skip_tokenizer_init=True, max_running_requests=args.batch,
+                    cuda_graph_max_bs=args.batch)
+    vocab = engine.model_config.vocab_size
+    rng = random.Random(0)
+    ids = [[rng.randrange(vocab) for _ in range(32)] for _ in range(args.batch)]
+    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
+    run()  # warm-up
+    events = trace_one_replay(args.batch, run)
+    report(events, engine.model, copy_bandwidth(torch.device("cuda")))
+    # The graph's kernels: from shortly before its first matmul (the embedding, the first norm).
+    start = next(e[1] for e in events if is_matmul(e[0])) - 10
+    graph = [e[0] for e in events if e[1] >= start]
+    report_window(trace_window(run), set(graph), graph[0])
+
+
+if __name__ == "__main__":
+    main()

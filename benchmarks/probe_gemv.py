@@ -1,0 +1,115 @@
+"""Weight bandwidth of a batch-1 decode step's matmuls (CUDA only): cuBLAS (F.linear) against
+the one-row GEMV kernel (kernels/gemv_triton.py) at each of a sweep of tilings, over the
+Llama-3-8B shape's weights (qkv, o, gate_up, down, LM head) and the default model's.
+
+Each timing replays 40 calls captured in one CUDA graph (no launch gaps), cycling through
+enough copies of the weight that none stays in L2, as in a real step where the whole model
+streams through. The gate_up shapes run with the SiLU-and-mul epilogue against cuBLAS followed
+by the SiLU-and-mul kernel. Lines: shape, backend (cublas, triton, chosen: the kernel's own
+tiling), config (BLOCK_N, BLOCK_K, warps, stages), us per call, GB/s of weight read, and the
+fraction of a device-to-device copy's rate. s_*: the default model's shapes.
+
+    python benchmarks/probe_gemv.py [--shapes qkv o ...] > out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+
+import common
+
+common.add_repo_to_path()
+from bench_reference import copy_bandwidth  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+          "down": (4096, 14336), "lm_head": (128256, 4096),
+          "s_qkv": (960, 576), "s_o": (576, 576), "s_gate_up": (3072, 576), "s_down": (576, 1536),
+          "s_head": (49152, 576)}
+CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 1024), (2, 512), (2, 1024), (4, 256), (4, 512),
+                                         (8, 256), (8, 512), (16, 128), (16, 256), (32, 128))
+           for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
+
+
+def gemv(x, w, out, cfg, silu_mul=False):
+    from kernels.gemv_triton import _gemv_kernel
+
+    bn, bk, warps, stages = cfg
+    n = out.shape[-1]
+    _gemv_kernel[(triton.cdiv(n, bn),)](x, w, w, out, n, x.shape[-1], n if silu_mul else 0,
+                                       w.stride(0), HAS_BIAS=False, SILU_MUL=silu_mul,
+                                       BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                                       num_stages=stages)
+
+
+def time_us(fn, copies: int, iters: int = 40) -> float:
+    """us per call of `iters` calls captured in one CUDA graph (no launch gaps), the copies
+    taken in turn."""
+    for i in range(copies):
+        fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            fn(i % copies)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (3 * iters)
+
+
+def sweep(name: str, n: int, k: int, dev, copy_bps: float) -> None:
+    """Every config on one shape at one row (gate_up shapes: with the SiLU-and-mul epilogue,
+    against cuBLAS followed by the SiLU-and-mul kernel)."""
+    from kernels import fused_ops
+    from kernels.gemv_triton import tiling
+
+    nbytes = n * k * 2
+    copies = max(2, -(-400_000_000 // nbytes))
+    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    silu = "gate_up" in name
+    out = torch.empty(1, n // 2 if silu else n, device=dev, dtype=torch.bfloat16)
+    if silu:
+        def ref(i):
+            return fused_ops.silu_and_mul(torch.nn.functional.linear(x, ws[i]))
+    else:
+        def ref(i):
+            return torch.nn.functional.linear(x, ws[i])
+    rows = [("cublas", "-", time_us(ref, copies))]
+    chosen = tiling(out.shape[-1], k)
+    for cfg in CONFIGS + ([chosen] if chosen else []):
+        try:
+            gemv(x, ws[0], out, cfg, silu)
+        except Exception as err:  # noqa: BLE001 (a config the GPU refuses)
+            print(f"# {name} {cfg}: {type(err).__name__}")
+            continue
+        label = "chosen" if cfg == chosen else "triton"
+        rows.append((label, cfg, time_us(lambda i: gemv(x, ws[i], out, cfg, silu), copies)))
+    best = sorted(rows, key=lambda r: r[2])
+    for row in best[:4] + [r for r in rows if r[0] != "triton"]:
+        print(f"{name:9s} {row[0]:7s} {str(row[1]):18s} {row[2]:8.2f} us "
+              f"{nbytes / row[2] / 1e3:6.0f} GB/s {nbytes / row[2] * 1e6 / copy_bps:.3f}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    args = p.parse_args(argv)
+    dev = torch.device("cuda")
+    copy_bps = copy_bandwidth(dev)
+    print(f"# copy {copy_bps / 1e9:.0f} GB/s")
+    for name in args.shapes:
+        sweep(name, *SHAPES[name], dev, copy_bps)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Linear layers that take the one-row GEMV kernel (kernels/gemv_triton.py) where it applies:
+one row of bf16 or fp16 activations on CUDA, outside autograd (a batch-1 decode step, a draft
+step of one request). Everything else is `F.linear`, and the gate/up projection's
+`linear_silu_mul` is then `F.linear` followed by the SiLU-and-mul kernel.
+
+The torch twins (`*_torch`) are the reference; `use_triton` follows kernels/dispatch.py, except
+that None also asks whether the call is one the kernel serves (`gemv_applies`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import fused_ops
+from kernels.dispatch import HAS_TRITON, pick_triton, triton_module
+
+GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True for a call the GEMV kernel serves by default: one row of bf16/fp16 on CUDA, no
+    gradient asked for, both operands with unit column stride, and a weight shape where the
+    kernel beats cuBLAS (gemv_triton.tiling)."""
+    return (x.is_cuda and HAS_TRITON and x.dim() == 2 and x.shape[0] == 1
+            and x.dtype in GEMV_DTYPES and weight.dtype == x.dtype
+            and x.stride(-1) == 1 and weight.stride(-1) == 1
+            and not (x.requires_grad or weight.requires_grad)
+            and triton_module("gemv_triton").tiling(*weight.shape) is not None)
+
+
+def _use_kernel(x: torch.Tensor, weight: torch.Tensor, use_triton: bool | None) -> bool:
+    if use_triton is None:
+        return gemv_applies(x, weight)
+    if use_triton and (x.dim() != 2 or x.shape[0] != 1):
+        raise ValueError(f"the GEMV kernel takes one row of activations, got x of shape "
+                         f"{tuple(x.shape)}")
+    return pick_triton(x, use_triton)
+
+
+def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    return F.linear(x, weight, bias)
+
+
+def linear_silu_mul_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return fused_ops.silu_and_mul_torch(F.linear(x, weight))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           use_triton: bool | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), as F.linear."""
+    if not _use_kernel(x, weight, use_triton):
+        return F.linear(x, weight, bias)
+    out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
+    return triton_module("gemv_triton").gemv(x, weight, bias, out)
+
+
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
+                    use_triton: bool | None = None) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for weight = [gate; up] (no bias), as
+    silu_and_mul(F.linear(x, weight))."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"a [gate; up] weight needs an even row count, got "
+                         f"{tuple(weight.shape)}")
+    if not _use_kernel(x, weight, use_triton):
+        return fused_ops.silu_and_mul(F.linear(x, weight), use_triton=use_triton)
+    out = torch.empty(1, weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    return triton_module("gemv_triton").gemv(x, weight, None, out, silu_mul=True)

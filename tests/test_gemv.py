@@ -1,0 +1,138 @@
+"""The one-row GEMV kernel (kernels/gemv*.py) against its torch twins, its dispatch rule, and
+the model's Linear that uses it.
+
+On CPU the kernel runs in the Triton interpreter in fp32 (the interpreter truncates to bf16);
+bf16 and graph capture are checked on CUDA.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from kernels import fused_ops, gemv  # noqa: E402
+from specpcg.models.layers import GatedMLP, Linear  # noqa: E402
+
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
+# (N, K): K below, at and past a BLOCK_K, not a multiple of it; N not a multiple of BLOCK_N;
+# K past one BLOCK_K of 1,024.
+SHAPES = [(37, 100), (96, 576), (130, 1000), (300, 2100)]
+
+
+def _close_fp32(actual, expected):
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_matches_f_linear(n, k, bias):
+    x, w = torch.randn(1, k), torch.randn(n, k) / k ** 0.5
+    b = torch.randn(n) if bias else None
+    _close_fp32(gemv.linear(x, w, b, use_triton=True), gemv.linear_torch(x, w, b))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n,k", SHAPES[:3])
+def test_silu_mul_kernel_matches_twin_and_the_plain_kernel(n, k):
+    """The fused epilogue rounds each half's sum first, so it is bitwise the SiLU-and-mul
+    kernel over the plain GEMV's output."""
+    x, w = torch.randn(1, k), torch.randn(2 * n, k) / k ** 0.5  # sums of order 1
+    fused = gemv.linear_silu_mul(x, w, use_triton=True)
+    _close_fp32(fused, gemv.linear_silu_mul_torch(x, w))
+    plain = gemv.linear(x, w, use_triton=True)
+    assert torch.equal(fused, fused_ops.silu_and_mul(plain, use_triton=True))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_n", [2, 4])
+def test_the_tile_width_never_changes_a_sum(monkeypatch, block_n):
+    """BLOCK_K follows K alone and BLOCK_N (which follows N) leaves each output's sum alone:
+    a column shard of a weight (tensor parallelism) gives the whole weight's bits."""
+    from kernels import gemv_triton
+
+    x, w = torch.randn(1, 1500), torch.randn(40, 1500)
+    one_row = gemv.linear(x, w, use_triton=True)
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k: (block_n, 1024, 4, 4))
+    assert torch.equal(gemv.linear(x, w, use_triton=True), one_row)
+    assert torch.equal(gemv.linear(x, w[17:], use_triton=True), one_row[:, 17:])
+
+
+def test_a_wide_shallow_weight_stays_on_cublas():
+    from kernels import gemv_triton
+
+    assert gemv_triton.tiling(49152, 576) is None  # the default model's tied LM head
+    assert gemv_triton.tiling(128256, 4096) == (2, 1024, 4, 4)
+    assert gemv_triton.tiling(4096, 14336) == (1, 1024, 4, 4)
+
+
+def test_only_one_row_on_cuda_outside_autograd_takes_the_kernel():
+    w = torch.randn(8, 16, dtype=torch.bfloat16)
+    assert not gemv.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16), w)  # CPU
+    if torch.cuda.is_available():
+        wc = w.cuda()
+        assert gemv.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16, device="cuda"), wc)
+        assert not gemv.gemv_applies(torch.randn(2, 16, dtype=torch.bfloat16, device="cuda"), wc)
+        assert not gemv.gemv_applies(torch.randn(1, 16, device="cuda"), wc.float())
+        assert not gemv.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16, device="cuda"),
+                                     wc.clone().requires_grad_())
+
+
+def test_bad_calls_name_the_shape():
+    with pytest.raises(ValueError, match=r"one row of activations, got x of shape \(2, 16\)"):
+        gemv.linear(torch.randn(2, 16), torch.randn(8, 16), use_triton=True)
+    with pytest.raises(ValueError, match=r"even row count, got \(7, 16\)"):
+        gemv.linear_silu_mul(torch.randn(1, 16), torch.randn(7, 16))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_model_linear_and_mlp_equal_the_plain_layers(rows):
+    lin = Linear(32, 24, bias=True)
+    mlp = GatedMLP(32, 40)
+    x = torch.randn(rows, 32)
+    with torch.no_grad():
+        assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+        want = mlp.down_proj(fused_ops.silu_and_mul_torch(mlp.gate_up_proj(x)))
+        assert torch.equal(mlp(x), want)
+
+
+def test_training_through_the_model_linear_keeps_gradients():
+    lin = Linear(16, 8)
+    lin(torch.randn(1, 16)).sum().backward()
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
+# ---- CUDA: bf16 against cuBLAS, graph replay --------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (4096, 14336), (49152, 576),
+                                 (960, 576)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_kernel_matches_cublas(n, k, dtype):
+    x = torch.randn(1, k, device="cuda", dtype=dtype)
+    w = (torch.randn(n, k, device="cuda") * 0.02).to(dtype)
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    got = gemv.linear(x, w).float()
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=1.6e-2)
+    gate_up = torch.nn.functional.linear(x, torch.cat([w, w.flip(0)]))
+    torch.testing.assert_close(gemv.linear_silu_mul(x, torch.cat([w, w.flip(0)])).float(),
+                               fused_ops.silu_and_mul(gate_up).float(), atol=2e-2, rtol=1.6e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_equals_eager():
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(2 * 1024, 4096, device="cuda") * 0.02).to(torch.bfloat16)
+    eager = gemv.linear_silu_mul(x, w)  # compiles: not in the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv.linear_silu_mul(x, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, gemv.linear_silu_mul(x, w))
+    assert not torch.equal(out, eager)
