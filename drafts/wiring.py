@@ -36,7 +36,8 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
                   else ())
     layout = {} if parallel is not None else {"tp_size": 1, "pp_size": 1}
     graphs = build_graphs(replace(cfg, disable_piecewise_cuda_graph=True, **layout),
-                          runner, ctx.context_len, hidden_mode=hidden_mode, draft_tree=draft_tree)
+                          runner, ctx.context_len, hidden_mode=hidden_mode, draft_tree=draft_tree,
+                          draft=True)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
     return kv_cache, runner, router, graphs

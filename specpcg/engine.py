@@ -167,10 +167,10 @@ class Engine:
         """What the target's graphs must capture for the active draft (invariant 4)."""
         if self.spec is None:
             return {}
-        # A tree's verify carries its mask: its graphs need a backend that builds node rows
-        # from a static mask; elsewhere trees verify eagerly.
-        tree = not self.spec.is_chain
-        graphs = not tree or self.attn_backend.supports_tree_graph
+        # A tree's verify needs a backend that builds node rows from a static mask; every
+        # verify needs one that replays more than plain decode steps. Else verifies run eagerly.
+        tree, attn = not self.spec.is_chain, self.attn_backend
+        graphs = (not tree or attn.supports_tree_graph) and not attn.decode_graph_only
         return {"hidden_mode": self.draft.needs_hidden, "aux_layers": self.draft.aux_layers,
                 "num_verify_tokens": self.spec.num_draft_tokens if graphs else 0,
                 "verify_tree": tree and graphs}

@@ -320,16 +320,19 @@ def test_cuda_extend_fp32_is_exact_enough():
 
 @pytest.mark.cuda
 @needs_cuda_triton
-def test_cuda_graph_decode_replays_live_lengths():
-    """A decode graph captured once reads the next batch's lengths from the metadata buffers."""
-    from specpcg.attention.triton_backend import TritonAttnBackend
-
+@pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
+def test_cuda_graph_decode_replays_live_lengths(backend_name):
+    """A decode graph captured once reads the next batch's lengths from the metadata buffers
+    (flashinfer: its graph-mode wrapper, planned again before the replay)."""
+    if backend_name == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        pytest.skip("needs flashinfer")
     head_dim, dtype = 64, torch.bfloat16
     cache = _make_cache("cuda", dtype, head_dim)
     batch = _make_batch(cache, [(10, 1), (50, 1), (3, 1)], ForwardMode.DECODE)
     q, k, v = _random_qkv(batch, head_dim, dtype, "cuda")
-    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, 0.125)
-    backend.init_forward_metadata(batch)
+    backend = create_attention_backend(backend_name, "cuda", cache, NUM_HEADS, NUM_KV_HEADS,
+                                       head_dim, 0.125)
+    backend.init_graph_metadata(batch)
     backend.forward(q, k, v, LAYER, batch)  # compiles outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -351,7 +354,7 @@ def test_cuda_graph_decode_replays_live_lengths():
     batch.seq_lens_cpu = seq_lens_cpu
     for static, fresh in zip((q, k, v), _random_qkv(batch, head_dim, dtype, "cuda", seed=9)):
         static.copy_(fresh)
-    backend.init_forward_metadata(batch)
+    backend.init_graph_metadata(batch)
     graph.replay()
     ref = TorchAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, head_dim, 0.125).forward(
         q.float(), k, v, LAYER, batch)

@@ -23,6 +23,9 @@ class AttentionBackend:
     plans_on_device = False
     supports_tree_mask = False  # ForwardBatch.tree_mask (draft trees)
     supports_tree_graph = False  # a tree's verify can replay a decode graph
+    # Full graphs of plain DECODE steps only: verifies and a draft's rounds run eagerly (a
+    # backend whose other modes plan buffers anew for each batch).
+    decode_graph_only = False
     # Writes the new K/V into the paged pool (save_kv), then attends over the pool (attend).
     # The model runs save_kv as plain tensor work, so inside a piecewise graph's segment, and
     # only attend as the eager break. False (dense training attention): forward takes k, v.
@@ -38,6 +41,11 @@ class AttentionBackend:
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Plans per-batch metadata before the forward (eagerly, outside any graph)."""
+
+    def init_graph_metadata(self, batch: ForwardBatch) -> None:
+        """init_forward_metadata for a batch a full graph captures or replays (a padded batch
+        of a captured size): a backend whose graphs read fixed buffers plans into them here."""
+        self.init_forward_metadata(batch)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: ForwardBatch) -> torch.Tensor:

@@ -155,7 +155,7 @@ class DecodeGraphRunner:
             dummy.tree_mask = self.tree_pads[(mode, keys)].expand(bs, width, keys)
         batch = self._padded_batch(dummy, bs)
         attn = self.model_runner.attn_backend
-        attn.init_forward_metadata(batch)
+        attn.init_graph_metadata(batch)
         with forward_context(ForwardContext(batch, attn, bs * width)):
             graph, self.outputs[(mode, keys, bs)] = warm_and_capture(
                 lambda: self._body(batch), self.pool)
@@ -172,7 +172,7 @@ class DecodeGraphRunner:
         bs = pick_bucket(self.buckets, batch.batch_size)
         padded = self._padded_batch(batch, bs)
         attn = self.model_runner.attn_backend
-        attn.init_forward_metadata(padded)
+        attn.init_graph_metadata(padded)
         key = (batch.forward_mode, self._keys(batch), bs)
         self.graphs[key].replay()
         hidden, aux, logits = self.outputs[key]

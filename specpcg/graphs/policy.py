@@ -60,7 +60,9 @@ def decide_piecewise(cfg, device_type: str) -> GraphDecision:
 
 
 def decide_decode_graph(cfg, device_type: str, attn_backend_name: str,
-                        attn_supports_graph: bool) -> GraphDecision:
+                        attn_supports_graph: bool, decode_only: bool = False) -> GraphDecision:
+    """decode_only: the backend replays plain decode steps only, and the graphs asked for
+    (a draft's) would run other modes too."""
     if cfg.disable_cuda_graph:
         return _log(GraphDecision(False, "disable_cuda_graph is set"), "decode")
     if device_type != "cuda":
@@ -71,6 +73,10 @@ def decide_decode_graph(cfg, device_type: str, attn_backend_name: str,
         # Piecewise graphs keep attention eager, so only full decode graphs need this.
         return _log(GraphDecision(False, f"attention backend {attn_backend_name!r} cannot be "
                                          f"captured in a full graph"), "decode")
+    if decode_only:
+        return _log(GraphDecision(False, f"attention backend {attn_backend_name!r} replays plain "
+                                         f"decode steps only; a draft's rounds also extend"),
+                    "decode")
     return _log(GraphDecision(True, "enabled by default on CUDA"), "decode")
 
 

@@ -37,15 +37,18 @@ class GraphSet:
 def build_graphs(cfg, model_runner, context_len: int,
                  hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
                  aux_layers: tuple = (), num_verify_tokens: int = 0,
-                 verify_tree: bool = False, draft_tree: tuple = ()) -> GraphSet:
-    """hidden_mode / aux_layers: the most any forward of this engine will ask for (invariant 4)."""
+                 verify_tree: bool = False, draft_tree: tuple = (),
+                 draft: bool = False) -> GraphSet:
+    """hidden_mode / aux_layers: the most any forward of this engine will ask for (invariant 4).
+    draft: the graphs of a draft model, whose rounds run more than plain decode steps."""
     from specpcg.graphs.decode_runner import DecodeGraphRunner
     from specpcg.graphs.piecewise_runner import PiecewiseRunner
 
     device = model_runner.device
     attn = model_runner.attn_backend
     pcg_decision = decide_piecewise(cfg, device.type)
-    dec_decision = decide_decode_graph(cfg, device.type, attn.name, attn.supports_cuda_graph)
+    dec_decision = decide_decode_graph(cfg, device.type, attn.name, attn.supports_cuda_graph,
+                                       decode_only=draft and attn.decode_graph_only)
     pool = torch.cuda.graph_pool_handle() if (pcg_decision.enabled or dec_decision.enabled) else None
     decode = piecewise = None
     # Piecewise first: its buckets are the larger ones, and a shared pool fills largest first.
