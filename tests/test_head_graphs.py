@@ -98,4 +98,4 @@ def test_a_tree_engine_captures_tree_verify_graphs_where_it_can(world, monkeypat
                                "num_verify_tokens": verify, "verify_tree": bool(verify)}
     # The head's tree steps: graphs of their own where the backend can replay trees.
     assert calls["draft"] == {"hidden_mode": CaptureHiddenMode.FULL,
-                              "draft_tree": (3, 3) if verify else ()}
+                              "draft_tree": (3, 3) if verify else (), "draft": True}

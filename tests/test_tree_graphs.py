@@ -42,7 +42,7 @@ class EagerReplay(DecodeGraphRunner):
 
 
 def _eager_replay_graphs(cfg, runner, context_len, hidden_mode=None, aux_layers=(),
-                         num_verify_tokens=0, verify_tree=False, draft_tree=()):
+                         num_verify_tokens=0, verify_tree=False, draft_tree=(), draft=False):
     decode = EagerReplay(runner, [1, 2, 4, 8], hidden_mode or CaptureHiddenMode.NULL,
                          aux_layers, None, num_verify_tokens, verify_tree, False, draft_tree)
     decode.capture()
