@@ -2,9 +2,9 @@
 the one-row GEMV kernel (kernels/gemv_triton.py) at each of a sweep of tilings, over the
 Llama-3-8B shape's weights (qkv, o, gate_up, down, LM head) and the default model's.
 
-Each timing replays 40 calls captured in one CUDA graph (no launch gaps), cycling through
-enough copies of the weight that none stays in L2, as in a real step where the whole model
-streams through. The gate_up shapes run with the SiLU-and-mul epilogue against cuBLAS followed
+Each timing replays one call per copy of the weight, captured in one CUDA graph (no launch
+gaps; bench_matmul.time_us), with enough copies that none stays in L2, as in a real step where
+the whole model streams through. The gate_up shapes run with the SiLU-and-mul epilogue against cuBLAS followed
 by the SiLU-and-mul kernel. Lines: shape, backend (cublas, triton, chosen: the kernel's own
 tiling), config (BLOCK_N, BLOCK_K, warps, stages), us per call, GB/s of weight read, and the
 fraction of a device-to-device copy's rate. s_*: the default model's shapes.
@@ -22,6 +22,7 @@ import triton
 import common
 
 common.add_repo_to_path()
+from bench_matmul import time_us  # noqa: E402
 from bench_reference import copy_bandwidth  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
@@ -44,27 +45,6 @@ def gemv(x, w, out, cfg, silu_mul=False):
                                        num_stages=stages)
 
 
-def time_us(fn, copies: int, iters: int = 40) -> float:
-    """us per call of `iters` calls captured in one CUDA graph (no launch gaps), the copies
-    taken in turn."""
-    for i in range(copies):
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            fn(i % copies)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (3 * iters)
-
-
 def sweep(name: str, n: int, k: int, dev, copy_bps: float) -> None:
     """Every config on one shape at one row (gate_up shapes: with the SiLU-and-mul epilogue,
     against cuBLAS followed by the SiLU-and-mul kernel)."""
@@ -78,12 +58,11 @@ def sweep(name: str, n: int, k: int, dev, copy_bps: float) -> None:
     silu = "gate_up" in name
     out = torch.empty(1, n // 2 if silu else n, device=dev, dtype=torch.bfloat16)
     if silu:
-        def ref(i):
-            return fused_ops.silu_and_mul(torch.nn.functional.linear(x, ws[i]))
+        def ref(a, w):
+            return fused_ops.silu_and_mul(torch.nn.functional.linear(a, w))
     else:
-        def ref(i):
-            return torch.nn.functional.linear(x, ws[i])
-    rows = [("cublas", "-", time_us(ref, copies))]
+        ref = torch.nn.functional.linear
+    rows = [("cublas", "-", time_us(ref, ws, x))]
     chosen = tiling(out.shape[-1], k)
     for cfg in CONFIGS + ([chosen] if chosen else []):
         try:
@@ -92,7 +71,7 @@ def sweep(name: str, n: int, k: int, dev, copy_bps: float) -> None:
             print(f"# {name} {cfg}: {type(err).__name__}")
             continue
         label = "chosen" if cfg == chosen else "triton"
-        rows.append((label, cfg, time_us(lambda i: gemv(x, ws[i], out, cfg, silu), copies)))
+        rows.append((label, cfg, time_us(lambda a, w: gemv(a, w, out, cfg, silu), ws, x)))
     best = sorted(rows, key=lambda r: r[2])
     for row in best[:4] + [r for r in rows if r[0] != "triton"]:
         print(f"{name:9s} {row[0]:7s} {str(row[1]):18s} {row[2]:8.2f} us "

@@ -14,32 +14,31 @@ import torch.nn.functional as F
 
 from kernels import fused_ops
 from kernels.dispatch import HAS_TRITON, pick_triton, triton_module
+from kernels.matmul import linear_torch  # noqa: F401 (this op's twin is F.linear as well)
 
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor, n_out: int | None = None) -> bool:
     """True for a call the GEMV kernel serves by default: one row of bf16/fp16 on CUDA, no
-    gradient asked for, both operands with unit column stride, and a weight shape where the
-    kernel beats cuBLAS (gemv_triton.tiling)."""
+    gradient asked for, both operands with unit column stride, and a shape where the kernel
+    beats cuBLAS (gemv_triton.tiling of its `n_out` outputs: the weight's rows unless given)."""
     return (x.is_cuda and HAS_TRITON and x.dim() == 2 and x.shape[0] == 1
             and x.dtype in GEMV_DTYPES and weight.dtype == x.dtype
             and x.stride(-1) == 1 and weight.stride(-1) == 1
             and not (x.requires_grad or weight.requires_grad)
-            and triton_module("gemv_triton").tiling(*weight.shape) is not None)
+            and triton_module("gemv_triton").tiling(n_out or weight.shape[0],
+                                                    weight.shape[1]) is not None)
 
 
-def _use_kernel(x: torch.Tensor, weight: torch.Tensor, use_triton: bool | None) -> bool:
+def _use_kernel(x: torch.Tensor, weight: torch.Tensor, use_triton: bool | None,
+                n_out: int | None = None) -> bool:
     if use_triton is None:
-        return gemv_applies(x, weight)
+        return gemv_applies(x, weight, n_out)
     if use_triton and (x.dim() != 2 or x.shape[0] != 1):
         raise ValueError(f"the GEMV kernel takes one row of activations, got x of shape "
                          f"{tuple(x.shape)}")
     return pick_triton(x, use_triton)
-
-
-def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    return F.linear(x, weight, bias)
 
 
 def linear_silu_mul_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -62,7 +61,8 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
     if weight.shape[0] % 2:
         raise ValueError(f"a [gate; up] weight needs an even row count, got "
                          f"{tuple(weight.shape)}")
-    if not _use_kernel(x, weight, use_triton):
+    inter = weight.shape[0] // 2
+    if not _use_kernel(x, weight, use_triton, inter):
         return fused_ops.silu_and_mul(F.linear(x, weight), use_triton=use_triton)
-    out = torch.empty(1, weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    out = torch.empty(1, inter, dtype=x.dtype, device=x.device)
     return triton_module("gemv_triton").gemv(x, weight, None, out, silu_mul=True)
