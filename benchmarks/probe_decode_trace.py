@@ -26,37 +26,18 @@ import common
 
 common.add_repo_to_path()
 from bench_reference import copy_bandwidth  # noqa: E402
+from probe_step_trace import cuda_kernels, trace_first_call  # noqa: E402
 
 MATMUL_MARKS = ("gemv", "gemm", "nvjet", "cutlass", "sm90_xmma", "matmul")
 
 
 def trace_one_replay(bs: int, run) -> list:
     """(name, start us, end us) of every kernel of the first decode-graph replay at batch bs."""
-    from torch.profiler import ProfilerActivity, profile
-
     from specpcg.core import ForwardMode
     from specpcg.graphs.decode_runner import DecodeGraphRunner
 
-    original, events = DecodeGraphRunner.forward, []
-
-    def traced(self, batch):
-        if events or batch.batch_size != bs or batch.forward_mode != ForwardMode.DECODE:
-            return original(self, batch)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            out = original(self, batch)
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        events.extend((e.name, e.time_range.start, e.time_range.end)
-                      for e in sorted(kernels, key=lambda e: e.time_range.start))
-        return out
-
-    DecodeGraphRunner.forward = traced
-    try:
-        run()
-    finally:
-        DecodeGraphRunner.forward = original
-    return events
+    return trace_first_call(DecodeGraphRunner, "forward", lambda batch: (
+        batch.batch_size == bs and batch.forward_mode == ForwardMode.DECODE), run)
 
 
 def trace_window(run) -> list:
@@ -67,9 +48,7 @@ def trace_window(run) -> list:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    return [(e.name, e.time_range.start, e.time_range.end)
-            for e in sorted(kernels, key=lambda e: e.time_range.start)]
+    return cuda_kernels(prof)
 
 
 def report_window(events: list, step_kernels: set, first_name: str) -> None:

@@ -26,31 +26,43 @@ from accept_prompts import repeated_id_prompts  # noqa: E402
 from bench_spec_overlap import random_head  # noqa: E402
 
 
-def trace_one_step(engine, bs: int, run) -> list:
-    """(name, start us, end us) of every kernel of the first step replay at batch bs."""
+def cuda_kernels(prof) -> list:
+    """(name, start us, end us) of every CUDA kernel a torch profiler saw, in start order."""
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return [(e.name, e.time_range.start, e.time_range.end)
+            for e in sorted(kernels, key=lambda e: e.time_range.start)]
+
+
+def trace_first_call(cls, method: str, wanted, run) -> list:
+    """The kernels of the first call of cls.method whose arguments `wanted` accepts, while
+    run() runs (the method is patched for that time only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from specpcg.speculative import step_graph
+    original, events = getattr(cls, method), []
 
-    original, events = step_graph.SpecStepGraphs.run, []
-
-    def traced(self, b):
-        if events or b != bs:
-            return original(self, b)
+    def traced(self, *args):
+        if events or not wanted(*args):
+            return original(self, *args)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            original(self, b)
+            out = original(self, *args)
             torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        events.extend((e.name, e.time_range.start, e.time_range.end)
-                      for e in sorted(kernels, key=lambda e: e.time_range.start))
+        events.extend(cuda_kernels(prof))
+        return out
 
-    step_graph.SpecStepGraphs.run = traced
+    setattr(cls, method, traced)
     try:
         run()
     finally:
-        step_graph.SpecStepGraphs.run = original
+        setattr(cls, method, original)
     return events
+
+
+def trace_one_step(engine, bs: int, run) -> list:
+    """(name, start us, end us) of every kernel of the first step replay at batch bs."""
+    from specpcg.speculative import step_graph
+
+    return trace_first_call(step_graph.SpecStepGraphs, "run", lambda b: b == bs, run)
 
 
 def plot_traces(path: str, traces: list) -> None:
