@@ -57,8 +57,8 @@ def tiling(n: int, k: int) -> tuple | None:
 
     Fitted on an H200 (`python benchmarks/probe_gemv.py`, CUDA-graph replays, weights out of
     L2): one or two rows a program and 1,024-deep steps read the Llama-3-8B shape's weights at
-    0.75-1.08 of a device copy's rate where cuBLAS reached 0.63-1.05 (o: 10.6 against 12.7 us;
-    gate/up with its SiLU-and-mul: 54.4 against 60.6 us), and the default model's 1.6-1.9x
+    0.76-1.08 of a device copy's rate where cuBLAS reached 0.63-1.05 (o: 10.6 against 12.7 us;
+    gate/up with its SiLU-and-mul: 54.4 against 60.6 us), and the default model's 1.7-1.9x
     faster. A wide and shallow weight (the default model's tied LM head, 49,152 x 576) is
     the exception: cuBLAS 16.0 us, the best tiling here 17.0."""
     if k < 1024 and n > 16384:
