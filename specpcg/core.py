@@ -186,6 +186,13 @@ class ForwardBatch:
     # > 0: request i's tokens sit at rows i*stride .. i*stride + extend_len - 1 and the rows past
     # them are padding (a draft catch-up graph's fixed layout); 0: requests packed back to back.
     req_row_stride: int = 0
+    # True: req_to_token lacks the new tokens' slots (extend_many(write=False)); whoever runs
+    # the forward writes them first, at columns `positions` (KVCache.write_rows), or a decode
+    # graph that writes them itself. Saves a decode step the host's copy and two launches.
+    rows_pending: bool = False
+    # [4, bs] long when every request has one new token: input ids, positions, slots and
+    # request rows as one block of the batch's packed copy (a decode graph loads it in one op).
+    index_rows: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -204,6 +211,7 @@ class ForwardBatch:
         host: pickled CUDA tensors would arrive on the sender's GPU)."""
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
+        moved["index_rows"] = None  # moved apart, the views are no longer one block
         return replace(self, **moved)
 
 

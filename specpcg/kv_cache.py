@@ -122,8 +122,10 @@ class KVCache:
         """Allocates slots for the next `num_tokens` positions of a request; returns them."""
         return self.extend_many([req_pool_idx], [num_tokens])[0]
 
-    def extend_many(self, req_pool_idxs: list, counts: list) -> list:
-        """extend() for several requests with one req_to_token write (one host-to-device copy)."""
+    def extend_many(self, req_pool_idxs: list, counts: list, write: bool = True) -> list:
+        """extend() for several requests with one req_to_token write (one host-to-device copy).
+        write=False leaves req_to_token to the forward that carries the new tokens (its batch
+        has rows_pending set): a decode step then skips this copy and its two launches."""
         for idx, n in zip(req_pool_idxs, counts):
             if len(self._slots[idx]) + n > self.req_pool.max_context_len:
                 raise KVPoolFullError(
@@ -139,13 +141,23 @@ class KVCache:
             slots.extend(new)
             flat += new
             new_all.append(new)
-        if flat:
+        if flat and write:
             rows = np.repeat(np.asarray(req_pool_idxs, dtype=np.int64), counts)
             packed = to_device(torch.from_numpy(np.stack([rows, runs(starts, counts),
                                                           np.asarray(flat, dtype=np.int64)])),
                                self.req_pool.req_to_token.device)  # [3, n]
             self.req_pool.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
         return new_all
+
+    def write_rows(self, batch) -> None:
+        """req_to_token[request, position] = slot for each new token of a batch built with
+        rows_pending (make_batch: positions are the columns its slots were appended at), from
+        the batch's device tensors: no host copy."""
+        rows = batch.req_pool_indices
+        if batch.num_tokens != rows.shape[0]:
+            rows = rows.repeat_interleave(batch.extend_seq_lens, output_size=batch.num_tokens)
+        self.req_pool.req_to_token[rows, batch.positions] = batch.out_cache_loc.to(torch.int32)
+        batch.rows_pending = False
 
     def truncate(self, req_pool_idx: int, keep_len: int) -> None:
         """Frees every slot past `keep_len` (rejected draft tokens, rollback)."""

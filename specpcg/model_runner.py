@@ -21,6 +21,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ModelOutput:
+        if batch.rows_pending:  # before other ranks copy the batch's req_to_token rows
+            self.kv_cache.write_rows(batch)
         if self.before_forward is not None:
             self.before_forward(batch)
         hidden, aux = self.forward_body(batch)

@@ -48,9 +48,10 @@ class OverlapDecode:
 
         s, prev = self.s, self.inflight
         reqs = list(s.running)
-        s.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
+        s.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs), write=False)
         host_ids = [[0] if prev is not None else [r.last_id] for r in reqs]
-        batch = make_batch(s.kv_cache, ForwardMode.DECODE, reqs, host_ids, s.device)
+        batch = make_batch(s.kv_cache, ForwardMode.DECODE, reqs, host_ids, s.device,
+                           rows_pending=True)
         if prev is not None:
             batch.input_ids = self._carried(prev, reqs)
         out = s.plain_forward(batch, reqs)

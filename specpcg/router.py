@@ -43,6 +43,12 @@ def hidden_refusal(batch: ForwardBatch, captured_mode, captured_aux: tuple):
     return None
 
 
+def runner_writes_rows(runner, batch: ForwardBatch) -> bool:
+    """Whether a graph runner writes a rows_pending batch's req_to_token rows itself."""
+    writes = getattr(runner, "writes_rows", None)
+    return writes is not None and writes(batch)
+
+
 class ForwardRouter:
     def __init__(self, eager_runner, piecewise=None, decode=None, disabled_reasons=None):
         """eager_runner: ModelRunner. piecewise / decode: graph runners or None, in which case
@@ -87,9 +93,12 @@ class ForwardRouter:
         if name == EAGER:
             self._log_once(batch.forward_mode, reason)
             return self.eager_runner.forward(batch)
+        runner = self.runners[name]
+        if batch.rows_pending and not runner_writes_rows(runner, batch):
+            self.eager_runner.kv_cache.write_rows(batch)  # before other ranks copy the rows
         if self._announce is not None:  # parallel ranks replay the same graph
             self._announce(batch, name)
-        return self.runners[name].forward(batch)
+        return runner.forward(batch)
 
     def count(self, mode: str, runner: str, reason=None, n: int = 1) -> None:
         """Records forwards run outside `forward` (a draft round's own graphs)."""

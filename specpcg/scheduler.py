@@ -290,9 +290,9 @@ class Scheduler:
 
     def _plain_decode(self, reqs: list) -> list:
         """One token per request (plain_forward), sampled and appended now."""
-        self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
+        self.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs), write=False)
         batch = make_batch(self.kv_cache, ForwardMode.DECODE, reqs, [[r.last_id] for r in reqs],
-                           self.device)
+                           self.device, rows_pending=True)
         out = self.plain_forward(batch, reqs)
         self.count_plain_tokens(reqs)
         return self._sample_and_finish(reqs, out.logits)
@@ -375,8 +375,10 @@ class Scheduler:
         return aborted
 
 
-def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -> ForwardBatch:
+def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
+               rows_pending: bool = False) -> ForwardBatch:
     """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots.
+    rows_pending: those slots are not in req_to_token yet (extend_many(write=False)).
 
     Everything goes to the device in one packed copy: a decode step is latency-bound.
     """
@@ -396,4 +398,5 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device) -
     return ForwardBatch(
         forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],
         req_pool_indices=parts[3], seq_lens=parts[4], extend_seq_lens=parts[5],
-        seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens)
+        seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens, rows_pending=rows_pending,
+        index_rows=packed[:4 * bs].view(4, bs) if num_tokens == bs else None)

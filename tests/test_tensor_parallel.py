@@ -391,7 +391,7 @@ def test_the_router_tells_the_other_ranks_which_graph_it_replays():
 
     from types import SimpleNamespace
     router = ForwardRouter(Runner(), Piecewise(), None, {"decode_graph": "off"})
-    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND)
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, rows_pending=False)
     router.forward(batch)
     assert told == [(ForwardMode.EXTEND, "piecewise")]
 

@@ -26,6 +26,13 @@ class AttentionBackend:
     # Full graphs of plain DECODE steps only: verifies and a draft's rounds run eagerly (a
     # backend whose other modes plan buffers anew for each batch).
     decode_graph_only = False
+    # Planning reads req_to_token (flashinfer's page table): a decode graph cannot write a
+    # step's new rows itself (ForwardBatch.rows_pending), they are written before planning.
+    plans_from_rows = False
+    # DECODE metadata is device work on the batch's tensors alone, and its host values depend
+    # on the batch size only: a decode graph captures init_graph_metadata, and replays skip
+    # the host call (two launches and the Python around them, a decode step at a time).
+    decode_metadata_in_graph = False
     # Writes the new K/V into the paged pool (save_kv), then attends over the pool (attend).
     # The model runs save_kv as plain tensor work, so inside a piecewise graph's segment, and
     # only attend as the eager break. False (dense training attention): forward takes k, v.

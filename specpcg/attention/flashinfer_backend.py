@@ -28,6 +28,7 @@ class FlashInferAttnBackend(AttentionBackend):
     name = "flashinfer"
     supports_cuda_graph = False  # graph mode below: not yet run on a GPU (see the NOTE above)
     decode_graph_only = True
+    plans_from_rows = True  # _page_table reads req_to_token
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         import flashinfer  # optional dependency: imported only when this backend is chosen

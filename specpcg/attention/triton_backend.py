@@ -22,6 +22,7 @@ class TritonAttnBackend(AttentionBackend):
     supports_tree_mask = True  # as split-K decode queries over per-node rows
     supports_tree_graph = True  # a tree's node rows live in a static buffer (_tree_rows_out)
     plans_on_device = True  # host lengths: only the batch's shape (extend widths)
+    decode_metadata_in_graph = True  # DECODE: two copies; splits picked from the batch size
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  num_kv_splits=None, verify_kernel: str = "split_k"):

@@ -13,6 +13,8 @@ builds each node's row from them before the replay (`supports_tree_graph`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -20,17 +22,22 @@ from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.piecewise_runner import StaticInputs
+from specpcg.kv_cache import SINK_SLOT
 from specpcg.router import Refusal, hidden_refusal
 
 
 class DecodeGraphRunner:
     def __init__(self, model_runner, batch_buckets: list, hidden_mode: CaptureHiddenMode,
                  aux_layers: tuple, pool, num_verify_tokens: int = 0, verify_tree: bool = False,
-                 show_progress: bool = True, draft_tree: tuple = ()):
+                 show_progress: bool = True, draft_tree: tuple = (), write_rows: bool = False):
         """num_verify_tokens: tokens per request of TARGET_VERIFY graphs (0: none captured).
         verify_tree: those graphs verify draft trees (every verify then carries a tree mask).
         draft_tree: (topk, num_steps) of a head drafting trees: DRAFT_EXTEND graphs of its tree
-        steps, topk branches per request over topk * s tree keys at step s = 1 .. num_steps - 1."""
+        steps, topk branches per request over topk * s tree keys at step s = 1 .. num_steps - 1.
+        write_rows: DECODE graphs write the step's req_to_token entries themselves (a batch's
+        rows_pending), where the backend plans without reading them. Only for a runner whose
+        DECODE batches all come from make_batch (the target's): the write is then the same
+        one extend_many would have made, so replaying a batch already written is harmless."""
         self.model_runner = model_runner
         self.buckets = sorted(batch_buckets)
         self.hidden_mode = hidden_mode
@@ -48,14 +55,24 @@ class DecodeGraphRunner:
             topk, steps = draft_tree
             self.tokens_per_req[ForwardMode.DRAFT_EXTEND] = topk
             self.tree_keys[ForwardMode.DRAFT_EXTEND] = tuple(topk * s for s in range(1, steps))
+        self.write_rows = write_rows and not model_runner.attn_backend.plans_from_rows
         max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
         model = model_runner.model
-        self.inputs = StaticInputs(max_tokens, model_runner.device,
-                                   getattr(model, "hidden_in_size", 0), model.head_weight.dtype)
         dev = model_runner.device
-        self.req_pool_indices = torch.zeros(self.buckets[-1], dtype=torch.long, device=dev)
+        # Input ids, positions, slots and request rows: a DECODE batch's four are one block of
+        # make_batch's packed copy (index_rows), loaded here with one copy.
+        self._rows = torch.zeros(4, max_tokens, dtype=torch.long, device=dev)
+        self.inputs = StaticInputs(max_tokens, dev, getattr(model, "hidden_in_size", 0),
+                                   model.head_weight.dtype, rows=self._rows[:3])
+        self.req_pool_indices = self._rows[3, :self.buckets[-1]]
+        # What padded requests of a DECODE batch hold in those rows: token 0 at position 0,
+        # its KV to the sink slot, on the padding row.
+        pad = [0, 0, SINK_SLOT, model_runner.kv_cache.req_pool.pad_row]
+        self._pad_rows = torch.tensor(pad, dtype=torch.long, device=dev)[:, None].repeat(
+            1, self.buckets[-1])
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
+        self._extend_lens_hold = None  # (width, bs) extend_lens[:bs] holds (skips the fill)
         # (mode, keys) -> [max_bs, width, keys]: the live masks are copied in; padded requests
         # keep a chain over the last `width` keys (any valid mask would do: they are sliced away).
         self.tree_masks, self.tree_pads = {}, {}
@@ -99,19 +116,55 @@ class DecodeGraphRunner:
     def _keys(batch: ForwardBatch) -> int:
         return 0 if batch.tree_mask is None else batch.tree_mask.shape[2]
 
+    def _metadata_in_graph(self, mode: ForwardMode) -> bool:
+        return (mode == ForwardMode.DECODE
+                and self.model_runner.attn_backend.decode_metadata_in_graph)
+
+    def writes_rows(self, batch: ForwardBatch) -> bool:
+        """Whether replaying `batch` writes its req_to_token entries (see write_rows)."""
+        return self.write_rows and batch.forward_mode == ForwardMode.DECODE
+
+    def _loads_block(self, batch: ForwardBatch, width: int) -> bool:
+        rows = batch.index_rows
+        if width != 1 or rows is None or batch.tree_mask is not None or \
+                self.inputs.input_hidden is not None:
+            return False
+        # Positions, slots and request rows still the block's (input ids may be replaced).
+        return all(t.data_ptr() == r.data_ptr() for t, r in zip(
+            (batch.positions, batch.out_cache_loc, batch.req_pool_indices), rows[1:]))
+
+    def _load_block(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
+        """A DECODE batch's ids, positions, slots and request rows in one copy, its padding
+        in another (a step at a captured size has none): at batch 1 the host's work between
+        two decode steps is most of a small model's step."""
+        n, rows = batch.batch_size, self._rows
+        rows[:, :n].copy_(batch.index_rows)
+        if batch.input_ids.data_ptr() != batch.index_rows.data_ptr():
+            rows[0, :n].copy_(batch.input_ids)  # ids carried on the device (overlap)
+        if bs > n:
+            rows[:, n:bs].copy_(self._pad_rows[:, :bs - n])
+        return dataclasses.replace(batch, input_ids=rows[0, :bs], positions=rows[1, :bs],
+                                   out_cache_loc=rows[2, :bs], index_rows=None)
+
     def _padded_batch(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
         """The live batch padded to `bs` requests, over the static buffers."""
         width = self.tokens_per_req[batch.forward_mode]
         keys = self._keys(batch)
         pad_len = max(width, keys)  # a padded request's row holds at least its tree's keys
         n = batch.batch_size
-        pad_row = self.model_runner.kv_cache.req_pool.pad_row
-        self.req_pool_indices[:n].copy_(batch.req_pool_indices)
-        self.req_pool_indices[n:bs].fill_(pad_row)
+        if self._loads_block(batch, width):
+            padded = self._load_block(batch, bs)
+        else:
+            self.req_pool_indices[:n].copy_(batch.req_pool_indices)
+            if bs > n:
+                self.req_pool_indices[n:bs].fill_(self.model_runner.kv_cache.req_pool.pad_row)
+            padded = self.inputs.load(batch, bs * width)
         self.seq_lens[:n].copy_(batch.seq_lens)
-        self.seq_lens[n:bs].fill_(pad_len)
-        self.extend_lens[:bs].fill_(width)
-        padded = self.inputs.load(batch, bs * width)
+        if bs > n:
+            self.seq_lens[n:bs].fill_(pad_len)
+        if self._extend_lens_hold != (width, bs):
+            self.extend_lens[:bs].fill_(width)
+            self._extend_lens_hold = (width, bs)
         padded.req_pool_indices = self.req_pool_indices[:bs]
         padded.seq_lens = self.seq_lens[:bs]
         padded.extend_seq_lens = self.extend_lens[:bs]
@@ -164,6 +217,13 @@ class DecodeGraphRunner:
     def _body(self, batch: ForwardBatch):
         """The model and its LM head on every row: logits come out of the graph, which saves
         the host the LM head's launches on every step (a decode step is latency-bound)."""
+        if self.writes_rows(batch):  # each new token's slot at its position: padding's is
+            # the sink slot at column 0 of the padding row, which holds sink slots only
+            req_to_token = self.model_runner.kv_cache.req_pool.req_to_token
+            req_to_token[batch.req_pool_indices, batch.positions] = batch.out_cache_loc.to(
+                req_to_token.dtype)
+        if self._metadata_in_graph(batch.forward_mode):
+            self.model_runner.attn_backend.init_graph_metadata(batch)
         hidden, aux = self.model_runner.call_model(batch)
         return hidden, aux, self.model_runner.model.compute_logits(hidden)
 
@@ -171,10 +231,12 @@ class DecodeGraphRunner:
     def forward(self, batch: ForwardBatch):
         bs = pick_bucket(self.buckets, batch.batch_size)
         padded = self._padded_batch(batch, bs)
-        attn = self.model_runner.attn_backend
-        attn.init_graph_metadata(padded)
+        if not self._metadata_in_graph(batch.forward_mode):
+            self.model_runner.attn_backend.init_graph_metadata(padded)
         key = (batch.forward_mode, self._keys(batch), bs)
         self.graphs[key].replay()
+        if self.writes_rows(batch):
+            batch.rows_pending = False
         hidden, aux, logits = self.outputs[key]
         return self.model_runner.postprocess(hidden, list(aux), batch, logits)
 

@@ -29,14 +29,17 @@ from specpcg.router import Refusal, hidden_refusal
 class StaticInputs:
     """Input buffers every graph reads; replay copies the live batch in and pads the rest."""
 
-    def __init__(self, max_tokens: int, device, hidden_size: int = 0, dtype=None):
-        """hidden_size > 0: also a hidden-state input (draft heads), [max_tokens, hidden_size]."""
+    def __init__(self, max_tokens: int, device, hidden_size: int = 0, dtype=None,
+                 rows: torch.Tensor | None = None):
+        """hidden_size > 0: also a hidden-state input (draft heads), [max_tokens, hidden_size].
+        rows: [>= 3, max_tokens] long whose first rows hold input ids, positions and slots (a
+        decode graph loads the three with one copy)."""
         self.input_hidden = (torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
                              if hidden_size else None)
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)  # [max_tokens]
-        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)  # [max_tokens]
-        self.out_cache_loc = torch.full((max_tokens,), SINK_SLOT, dtype=torch.long,
-                                        device=device)  # [max_tokens]
+        if rows is None:
+            rows = torch.zeros(3, max_tokens, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.out_cache_loc = rows[0], rows[1], rows[2]
+        self.out_cache_loc.fill_(SINK_SLOT)
 
     def pad_row_batch(self, kv_cache, num_tokens: int, **extra) -> ForwardBatch:
         """A capture's stand-in: one EXTEND request of `num_tokens` tokens over these buffers, on
@@ -57,9 +60,10 @@ class StaticInputs:
         self.positions[:n].copy_(batch.positions)
         self.out_cache_loc[:n].copy_(batch.out_cache_loc)
         # NOTE: padded tokens must write KV to the sink slot, never into a live request's slot.
-        self.input_ids[n:num_padded].zero_()
-        self.positions[n:num_padded].zero_()
-        self.out_cache_loc[n:num_padded].fill_(SINK_SLOT)
+        if num_padded > n:  # empty fills still cost the host a dispatch each
+            self.input_ids[n:num_padded].zero_()
+            self.positions[n:num_padded].zero_()
+            self.out_cache_loc[n:num_padded].fill_(SINK_SLOT)
         hidden = None
         if self.input_hidden is not None:
             self.input_hidden[:n].copy_(batch.input_hidden)

@@ -66,7 +66,7 @@ def build_graphs(cfg, model_runner, context_len: int,
         max_bs = min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
         decode = DecodeGraphRunner(model_runner, decode_batch_buckets(max_bs), hidden_mode,
                                    aux_layers, pool, num_verify_tokens, verify_tree,
-                                   cfg.show_progress, draft_tree)
+                                   cfg.show_progress, draft_tree, write_rows=not draft)
         decode.capture()
     return GraphSet(piecewise, decode, pcg_decision, dec_decision, stage)
 

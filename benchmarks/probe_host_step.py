@@ -1,0 +1,133 @@
+"""Host time of a decode step, on any machine. The engine's decode graphs are stood in for by
+replays that do nothing, so what a step costs is the host's work alone: scheduling, building the
+batch, its copies and attention metadata, sampling, the read of its tokens, stop checks. On a
+GPU that work decides a small model's step (the default model's batch-1 step: 635 us of kernels
+in 961 us, H100, e5e965b); this probe measures it without one.
+
+On CPU a copy is a memcpy, not a launch, so the figures are a floor for the launches' share;
+Python's share is what a GPU's host runs. A tiny random Llama (2 layers, 128-token vocabulary)
+keeps the prefills and the one capture-time forward short: a no-op replay makes the model's
+size irrelevant to a step.
+
+    python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 256] [--repeats 5]
+        [--out benchmarks/results/host_step.jsonl]
+
+Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
+the first step on; a step's host time is the median time between two of the scheduler's
+overlapped decode calls. Median (and range) over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the capture-time forward and the prefills
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+common.add_repo_to_path()
+
+def _flat(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for part in out for t in _flat(part)]
+
+
+class _NoReplay:
+    def replay(self) -> None:
+        pass
+
+
+def _capture_once(body, pool):
+    return _NoReplay(), body()
+
+
+def graph_engine(path: str, max_bs: int):
+    """A CPU engine whose DECODE steps replay graphs that do nothing."""
+    import specpcg.graphs.decode_runner as decode_runner
+    from specpcg import Engine
+    from specpcg.core import CaptureHiddenMode
+    from specpcg.graphs.buckets import decode_batch_buckets
+
+    decode_runner.warm_and_capture = _capture_once
+    torch.cuda.synchronize = lambda *a: None  # the capture's timing, on CPU
+    torch.cuda.memory_allocated = lambda *a: 0
+    engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
+                    attention_backend="triton", max_total_tokens=max_bs * 512,
+                    max_running_requests=max_bs)
+    kw = dict(show_progress=False)
+    try:
+        runner = decode_runner.DecodeGraphRunner(engine.runner, decode_batch_buckets(max_bs),
+                                                 CaptureHiddenMode.NULL, (), None,
+                                                 write_rows=True, **kw)
+    except TypeError:  # a tree before the runner wrote req_to_token itself
+        runner = decode_runner.DecodeGraphRunner(engine.runner, decode_batch_buckets(max_bs),
+                                                 CaptureHiddenMode.NULL, (), None, **kw)
+    runner.capture()
+    engine.router.runners["decode_graph"] = runner
+    return engine
+
+
+def step_us(engine, batch: int, steps: int, repeats: int) -> tuple:
+    """Median, min and max over the repeats of the median time between two decode calls of the
+    scheduler (each launches a step and reads the one before: one step of host work)."""
+    from specpcg.scheduler import Scheduler
+
+    stamps = []
+    real = Scheduler._run_overlapped
+
+    def stamped(self):
+        stamps.append(time.perf_counter())
+        return real(self)
+
+    Scheduler._run_overlapped = stamped
+    prompts = [[(7 * i + j) % 100 + 3 for j in range(12 + i % 5)] for i in range(batch)]
+    params = {"max_new_tokens": steps, "temperature": 0, "ignore_eos": True}
+    try:
+        engine.generate(input_ids=prompts, sampling_params=params)  # warm-up
+        per_run = []
+        for _ in range(repeats):
+            stamps.clear()
+            engine.generate(input_ids=prompts, sampling_params=params)
+            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+            assert len(gaps) >= steps - 2, f"{len(gaps)} overlapped decode calls"
+            per_run.append(common.median(gaps) * 1e6)
+    finally:
+        Scheduler._run_overlapped = real
+    return common.median(per_run), min(per_run), max(per_run)
+
+
+def main(argv=None) -> None:
+    from tests.tiny_models import save_tiny_checkpoint
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None, help="append a JSON line per batch size here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as path:
+        save_tiny_checkpoint("llama", path)
+        engine = graph_engine(path, max(args.batches))
+        records = []
+        for bs in args.batches:
+            med, lo, hi = step_us(engine, bs, args.steps, args.repeats)
+            served = {s["runner"] for s in engine.router.forward_stats() if s["mode"] == "DECODE"}
+            assert served == {"decode_graph"}, f"DECODE steps ran on {served}"
+            print(f"batch {bs:3d}: {med:7.1f} us a step (host), range {lo:.1f}-{hi:.1f}")
+            records.append({"bench": "host_step", "batch_size": bs, "host_us_per_step": med,
+                            "min_us": lo, "max_us": hi, "steps": args.steps,
+                            "repeats": args.repeats, **common.machine_info(engine.device),
+                            "time": common.now_iso()})
+    if args.out:
+        common.append_jsonl(args.out, records)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The decode graph runner's host side on CPU. Its graphs are stood in for by a replay that runs
+the captured body again over the same buffers (what a CUDA graph replays is that body's work on
+those addresses), so the static inputs, the one-copy load of a decode batch, the padding and
+the req_to_token entries a DECODE graph writes itself (`rows_pending`) are checked token for
+token against an engine without graphs. (On a GPU, tests/test_cuda_graphs.py replays real
+graphs.)"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+import specpcg.graphs.decode_runner as decode_runner
+from specpcg.core import CaptureHiddenMode, ForwardMode
+from specpcg.forward_context import forward_context, get_forward_context
+from specpcg.kv_cache import KVCache
+from specpcg.scheduler import make_batch
+from tests.tiny_models import tiny_engine
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+    reason="needs triton and the interpreter (TRITON_INTERPRET=1)")
+
+PARAMS = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+PROMPTS = [[5, 6, 7, 8] * 3, [9, 10, 11] * 4 + [3], [20, 21] * 5]
+
+
+def _flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for part in out for t in _flat(part)]
+
+
+class _Replay:
+    """A graph stand-in: replay() runs the body again and leaves its results where the capture
+    left them, as a graph's outputs stay at fixed addresses."""
+
+    def __init__(self, body, out):
+        self.body, self.out = body, out
+        self.context = get_forward_context()  # the capture's, as a graph keeps its kernels'
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+        with forward_context(self.context):
+            fresh = self.body()
+        for kept, new in zip(_flat(self.out), _flat(fresh)):
+            kept.copy_(new)
+
+
+def _fake_capture(body, pool):
+    out = body()
+    return _Replay(body, out), out
+
+
+def _graph_engine(path, monkeypatch, write_rows: bool):
+    monkeypatch.setattr(decode_runner, "warm_and_capture", _fake_capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)  # the capture's timing
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    engine = tiny_engine(path, attention_backend="triton")
+    runner = decode_runner.DecodeGraphRunner(engine.runner, [1, 2, 4], CaptureHiddenMode.NULL,
+                                             (), None, show_progress=False,
+                                             write_rows=write_rows)
+    runner.capture()
+    engine.router.runners["decode_graph"] = runner
+    return engine, runner
+
+
+def _written_rows(monkeypatch) -> list:
+    """Counts the batches whose req_to_token entries the host writes from the batch."""
+    calls = []
+    real = KVCache.write_rows
+    monkeypatch.setattr(KVCache, "write_rows", lambda self, b: calls.append(
+        b.batch_size) or real(self, b))
+    return calls
+
+
+@pytest.mark.parametrize("write_rows", [True, False])
+def test_decode_graphs_emit_the_eager_engines_tokens(tiny_path, monkeypatch, write_rows):
+    want = [o["output_ids"] for o in tiny_engine(tiny_path).generate(
+        input_ids=PROMPTS, sampling_params=PARAMS)]
+    engine, runner = _graph_engine(tiny_path, monkeypatch, write_rows)
+    host_writes = _written_rows(monkeypatch)
+    # Three requests pad to bucket 4; the last one alone runs at bucket 1.
+    outs = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
+    single = engine.generate(input_ids=PROMPTS[0], sampling_params=PARAMS)
+    assert [o["output_ids"] for o in outs] == want
+    assert single["output_ids"] == want[0]
+    replays = {key[2]: g.replays for key, g in runner.graphs.items()}
+    assert replays[4] > 0 and replays[1] > 0
+    served = sum(s["count"] for s in engine.router.forward_stats()
+                 if s["mode"] == "DECODE" and s["runner"] == "decode_graph")
+    assert served == sum(replays.values())
+    # The graph writes each step's entries itself, or the router writes them before it.
+    assert (host_writes == []) if write_rows else (len(host_writes) == served)
+    assert engine.kv_cache.free_slots == engine.kv_cache.total_slots  # nothing leaked
+
+
+def test_a_decode_batch_loads_in_one_block_unless_its_views_moved(tiny_path, monkeypatch):
+    engine, runner = _graph_engine(tiny_path, monkeypatch, True)
+    from specpcg.core import Request, SamplingParams
+
+    reqs = []
+    for i, ids in enumerate(PROMPTS):
+        r = Request(prompt_ids=ids, params=SamplingParams())
+        r.req_pool_idx = engine.kv_cache.new_request()
+        engine.kv_cache.extend(r.req_pool_idx, len(ids) + 1)
+        r.num_cached = len(ids)
+        reqs.append(r)
+    batch = make_batch(engine.kv_cache, ForwardMode.DECODE, reqs, [[1], [2], [3]],
+                       engine.device)
+    assert runner._loads_block(batch, 1)
+    padded = runner._padded_batch(batch, 4)
+    assert padded.input_ids.tolist() == [1, 2, 3, 0]
+    assert padded.req_pool_indices.tolist()[:3] == [r.req_pool_idx for r in reqs]
+    assert padded.req_pool_indices[3].item() == engine.kv_cache.req_pool.pad_row
+    assert padded.out_cache_loc[3].item() == 0 and padded.positions.tolist() == [
+        len(p) for p in PROMPTS] + [0]
+    batch.positions = batch.positions.clone()  # no longer the packed block's
+    assert not runner._loads_block(batch, 1)
+    assert runner._padded_batch(batch, 4).positions.tolist() == padded.positions.tolist()
