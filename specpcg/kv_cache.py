@@ -131,15 +131,16 @@ class KVCache:
                 raise KVPoolFullError(
                     f"request needs {len(self._slots[idx]) + n} positions but the context holds "
                     f"{self.req_pool.max_context_len}")
-        if sum(counts) > self.free_slots:
-            self.pool.allocator.alloc(sum(counts))  # raises the error that says how many
-        starts, flat, new_all = [], [], []
+        # One allocation (raising the error that says how many), then each request's share:
+        # the same slots per-request allocations would hand out, in order.
+        flat = self.pool.allocator.alloc(sum(counts))
+        starts, new_all, at = [], [], 0
         for idx, n in zip(req_pool_idxs, counts):
             slots = self._slots[idx]
-            new = self.pool.allocator.alloc(n)
+            new = flat[at:at + n]
+            at += n
             starts.append(len(slots))
             slots.extend(new)
-            flat += new
             new_all.append(new)
         if flat and write:
             rows = np.repeat(np.asarray(req_pool_idxs, dtype=np.int64), counts)
