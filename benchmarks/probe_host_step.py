@@ -9,7 +9,7 @@ Python's share is what a GPU's host runs. A tiny random Llama (2 layers, 128-tok
 keeps the prefills and the one capture-time forward short: a no-op replay makes the model's
 size irrelevant to a step.
 
-    python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 256] [--repeats 5]
+    python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
         [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
@@ -107,7 +107,8 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
-    p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--steps", type=int, default=192,
+                   help="new tokens per request (the tiny model holds 256 positions)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="append a JSON line per batch size here")
     args = p.parse_args(argv)
