@@ -74,8 +74,10 @@ def graph_engine(path: str, max_bs: int):
 
 
 def step_us(engine, batch: int, steps: int, repeats: int) -> tuple:
-    """Median, min and max over the repeats of the median time between two decode calls of the
-    scheduler (each launches a step and reads the one before: one step of host work)."""
+    """Over the repeats: the median, min and max of a run's median time between two decode
+    calls of the scheduler (each launches a step and reads the one before: one step of host
+    work), the median of a run's mean (what throughput sees: rare slow steps count), and the
+    slowest step."""
     from specpcg.scheduler import Scheduler
 
     stamps = []
@@ -96,10 +98,13 @@ def step_us(engine, batch: int, steps: int, repeats: int) -> tuple:
             engine.generate(input_ids=prompts, sampling_params=params)
             gaps = [b - a for a, b in zip(stamps, stamps[1:])]
             assert len(gaps) >= steps - 2, f"{len(gaps)} overlapped decode calls"
-            per_run.append(common.median(gaps) * 1e6)
+            per_run.append((common.median(gaps) * 1e6, sum(gaps) / len(gaps) * 1e6,
+                            max(gaps) * 1e6))
     finally:
         Scheduler._run_overlapped = real
-    return common.median(per_run), min(per_run), max(per_run)
+    medians = [r[0] for r in per_run]
+    return (common.median(medians), min(medians), max(medians),
+            common.median(r[1] for r in per_run), max(r[2] for r in per_run))
 
 
 def main(argv=None) -> None:
@@ -118,12 +123,14 @@ def main(argv=None) -> None:
         engine = graph_engine(path, max(args.batches))
         records = []
         for bs in args.batches:
-            med, lo, hi = step_us(engine, bs, args.steps, args.repeats)
+            med, lo, hi, mean, worst = step_us(engine, bs, args.steps, args.repeats)
             served = {s["runner"] for s in engine.router.forward_stats() if s["mode"] == "DECODE"}
             assert served == {"decode_graph"}, f"DECODE steps ran on {served}"
-            print(f"batch {bs:3d}: {med:7.1f} us a step (host), range {lo:.1f}-{hi:.1f}")
+            print(f"batch {bs:3d}: {med:7.1f} us a step (host), range {lo:.1f}-{hi:.1f}; "
+                  f"mean {mean:.1f}, slowest step {worst:.0f}")
             records.append({"bench": "host_step", "batch_size": bs, "host_us_per_step": med,
-                            "min_us": lo, "max_us": hi, "steps": args.steps,
+                            "min_us": lo, "max_us": hi, "mean_us": mean,
+                            "slowest_step_us": worst, "steps": args.steps,
                             "repeats": args.repeats, **common.machine_info(engine.device),
                             "time": common.now_iso()})
     if args.out:
