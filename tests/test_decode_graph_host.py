@@ -120,3 +120,35 @@ def test_a_decode_batch_loads_in_one_block_unless_its_views_moved(tiny_path, mon
     batch.positions = batch.positions.clone()  # no longer the packed block's
     assert not runner._loads_block(batch, 1)
     assert runner._padded_batch(batch, 4).positions.tolist() == padded.positions.tolist()
+
+
+def test_pending_rows_are_written_from_the_batch_for_any_widths():
+    """extend_many(write=False) leaves req_to_token as it was; write_rows then puts each new
+    token's slot at its position, for requests of different widths, as extend_many would."""
+    from specpcg.core import Request, SamplingParams
+    from specpcg.kv_cache import KVPool, ReqToTokenPool
+
+    def cache():
+        pool = KVPool(256, num_layers=1, num_kv_heads=1, head_dim=4, dtype=torch.float32,
+                      device="cpu")
+        return KVCache(pool, ReqToTokenPool(4, 64, "cpu"))
+
+    written, pending = cache(), cache()
+    counts = [3, 1, 2]
+    for kv in (written, pending):
+        reqs = []
+        for n in counts:
+            r = Request(prompt_ids=[1] * 5, params=SamplingParams())
+            r.req_pool_idx = kv.new_request()
+            kv.extend(r.req_pool_idx, 5)
+            r.num_cached = 5
+            reqs.append(r)
+        kv.extend_many([r.req_pool_idx for r in reqs], counts, write=kv is written)
+        batch = make_batch(kv, ForwardMode.EXTEND, reqs, [[7] * n for n in counts], "cpu",
+                           rows_pending=kv is pending)
+    before = pending.req_pool.req_to_token.clone()
+    assert batch.rows_pending and batch.index_rows is None  # widths differ: no block
+    assert not torch.equal(before, written.req_pool.req_to_token)
+    pending.write_rows(batch)
+    assert not batch.rows_pending
+    assert torch.equal(pending.req_pool.req_to_token, written.req_pool.req_to_token)
