@@ -54,7 +54,10 @@ def _fake_capture(body, pool):
     return _Replay(body, out), out
 
 
-def _graph_engine(path, monkeypatch, write_rows: bool):
+def _graph_engine(path, monkeypatch, write_rows: bool, plans_from_rows: bool = False):
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    monkeypatch.setattr(TritonAttnBackend, "plans_from_rows", plans_from_rows)
     monkeypatch.setattr(decode_runner, "warm_and_capture", _fake_capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)  # the capture's timing
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
@@ -76,11 +79,17 @@ def _written_rows(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("write_rows", [True, False])
-def test_decode_graphs_emit_the_eager_engines_tokens(tiny_path, monkeypatch, write_rows):
+@pytest.mark.parametrize("write_rows, plans_from_rows", [(True, False), (False, False),
+                                                         (True, True)])
+def test_decode_graphs_emit_the_eager_engines_tokens(tiny_path, monkeypatch, write_rows,
+                                                      plans_from_rows):
+    """A backend that reads req_to_token while planning (plans_from_rows) gets the rows
+    written by the router even where the runner was asked to write them."""
     want = [o["output_ids"] for o in tiny_engine(tiny_path).generate(
         input_ids=PROMPTS, sampling_params=PARAMS)]
-    engine, runner = _graph_engine(tiny_path, monkeypatch, write_rows)
+    engine, runner = _graph_engine(tiny_path, monkeypatch, write_rows, plans_from_rows)
+    assert runner.write_rows == (write_rows and not plans_from_rows)
+    write_rows = runner.write_rows
     host_writes = _written_rows(monkeypatch)
     # Three requests pad to bucket 4; the last one alone runs at bucket 1.
     outs = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
