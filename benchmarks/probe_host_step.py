@@ -32,18 +32,13 @@ import common  # noqa: E402
 
 common.add_repo_to_path()
 
-def _flat(out) -> list:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    return [t for part in out for t in _flat(part)]
-
-
 class _NoReplay:
     def replay(self) -> None:
         pass
 
 
 def _capture_once(body, pool):
+    """The body runs once, for its outputs' buffers (a step then reads what it left there)."""
     return _NoReplay(), body()
 
 
