@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specpcg.graphs.decode_runner as decode_runner
-from specpcg.core import CaptureHiddenMode, ForwardMode
+from specpcg.core import CaptureHiddenMode, ForwardMode, Request, SamplingParams
 from specpcg.forward_context import forward_context, get_forward_context
 from specpcg.kv_cache import KVCache
 from specpcg.scheduler import make_batch
@@ -41,10 +41,16 @@ class _Replay:
         self.context = get_forward_context()  # the capture's, as a graph keeps its kernels'
         self.replays = 0
 
+    replaying = False  # a real replay runs no Python: writes made inside are the graph's
+
     def replay(self):
         self.replays += 1
-        with forward_context(self.context):
-            fresh = self.body()
+        _Replay.replaying = True
+        try:
+            with forward_context(self.context):
+                fresh = self.body()
+        finally:
+            _Replay.replaying = False
         for kept, new in zip(_flat(self.out), _flat(fresh)):
             kept.copy_(new)
 
@@ -71,11 +77,17 @@ def _graph_engine(path, monkeypatch, write_rows: bool, plans_from_rows: bool = F
 
 
 def _written_rows(monkeypatch) -> list:
-    """Counts the batches whose req_to_token entries the host writes from the batch."""
+    """Counts the batches whose req_to_token entries the host writes from the batch (outside
+    a graph's replay)."""
     calls = []
     real = KVCache.write_rows
-    monkeypatch.setattr(KVCache, "write_rows", lambda self, b: calls.append(
-        b.batch_size) or real(self, b))
+
+    def counted(self, batch):
+        if not _Replay.replaying:
+            calls.append(batch.batch_size)
+        return real(self, batch)
+
+    monkeypatch.setattr(KVCache, "write_rows", counted)
     return calls
 
 
@@ -106,17 +118,22 @@ def test_decode_graphs_emit_the_eager_engines_tokens(tiny_path, monkeypatch, wri
     assert engine.kv_cache.free_slots == engine.kv_cache.total_slots  # nothing leaked
 
 
-def test_a_decode_batch_loads_in_one_block_unless_its_views_moved(tiny_path, monkeypatch):
-    engine, runner = _graph_engine(tiny_path, monkeypatch, True)
-    from specpcg.core import Request, SamplingParams
-
+def _cached_requests(kv_cache, prompts: list) -> list:
+    """Requests whose prompts hold KV slots (num_cached past them), ready for new tokens."""
     reqs = []
-    for i, ids in enumerate(PROMPTS):
+    for ids in prompts:
         r = Request(prompt_ids=ids, params=SamplingParams())
-        r.req_pool_idx = engine.kv_cache.new_request()
-        engine.kv_cache.extend(r.req_pool_idx, len(ids) + 1)
+        r.req_pool_idx = kv_cache.new_request()
+        kv_cache.extend(r.req_pool_idx, len(ids))
         r.num_cached = len(ids)
         reqs.append(r)
+    return reqs
+
+
+def test_a_decode_batch_loads_in_one_block_unless_its_views_moved(tiny_path, monkeypatch):
+    engine, runner = _graph_engine(tiny_path, monkeypatch, True)
+    reqs = _cached_requests(engine.kv_cache, PROMPTS)
+    engine.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1] * len(reqs))
     batch = make_batch(engine.kv_cache, ForwardMode.DECODE, reqs, [[1], [2], [3]],
                        engine.device)
     assert runner._loads_block(batch, 1)
@@ -134,7 +151,6 @@ def test_a_decode_batch_loads_in_one_block_unless_its_views_moved(tiny_path, mon
 def test_pending_rows_are_written_from_the_batch_for_any_widths():
     """extend_many(write=False) leaves req_to_token as it was; write_rows then puts each new
     token's slot at its position, for requests of different widths, as extend_many would."""
-    from specpcg.core import Request, SamplingParams
     from specpcg.kv_cache import KVPool, ReqToTokenPool
 
     def cache():
@@ -145,13 +161,7 @@ def test_pending_rows_are_written_from_the_batch_for_any_widths():
     written, pending = cache(), cache()
     counts = [3, 1, 2]
     for kv in (written, pending):
-        reqs = []
-        for n in counts:
-            r = Request(prompt_ids=[1] * 5, params=SamplingParams())
-            r.req_pool_idx = kv.new_request()
-            kv.extend(r.req_pool_idx, 5)
-            r.num_cached = 5
-            reqs.append(r)
+        reqs = _cached_requests(kv, [[1] * 5] * len(counts))
         kv.extend_many([r.req_pool_idx for r in reqs], counts, write=kv is written)
         batch = make_batch(kv, ForwardMode.EXTEND, reqs, [[7] * n for n in counts], "cpu",
                            rows_pending=kv is pending)

@@ -217,11 +217,9 @@ class DecodeGraphRunner:
     def _body(self, batch: ForwardBatch):
         """The model and its LM head on every row: logits come out of the graph, which saves
         the host the LM head's launches on every step (a decode step is latency-bound)."""
-        if self.writes_rows(batch):  # each new token's slot at its position: padding's is
-            # the sink slot at column 0 of the padding row, which holds sink slots only
-            req_to_token = self.model_runner.kv_cache.req_pool.req_to_token
-            req_to_token[batch.req_pool_indices, batch.positions] = batch.out_cache_loc.to(
-                req_to_token.dtype)
+        if self.writes_rows(batch):  # padding writes the sink slot at column 0 of the
+            # padding row, which holds sink slots only
+            self.model_runner.kv_cache.write_rows(batch)
         if self._metadata_in_graph(batch.forward_mode):
             self.model_runner.attn_backend.init_graph_metadata(batch)
         hidden, aux = self.model_runner.call_model(batch)
