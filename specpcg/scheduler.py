@@ -377,11 +377,9 @@ class Scheduler:
 
 def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
                rows_pending: bool = False) -> ForwardBatch:
-    """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots.
-    rows_pending: those slots are not in req_to_token yet (extend_many(write=False)).
-
-    Everything goes to the device in one packed copy: a decode step is latency-bound.
-    """
+    """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots
+    (with rows_pending, not yet in req_to_token: extend_many(write=False)). Everything goes to
+    the device in one packed copy: a decode step is latency-bound."""
     ext_lens = [len(ids) for ids in new_ids]
     seq_lens = [r.num_cached + n for r, n in zip(reqs, ext_lens)]
     flat_ids, slots = [], []
