@@ -8,10 +8,11 @@ Graph mode for plain decode steps: a captured batch size gets a decode wrapper o
 flashinfer's graph mode, over page-table buffers that never move (slices of three shared
 buffers), and `init_graph_metadata` plans it before each capture and replay, which copies the
 live page table into those buffers. Verifies, prefills and a draft's rounds plan anew for each
-batch on the host and run eagerly (`decode_graph_only`). NOTE: engines do not capture it yet
-(`supports_cuda_graph` is False): it has run on CPU against a stand-in module only, and turns
-on once `tests/test_attention.py::test_cuda_graph_decode_replays_live_lengths[flashinfer]`
-passes on a GPU.
+batch on the host and run eagerly (`decode_graph_only`). On one H100 (a9a826b) a decode graph
+replayed on grown lengths matched the torch reference
+(`tests/test_attention.py::test_cuda_graph_decode_replays_live_lengths[flashinfer]`), and an
+engine with graphs decoded the default model's shape at 854 / 10,947 tok/s at batch 1 / 16,
+against 66 / 1,012 eagerly (Triton with graphs: 1,301 / 16,284; it stays the default).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 
 class FlashInferAttnBackend(AttentionBackend):
     name = "flashinfer"
-    supports_cuda_graph = False  # graph mode below: not yet run on a GPU (see the NOTE above)
+    supports_cuda_graph = True  # decode steps only (graph mode below)
     decode_graph_only = True
     plans_from_rows = True  # _page_table reads req_to_token
 
