@@ -19,8 +19,8 @@ import common
 common.add_repo_to_path()
 
 from specpcg.speculative import adaptive  # noqa: E402
-from specpcg.speculative.adaptive import (WARMUP_STEPS, AdaptiveSpeculation, Finish,  # noqa: E402
-                                          bucket_of)
+from specpcg.speculative.adaptive import WARMUP_STEPS, AdaptiveSpeculation, bucket_of  # noqa: E402
+from specpcg.speculative.finish import Finish  # noqa: E402
 
 
 def _warmed(batch: int) -> AdaptiveSpeculation:

@@ -29,7 +29,8 @@ import common
 common.add_repo_to_path()
 
 from specpcg.speculative import adaptive  # noqa: E402
-from specpcg.speculative.adaptive import AdaptiveSpeculation, Finish, bucket_of  # noqa: E402
+from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
+from specpcg.speculative.finish import Finish  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify

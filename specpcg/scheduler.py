@@ -18,7 +18,7 @@ import torch
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode, Request
 from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
-from specpcg.speculative.adaptive import Finish
+from specpcg.speculative.finish import Finish
 from specpcg.speculative.overlap import SpecOverlap
 from specpcg.transfer import runs, to_device
 

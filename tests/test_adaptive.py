@@ -4,8 +4,9 @@ engine)."""
 import pytest
 
 from specpcg.speculative.adaptive import (EXPLORE_EVERY, EXPLORE_STEPS, LOOK_BUDGET,
-                                          PRIOR_VERIFIES, REDECIDE_EVERY, WARMUP_STEPS, WINDOW,
-                                          AdaptiveSpeculation, Finish, bucket_of, finish_seconds)
+                                          REDECIDE_EVERY, WARMUP_STEPS, WINDOW,
+                                          AdaptiveSpeculation, bucket_of)
+from specpcg.speculative.finish import PRIOR_VERIFIES, Finish, finish_seconds
 
 
 def test_buckets_are_powers_of_two():
@@ -133,6 +134,28 @@ def test_each_batch_size_bucket_chooses_for_itself():
     _run(ctrl, 64, spec_rate=900, decode_rate=3000, steps=2 * WARMUP_STEPS + 2)
     assert ctrl.use_spec(1) and not ctrl.use_spec(64)
     assert ctrl.use_spec(48) is False  # 48 shares the 64 bucket
+
+
+def test_a_bucket_above_one_that_chose_plain_starts_plain_and_still_looks():
+    ctrl = AdaptiveSpeculation()
+    _run(ctrl, 8, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 2)
+    assert ctrl.info()["8"]["decode_steps"] == WARMUP_STEPS + 2  # bucket 8 chose plain
+    # Speculation is in fact twice as fast at 32: no speculative warm-up there, but the first
+    # look finds it and the bucket goes over.
+    picks = _run(ctrl, 32, spec_rate=2000, decode_rate=1000, steps=3 * EXPLORE_EVERY)
+    first = picks.index(True)
+    assert WARMUP_STEPS + EXPLORE_EVERY - 2 <= first <= WARMUP_STEPS + EXPLORE_EVERY
+    assert all(picks[first:first + 2 * EXPLORE_EVERY]), picks
+    # Where the bucket below speculates, a larger one warms speculation up first as before.
+    _run(ctrl, 64, spec_rate=500, decode_rate=1000, steps=1)
+    assert ctrl.info()["64"]["spec_steps"] == 1
+
+
+def test_a_bucket_below_one_that_chose_plain_warms_up_as_before():
+    ctrl = AdaptiveSpeculation()
+    _run(ctrl, 64, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 2)
+    picks = _run(ctrl, 4, spec_rate=500, decode_rate=1000, steps=WARMUP_STEPS)
+    assert picks == [True] * WARMUP_STEPS
 
 
 def test_a_shrinking_batch_does_not_favour_the_side_measured_first():

@@ -5,7 +5,8 @@ nearly free, at batch 64 a verify is a 64 x N-row forward that can cost more tha
 yields. Which side of that line a batch size falls on depends on the model, the GPU, the draft
 and the prompts, so the engine measures it: for each batch-size bucket (powers of two) it keeps
 the emitted tokens per second of speculative steps and of plain decode steps, and runs the
-faster. Each side is tried WARMUP_STEPS times before the first choice, and the slower side
+faster. Each side is tried WARMUP_STEPS times before the first choice (not speculation in a
+bucket above one that chose plain steps: `_plain_below`), and the slower side
 again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
 change. Each look that confirms the choice doubles the wait before the next (up to
 EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
@@ -73,6 +74,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+from specpcg.speculative.finish import Finish, finish_seconds
+
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
 EXPLORE_STEPS = 3  # the first of them is a switch, not recorded
@@ -108,9 +111,6 @@ TRIM_DIV = 8
 # step at batch 64 on a 2-core CPU, while a step of the default model at batch 64 lasts about
 # 1.6 ms on an H100 and the host prepares the next one within it.
 REDECIDE_EVERY = 8
-# A request's own accept length is shrunk toward the bucket's mean by this many verifies' worth:
-# a young request's few verifies would otherwise decide the batch's straggler by chance.
-PRIOR_VERIFIES = 4
 
 
 def _ratio(steps) -> float:
@@ -172,45 +172,6 @@ class _Rate:
         """Tokens per request per step (a speculative step's accept length)."""
         tokens, _, n = self._totals()
         return tokens / n if n else 0.0
-
-
-@dataclass(frozen=True)
-class Finish:
-    """What finishing the running batch takes, for a batch with no request waiting: per
-    request, the tokens it may still emit (max_new_tokens left: EOS may come sooner), and the
-    tokens its verifies emitted and how many verifies it had."""
-    remaining: tuple
-    spec_tokens: tuple
-    verifies: tuple
-
-    def spec_steps(self, mean_accept: float) -> float:
-        """Speculative steps until every request is done; each request's accept length is its
-        own, shrunk toward the bucket's mean (PRIOR_VERIFIES)."""
-        return max(self.spec_steps_each(mean_accept), default=0.0)
-
-    def spec_steps_each(self, mean_accept: float) -> list:
-        """Per request, the speculative steps it still needs (spec_steps' accept lengths)."""
-        return [rem / max((tokens + PRIOR_VERIFIES * mean_accept) / (verifies + PRIOR_VERIFIES),
-                          1.0)
-                for rem, tokens, verifies in zip(self.remaining, self.spec_tokens, self.verifies)]
-
-    @staticmethod
-    def of(reqs: list) -> "Finish":
-        return Finish(
-            remaining=tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs),
-            spec_tokens=tuple(len(r.output_ids) - r.plain_decode_tokens for r in reqs),
-            verifies=tuple(r.spec_verify_ct for r in reqs))
-
-
-def finish_seconds(steps_each: list, step_s) -> float:
-    """Seconds until every request is done when request i needs steps_each[i] more steps and a
-    step of b running requests takes step_s(b): the batch shrinks as requests finish, so the
-    slowest request's last steps run in a small batch (cheaper on a GPU than a full one)."""
-    total, done, left = 0.0, 0.0, len(steps_each)
-    for steps in sorted(steps_each):
-        total += (steps - done) * step_s(left)
-        done, left = steps, left - 1
-    return total
 
 
 @dataclass
@@ -304,7 +265,7 @@ class AdaptiveSpeculation:
         b = self._buckets.setdefault(key, _Bucket())
         if self._interrupted:  # not measured: it spends no warm-up step and no look
             choice = self._borrowed(key)
-        elif b.spec.steps < WARMUP_STEPS:
+        elif b.spec.steps < WARMUP_STEPS and not self._plain_below(key):
             choice = True
         elif b.decode.steps < WARMUP_STEPS:
             choice = False
@@ -352,6 +313,18 @@ class AdaptiveSpeculation:
         chosen = [(abs(k.bit_length() - key.bit_length()), k, b.spec_chosen)
                   for k, b in self._buckets.items() if b.spec_chosen is not None]
         return min(chosen)[2] if chosen else True
+
+    def _plain_below(self, key: int) -> bool:
+        """Whether the nearest smaller bucket that has chosen chose plain steps. A verify's
+        rows grow with the batch while a request's accept length does not, so speculation pays
+        less the larger the batch: a bucket above one that chose plain steps skips the
+        speculative warm-up, starts plain, and meets speculation only in its looks. NOTE: with
+        the warm-up, NGRAM's bucket 64 (7, 1, 8; above a bucket 32 that had chosen plain) ran
+        232 speculative steps and 9 plain ones, its plain steps measured at 356 tok/s per
+        request over those few, and the batch at 0.82x no-spec (H100, a9a826b, bench_adaptive:
+        a no-spec engine ran 582 per request end to end)."""
+        below = [k for k, b in self._buckets.items() if k < key and b.spec_chosen is not None]
+        return bool(below) and self._buckets[max(below)].spec_chosen is False
 
     def _step_s(self, spec: bool, batch_size: int, current: "_Bucket") -> float:
         """A step's seconds at `batch_size` on one side: its bucket's measure, else (not

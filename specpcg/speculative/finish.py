@@ -1,0 +1,54 @@
+"""What finishing a running batch takes, for adaptive speculation when no request waits.
+
+With none waiting, the running batch is all there is, and it ends with its slowest request; a
+speculative step helps only as much as it advances that request (specpcg/speculative/adaptive.py
+says why and what it measured). `Finish` holds what each request still needs; `finish_seconds`
+prices a side's steps as the batch shrinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A request's own accept length is shrunk toward the bucket's mean by this many verifies' worth:
+# a young request's few verifies would otherwise decide the batch's straggler by chance.
+PRIOR_VERIFIES = 4
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What finishing the running batch takes, for a batch with no request waiting: per
+    request, the tokens it may still emit (max_new_tokens left: EOS may come sooner), and the
+    tokens its verifies emitted and how many verifies it had."""
+    remaining: tuple
+    spec_tokens: tuple
+    verifies: tuple
+
+    def spec_steps(self, mean_accept: float) -> float:
+        """Speculative steps until every request is done; each request's accept length is its
+        own, shrunk toward the bucket's mean (PRIOR_VERIFIES)."""
+        return max(self.spec_steps_each(mean_accept), default=0.0)
+
+    def spec_steps_each(self, mean_accept: float) -> list:
+        """Per request, the speculative steps it still needs (spec_steps' accept lengths)."""
+        return [rem / max((tokens + PRIOR_VERIFIES * mean_accept) / (verifies + PRIOR_VERIFIES),
+                          1.0)
+                for rem, tokens, verifies in zip(self.remaining, self.spec_tokens, self.verifies)]
+
+    @staticmethod
+    def of(reqs: list) -> "Finish":
+        return Finish(
+            remaining=tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs),
+            spec_tokens=tuple(len(r.output_ids) - r.plain_decode_tokens for r in reqs),
+            verifies=tuple(r.spec_verify_ct for r in reqs))
+
+
+def finish_seconds(steps_each: list, step_s) -> float:
+    """Seconds until every request is done when request i needs steps_each[i] more steps and a
+    step of b running requests takes step_s(b): the batch shrinks as requests finish, so the
+    slowest request's last steps run in a small batch (cheaper on a GPU than a full one)."""
+    total, done, left = 0.0, 0.0, len(steps_each)
+    for steps in sorted(steps_each):
+        total += (steps - done) * step_s(left)
+        done, left = steps, left - 1
+    return total
