@@ -6,9 +6,9 @@ yields. Which side of that line a batch size falls on depends on the model, the 
 and the prompts, so the engine measures it: for each batch-size bucket (powers of two) it keeps
 the emitted tokens per second of speculative steps and of plain decode steps, and runs the
 faster. Each side is tried WARMUP_STEPS times before the first choice (not speculation in a
-bucket above one that chose plain steps: `_plain_below`), and the slower side
-again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
-change. Each look that confirms the choice doubles the wait before the next (up to
+bucket above one that chose plain steps: `_plain_below`), and the slower side again for
+EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they change.
+Each look that confirms the choice doubles the wait before the next (up to
 EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
 steps of the slower side, and a look waits long enough that it costs at most LOOK_BUDGET of the
 time (its switches as measured, and its steps on the slower side: NGRAM at batch 1 on the H100
