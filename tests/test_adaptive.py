@@ -136,28 +136,6 @@ def test_each_batch_size_bucket_chooses_for_itself():
     assert ctrl.use_spec(48) is False  # 48 shares the 64 bucket
 
 
-def test_a_bucket_above_one_that_chose_plain_starts_plain_and_still_looks():
-    ctrl = AdaptiveSpeculation()
-    _run(ctrl, 8, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 2)
-    assert ctrl.info()["8"]["decode_steps"] == WARMUP_STEPS + 2  # bucket 8 chose plain
-    # Speculation is in fact twice as fast at 32: no speculative warm-up there, but the first
-    # look finds it and the bucket goes over.
-    picks = _run(ctrl, 32, spec_rate=2000, decode_rate=1000, steps=3 * EXPLORE_EVERY)
-    first = picks.index(True)
-    assert WARMUP_STEPS + EXPLORE_EVERY - 2 <= first <= WARMUP_STEPS + EXPLORE_EVERY
-    assert all(picks[first:first + 2 * EXPLORE_EVERY]), picks
-    # Where the bucket below speculates, a larger one warms speculation up first as before.
-    _run(ctrl, 64, spec_rate=500, decode_rate=1000, steps=1)
-    assert ctrl.info()["64"]["spec_steps"] == 1
-
-
-def test_a_bucket_below_one_that_chose_plain_warms_up_as_before():
-    ctrl = AdaptiveSpeculation()
-    _run(ctrl, 64, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 2)
-    picks = _run(ctrl, 4, spec_rate=500, decode_rate=1000, steps=WARMUP_STEPS)
-    assert picks == [True] * WARMUP_STEPS
-
-
 def test_a_shrinking_batch_does_not_favour_the_side_measured_first():
     """Requests finish as a batch runs, so speculation (warmed up first) is measured at 64
     requests and plain steps at 40, in one bucket. Per request, plain steps are faster (100

@@ -5,10 +5,9 @@ nearly free, at batch 64 a verify is a 64 x N-row forward that can cost more tha
 yields. Which side of that line a batch size falls on depends on the model, the GPU, the draft
 and the prompts, so the engine measures it: for each batch-size bucket (powers of two) it keeps
 the emitted tokens per second of speculative steps and of plain decode steps, and runs the
-faster. Each side is tried WARMUP_STEPS times before the first choice (not speculation in a
-bucket above one that chose plain steps: `_plain_below`), and the slower side again for
-EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they change.
-Each look that confirms the choice doubles the wait before the next (up to
+faster. Each side is tried WARMUP_STEPS times before the first choice, and the slower side
+again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
+change. Each look that confirms the choice doubles the wait before the next (up to
 EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
 steps of the slower side, and a look waits long enough that it costs at most LOOK_BUDGET of the
 time (its switches as measured, and its steps on the slower side: NGRAM at batch 1 on the H100
@@ -265,7 +264,7 @@ class AdaptiveSpeculation:
         b = self._buckets.setdefault(key, _Bucket())
         if self._interrupted:  # not measured: it spends no warm-up step and no look
             choice = self._borrowed(key)
-        elif b.spec.steps < WARMUP_STEPS and not self._plain_below(key):
+        elif b.spec.steps < WARMUP_STEPS:
             choice = True
         elif b.decode.steps < WARMUP_STEPS:
             choice = False
@@ -313,18 +312,6 @@ class AdaptiveSpeculation:
         chosen = [(abs(k.bit_length() - key.bit_length()), k, b.spec_chosen)
                   for k, b in self._buckets.items() if b.spec_chosen is not None]
         return min(chosen)[2] if chosen else True
-
-    def _plain_below(self, key: int) -> bool:
-        """Whether the nearest smaller bucket that has chosen chose plain steps. A verify's
-        rows grow with the batch while a request's accept length does not, so speculation pays
-        less the larger the batch: a bucket above one that chose plain steps skips the
-        speculative warm-up, starts plain, and meets speculation only in its looks. NOTE: with
-        the warm-up, NGRAM's bucket 64 (7, 1, 8; above a bucket 32 that had chosen plain) ran
-        232 speculative steps and 9 plain ones, its plain steps measured at 356 tok/s per
-        request over those few, and the batch at 0.82x no-spec (H100, a9a826b, bench_adaptive:
-        a no-spec engine ran 582 per request end to end)."""
-        below = [k for k, b in self._buckets.items() if k < key and b.spec_chosen is not None]
-        return bool(below) and self._buckets[max(below)].spec_chosen is False
 
     def _step_s(self, spec: bool, batch_size: int, current: "_Bucket") -> float:
         """A step's seconds at `batch_size` on one side: its bucket's measure, else (not
