@@ -16,7 +16,7 @@ import pytest
 
 from specpcg.speculative.overlap import SpecOverlap
 from tests.eagle_world import ALGOS, TREE, _check_no_leak, _engine, same_as_sync
-from tests.eagle_world import world  # noqa: F401 (fixture)
+from tests.eagle_world import plain, world  # noqa: F401 (fixtures)
 
 needs_interpreter = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
@@ -204,3 +204,40 @@ def test_gpu_overlap_is_bitwise_the_synchronous_loop_in_deterministic_mode(algo,
     assert [o["meta_info"]["spec_accept_histogram"] for o in over] == \
         [o["meta_info"]["spec_accept_histogram"] for o in sync]
     assert sum(o["meta_info"]["spec_accept_length"] for o in over) / len(over) > 1.2
+
+
+@needs_interpreter
+@pytest.mark.parametrize("algo", ["EAGLE3", "STANDALONE"])
+def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch):
+    """Chain depth per batch size (specpcg/speculative/depth.py): steps verifying 1, 2 and all
+    3 drafts in turn (the widths an adaptive engine captures) emit no-spec's tokens; the verifies
+    cut short accept at most their depth, and the draft's next round starts where they ended
+    (STANDALONE: its KV holds drafts past the cut, which its catch-up must not keep)."""
+    from specpcg.engine import Engine
+    from specpcg.speculative.adaptive import AdaptiveSpeculation
+    from specpcg.speculative.step_graph import SpecStepGraphs
+
+    monkeypatch.setattr(Engine, "_adapts", lambda self: True)  # the depth ladder's widths
+    monkeypatch.setattr(AdaptiveSpeculation, "use_spec", lambda self, n, finish=None: True)
+    widths = []
+
+    def cycle(self, bs):
+        widths.append((2, 3, 4)[len(widths) % 3])
+        return widths[-1]
+
+    monkeypatch.setattr(SpecStepGraphs, "pick_width", cycle)
+    draft = world.exact if algo == "STANDALONE" else world.heads[algo]
+    engine = _engine(world.noisy, algo, draft, attention_backend="triton",
+                     speculative_num_steps=3)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert engine.scheduler.spec_overlap.graphs.widths == [4, 3, 2]
+    assert len(widths) > 6
+    assert [o["output_ids"] for o in outs] == plain.batch
+    hist = engine.spec_decoder.depth_hist
+    assert {d for d, _ in hist} == {1, 2, 3}
+    assert all(m <= d for d, m in hist)
+    # Cut verifies that accepted all they verified (their bonus is the target's token at the
+    # cut), and verifies that rejected a draft.
+    assert hist[(1, 1)] > 0 and hist[(2, 2)] > 0
+    assert sum(n for (d, m), n in hist.items() if m < d) > 0
+    _check_no_leak(engine)

@@ -24,6 +24,7 @@ class SpecDecoder:
         self.num_verify = 0
         self.num_emitted = 0
         self.histogram: Counter = Counter()
+        self.depth_hist: Counter = Counter()  # (drafts verified, accepted) -> verifies
         self.simulate = SimulatedAccept.from_spec(spec)  # benchmark only; None = lossless
         self._chain_trees: dict = {}  # (bs, N) -> a chain Tree (its tokens replaced per step)
 
@@ -70,8 +71,10 @@ class SpecDecoder:
             batch.capture_hidden_mode = CaptureHiddenMode.FULL
             batch.aux_hidden_layers = self.draft.aux_layers
 
-    def record(self, req, m: int) -> None:
-        """Counts a verify of `req` that accepted m drafts (and emitted m + 1 tokens)."""
+    def record(self, req, m: int, depth: int | None = None) -> None:
+        """Counts a verify of `req` that accepted m drafts (and emitted m + 1 tokens) of the
+        `depth` it verified (None: all num_draft_tokens - 1)."""
+        self.depth_hist[(depth or self.spec.num_draft_tokens - 1, m)] += 1
         req.spec_verify_ct += 1
         req.spec_accepted_drafts += m
         req.spec_histogram[m] += 1

@@ -41,7 +41,8 @@ class DevicePath(NamedTuple):
 
 class InflightSpec(NamedTuple):
     reqs: list  # the requests the step carried, in row order
-    host: HostCopy  # [n, 2 + N]: accept_len, bonus, the verify's nodes, on their way to the host
+    host: HostCopy  # [n, 2 + 2 W]: accept_len, bonus, the verify's nodes, their order
+    width: int  # W: the nodes each request verified (a chain cut short at large batches)
 
 
 class SpecOverlap:
@@ -117,9 +118,11 @@ class SpecOverlap:
         self._reserve(reqs)
         bs = self.graphs.bucket(len(reqs))
         self._arrange(prev, reqs, bs)
-        self.graphs.run(bs)
+        width = self.graphs.pick_width(bs)
+        self.graphs.run(bs, width)
         self.num_steps += 1
-        self.inflight = InflightSpec(reqs, HostCopy(self.graphs.state.out[:len(reqs)]))
+        self.inflight = InflightSpec(reqs, HostCopy(self.graphs.state.out[width][:len(reqs)]),
+                                     width)
         if prev is None:
             return s._collect_aborted(), 0
         finished, tokens = self._resolve(prev)
@@ -144,7 +147,7 @@ class SpecOverlap:
     def _resolve(self, prev: InflightSpec) -> tuple:
         """Reads a step's results (the step's one blocking read) and applies them as the
         synchronous commit does. Returns (finished requests, tokens emitted)."""
-        n = self.width
+        n = prev.width
         host = prev.host.tolist()
         hidden = self.graphs.state.hidden
         reqs, emitted = [], []
@@ -156,7 +159,7 @@ class SpecOverlap:
             if not self.is_chain:  # the step graph moved the path's KV first: so does the host
                 self.s.kv_cache.reorder(req.req_pool_idx, prefix, host[i][2 + n:2 + 2 * n])
             req.num_cached = prefix + m + 1
-            self.dec.record(req, m)
+            self.dec.record(req, m, n - 1 if self.is_chain else None)
             self.draft.resolved(req, prefix, hidden, i, m)
             reqs.append(req)
             emitted.append(nodes[1:m + 1] + [bonus])

@@ -28,7 +28,8 @@ from specpcg.speculative.overlap import DevicePath
 class StepState:
     """The last step's results, row i = request i (a bucket's padding after the batch)."""
 
-    def __init__(self, max_bs: int, width: int, hidden_size: int, dtype, device):
+    def __init__(self, max_bs: int, width: int, hidden_size: int, dtype, device,
+                 widths: tuple = ()):
         z = dict(dtype=torch.long, device=device)
         self.rows = torch.zeros(2, max_bs, **z)  # [target, draft] KV rows
         self.live = torch.zeros(max_bs, dtype=torch.bool, device=device)
@@ -39,8 +40,9 @@ class StepState:
         self.hidden = (torch.zeros(max_bs, width, hidden_size, dtype=dtype, device=device)
                        if hidden_size else None)
         # What the host reads: accept length, bonus, the nodes in path order, and the order
-        # (node indices: the path first) that a tree's KV was rearranged by.
-        self.out = torch.zeros(max_bs, 2 + 2 * width, **z)
+        # (node indices: the path first) that a tree's KV was rearranged by; one buffer per
+        # verify width a step can run (`widths`), each read whole.
+        self.out = {w: torch.zeros(max_bs, 2 + 2 * w, **z) for w in widths or (width,)}
 
     def path(self, bs: int, cols: torch.Tensor):
         """The accepted path of the last verify, rows :bs (a DevicePath)."""
@@ -82,30 +84,43 @@ class StepState:
 
 
 class SpecStepGraphs:
-    def __init__(self, decoder, target_runner, step_round, pool, show_progress: bool):
+    def __init__(self, decoder, target_runner, step_round, pool, show_progress: bool,
+                 depths: list = ()):
         """decoder: the SpecDecoder; target_runner: the target's ModelRunner; step_round: the
-        draft's part of a step (its `step_round()`: buckets, bucket(n), propose, count)."""
+        draft's part of a step (its `step_round()`: buckets, bucket(n), propose, count);
+        depths: a chain's depths to capture beside its full one (chain depth per batch size)."""
         self.dec, self.draft, self.target = decoder, decoder.draft, target_runner
         self.round = step_round
         self.width = decoder.spec.num_draft_tokens
         self.is_chain = decoder.spec.is_chain
+        # Verify widths a step can run (a chain cut at each depth: specpcg/speculative/depth.py),
+        # widest first; a tree verifies all its nodes.
+        self.widths = sorted({d + 1 for d in depths or ()} | {self.width}, reverse=True)
+        if not self.is_chain:
+            self.widths = [self.width]
         self.buckets = sorted(step_round.buckets)
         self.pool, self.show_progress = pool, show_progress
         device = target_runner.device
         self.state = StepState(self.buckets[-1], self.width, step_round.hidden_size,
-                               step_round.hidden_dtype, device)
+                               step_round.hidden_dtype, device, tuple(self.widths))
         self.cols = torch.arange(self.width, device=device)
         target_pad = target_runner.kv_cache.req_pool.pad_row
         self.pad_rows = (target_pad, step_round.pad_row if step_round.pad_row is not None
                          else target_pad)
-        self.graphs: dict = {}
+        self.graphs: dict = {}  # (bucket, width) -> graph
+        self.step_seconds: dict = {}  # (bucket, depth) -> a replay's seconds (several widths)
+        self.depth = None  # a ChainDepth that picks each step's width (None: the full one)
         self.cost = CaptureCost()
 
     # -- the body ---------------------------------------------------------------------------
-    def _body(self, bs: int) -> None:
-        st, n = self.state, self.width
+    def _body(self, bs: int, n: int) -> None:
+        """One step of bs rows verifying n nodes each (a chain cut to its first n - 1 drafts
+        when n is below the full width: the draft still proposes all of them)."""
+        st = self.state
         path = st.path(bs, self.cols)
         tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
+        if n < tokens.shape[1]:
+            tokens = tokens[:, :n].contiguous()
         prefix = torch.where(st.live[:bs], path.first_pos + path.lens, 0)
         out_hidden, aux = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
         if tree is None:
@@ -117,8 +132,8 @@ class SpecStepGraphs:
         else:  # benchmark only; the default generator, which graphs replay safely
             coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
             result = simulate_accept(tree.first_child, tree.depths, predict, coins)
-        out = StepOutputs(st.tokens[:bs], st.accept_len[:bs], st.bonus[:bs], st.prefix[:bs],
-                          st.out[:bs])
+        out = StepOutputs(st.tokens[:bs, :n], st.accept_len[:bs], st.bonus[:bs],
+                          st.prefix[:bs], st.out[n][:bs])
         order = commit_step(result.accept_index, result.accept_len, st.live[:bs], tokens,
                             result.bonus, prefix, st.rows[0, :bs],
                             self.target.kv_cache.req_pool.req_to_token, out, not self.is_chain)
@@ -128,14 +143,14 @@ class SpecStepGraphs:
             rows = rows.view(bs, n, -1)
             if not self.is_chain:
                 rows = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[-1]))
-            st.hidden[:bs].copy_(rows)
+            st.hidden[:bs, :n].copy_(rows)
 
     def _verify(self, bs: int, rows, prefix, tokens, tree=None):
         """The target's TARGET_VERIFY body over [bs, N] nodes at prefix.. (metadata planned
         in the body: inside the graph); a tree's node sits at prefix + its depth and sees its
         ancestors, its KV at prefix + its index."""
-        n = self.width
-        columns = prefix[:, None] + self.cols  # [bs, N]
+        n = tokens.shape[1]
+        columns = prefix[:, None] + self.cols[:n]  # [bs, N]
         positions = columns if tree is None else prefix[:, None] + tree.depths
         req_to_token = self.target.kv_cache.req_pool.req_to_token
         batch = ForwardBatch(
@@ -157,20 +172,45 @@ class SpecStepGraphs:
     def capture(self) -> None:
         from tqdm import tqdm
 
-        with self.cost.measure("speculative step graphs", len(self.buckets)):
-            for bs in tqdm(sorted(self.buckets, reverse=True), desc="capturing speculative step "
-                           "graphs", disable=not self.show_progress):
+        # Largest first: the first capture sizes the buffers every later one reads.
+        shapes = [(bs, w) for bs in sorted(self.buckets, reverse=True) for w in self.widths]
+        with self.cost.measure("speculative step graphs", len(shapes)):
+            for bs, w in tqdm(shapes, desc="capturing speculative step graphs",
+                              disable=not self.show_progress):
                 self.state.pad(0, bs, self.pad_rows)  # all padding: sink slots only
-                self.graphs[bs], _ = warm_and_capture(lambda: self._body(bs), self.pool)
+                self.graphs[(bs, w)], _ = warm_and_capture(lambda: self._body(bs, w), self.pool)
+        if len(self.widths) > 1:
+            self._time_replays(shapes)
+
+    def _time_replays(self, shapes: list, repeats: int = 5) -> None:
+        """step_seconds: each graph's median replay on padding rows, what a chain depth's step
+        costs in its bucket (the controller compares depths within a bucket only)."""
+        for bs, w in shapes:
+            self.state.pad(0, bs, self.pad_rows)
+            graph, times = self.graphs[(bs, w)], []
+            graph.replay()
+            for _ in range(repeats):
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            self.step_seconds[(bs, w - 1)] = sorted(times)[repeats // 2]
 
     def bucket(self, n: int):
         return self.round.bucket(n)
 
+    def pick_width(self, bs: int) -> int:
+        """The verify width of the next step of bucket bs: the chain depth's pick + 1."""
+        return self.width if self.depth is None else self.depth.depth(bs) + 1
+
     @torch.inference_mode()
-    def run(self, bs: int) -> None:
-        graph = self.graphs.get(bs)
+    def run(self, bs: int, width: int | None = None) -> None:
+        width = width or self.width
+        graph = self.graphs.get((bs, width))
         if graph is None:
-            self._body(bs)
+            self._body(bs, width)
         else:
             graph.replay()
         self.round.count(self.runner_name)
@@ -181,4 +221,6 @@ class SpecStepGraphs:
         return "spec_step_graph" if self.graphs else "spec_step_eager"
 
     def info(self) -> dict:
-        return {"batch_sizes": self.buckets, "captured": bool(self.graphs), **self.cost.info()}
+        return {"batch_sizes": self.buckets, "captured": bool(self.graphs),
+                "widths": self.widths, **self.cost.info(),
+                **({"chain_depth": self.depth.info()} if self.depth is not None else {})}

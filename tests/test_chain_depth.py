@@ -1,0 +1,107 @@
+"""Chain depth per batch size (specpcg/speculative/depth.py): the acceptance shares a truncated
+verify still tells, the depth each bucket picks from them and its step times, and, through an
+engine, that a chain cut short emits the synchronous loop's tokens."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from specpcg.speculative import depth as depth_mod
+from specpcg.speculative.depth import (ChainDepth, accept_shares, depth_ladder,
+                                       expected_tokens)
+
+
+def _geometric_hist(share: float, depths: list, n: int, seed: int = 0) -> Counter:
+    """Verifies of a chain whose every draft passes with probability `share`, each verified at
+    one of `depths` (cut there: it accepts at most that many)."""
+    rng, hist = random.Random(seed), Counter()
+    for i in range(n):
+        d = depths[i % len(depths)]
+        m = 0
+        while m < d and rng.random() < share:
+            m += 1
+        hist[(d, m)] += 1
+    return hist
+
+
+def test_ladder_holds_the_full_chain_half_and_one():
+    assert depth_ladder(7) == [1, 4, 7]
+    assert depth_ladder(3) == [1, 2, 3]
+    assert depth_ladder(1) == [1]
+
+
+def test_shares_are_recovered_from_truncated_verifies():
+    """Verifies cut at 1, 4 and 7 drafts together give each draft's pass share: a cut verify
+    counts for the drafts it reached, not as a rejection of the ones it never verified."""
+    hist = _geometric_hist(0.6, [1, 4, 7], 30000)
+    shares = accept_shares(hist, 7)
+    assert len(shares) == 7
+    assert all(abs(s - 0.6) < 0.03 for s in shares), shares
+
+
+def test_unreached_drafts_repeat_the_last_trusted_share():
+    hist = _geometric_hist(0.5, [2], 2000)
+    shares = accept_shares(hist, 5)
+    assert shares[2:] == [shares[1]] * 3
+    assert accept_shares(Counter({(7, 0): depth_mod.MIN_REACHED - 1}), 7) == []
+
+
+def test_expected_tokens_counts_bonus_and_passing_drafts():
+    assert expected_tokens([1.0] * 7, 7) == 8
+    assert expected_tokens([0.5] * 7, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.0] * 7, 7) == 1
+
+
+def _chooser(hist, cost_at_64: dict) -> ChainDepth:
+    seconds = {(1, d): 1.0 for d in (1, 4, 7)}  # batch 1: every depth costs a decode step
+    seconds.update({(64, d): s for d, s in cost_at_64.items()})
+    return ChainDepth(hist, seconds)
+
+
+def test_small_buckets_verify_everything_large_ones_cut_where_acceptance_is_low():
+    """At batch 64 a verify of 7 costs 2.5x one of 1: with drafts that pass 40% of the time a
+    depth of 1 emits 1.4 tokens for 1.0 against 1.66 for 2.5, so the chain is cut there; at
+    batch 1 every depth costs the same and the whole chain is verified."""
+    hist = _geometric_hist(0.4, [7], 2000)
+    chooser = _chooser(hist, {1: 1.0, 4: 1.6, 7: 2.5})
+    assert chooser.depth(1) == 7
+    assert chooser.depth(64) == 1
+    high = _chooser(_geometric_hist(0.95, [7], 2000), {1: 1.0, 4: 1.6, 7: 2.5})
+    assert high.depth(64) == 7  # 6.0 tokens for 2.5 beats 1.95 for 1.0
+
+
+def test_no_shares_yet_means_the_full_chain():
+    chooser = _chooser(Counter(), {1: 1.0, 4: 1.6, 7: 2.5})
+    assert chooser.depth(64) == 7
+
+
+def test_a_cut_bucket_still_verifies_the_full_chain_now_and_then():
+    """Else the shares past the cut would never move again."""
+    chooser = _chooser(_geometric_hist(0.3, [7], 2000), {1: 1.0, 4: 1.6, 7: 2.5})
+    picks = [chooser.depth(64) for _ in range(2 * depth_mod.EXPLORE_EVERY)]
+    assert picks.count(7) == 2 and picks.count(1) == len(picks) - 2
+
+
+def test_the_pick_follows_acceptance_that_changes():
+    """The counts decay (DECAY_AT), so a draft that starts passing takes the bucket back to a
+    deep chain (at 97% a depth of 4 and one of 7 emit 3.0 tokens per unit of time alike)."""
+    hist = _geometric_hist(0.2, [7], 3000)
+    chooser = _chooser(hist, {1: 1.0, 4: 1.6, 7: 2.5})
+    assert chooser.depth(64) == 1
+    picks = []
+    for step in range(100):
+        hist.update(_geometric_hist(0.97, [1] * 15 + [7], 64, seed=step))
+        picks += [chooser.depth(64) for _ in range(depth_mod.REPICK_EVERY)]
+    assert picks[-1] >= 4
+
+
+def test_a_near_tie_keeps_the_current_depth():
+    hist = _geometric_hist(0.5, [7], 4000)
+    e1, e4 = expected_tokens(accept_shares(hist, 7), 1), expected_tokens(accept_shares(hist, 7), 4)
+    # Depth 4 promises 2% more per second than depth 7 would... set 7's cost so 4 wins by 2%.
+    e7 = expected_tokens(accept_shares(hist, 7), 7)
+    chooser = _chooser(hist, {1: e1 / 0.5, 4: e4, 7: e7 * 1.02})
+    assert chooser.depth(64) == 7
