@@ -137,7 +137,8 @@ def run_all(args) -> None:
                 if system == "no-spec":
                     base[bs] = rate
                     continue
-                adaptive = engine.get_server_info()["speculative"]["adaptive"]
+                info = engine.get_server_info()["speculative"]
+                adaptive = info["adaptive"]
                 lines.append({
                     "bench": "adaptive", "model": args.model_path or "default",
                     "algorithm": label, "system": system, "setting": list(setting),
@@ -147,6 +148,7 @@ def run_all(args) -> None:
                     "plain_decode_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0)
                                                for o in outs),
                     "adaptive_buckets": adaptive, "draft": draft,
+                    "chain_depth": (info.get("step_graphs") or {}).get("chain_depth"),
                     **common.machine_info(engine.device)})
                 print(f"[bench_adaptive] {label:8} {system:8} bs {bs:3} "
                       f"{rate:9.1f} tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)

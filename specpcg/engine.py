@@ -148,8 +148,9 @@ class Engine:
             return None
         decode = self.graphs.decode
         step_round = self.draft.step_round(decode, cfg.max_running_requests)
-        # Chain depth per batch size comes with adaptive speculation (pinned with it).
-        depths = depth_ladder(self.spec.num_steps) if self._adapts() else ()
+        # Chain depth per batch size comes with adaptive speculation (pinned with it), and stays
+        # with simulated acceptance: its cost model is what that benchmark measures.
+        depths = () if cfg.disable_adaptive_speculation else depth_ladder(self.spec.num_steps)
         steps = SpecStepGraphs(dec, self.runner, step_round, decode.pool if decode else None,
                                cfg.show_progress, depths)
         if decode is not None and step_round.captures:
