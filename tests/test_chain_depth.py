@@ -42,11 +42,19 @@ def test_shares_are_recovered_from_truncated_verifies():
     assert all(abs(s - 0.6) < 0.03 for s in shares), shares
 
 
-def test_unreached_drafts_repeat_the_last_trusted_share():
+def test_drafts_not_yet_measured_count_as_accepted():
+    """Until enough verifies reached a draft its share is 1, so the whole chain is verified
+    (and measured) before a bucket cuts it; once measured, a share keeps its value as decay
+    thins its counts."""
     hist = _geometric_hist(0.5, [2], 2000)
-    shares = accept_shares(hist, 5)
-    assert shares[2:] == [shares[1]] * 3
-    assert accept_shares(Counter({(7, 0): depth_mod.MIN_REACHED - 1}), 7) == []
+    known: set = set()
+    shares = accept_shares(hist, 5, known)
+    assert shares[2:] == [1.0] * 3 and abs(shares[1] - 0.5) < 0.06
+    assert known == {1, 2}
+    assert accept_shares(Counter({(7, 0): depth_mod.MIN_REACHED - 1}), 7) == [1.0] * 7
+    few = Counter({key: count / 100 for key, count in hist.items()})  # under MIN_REACHED
+    assert accept_shares(few, 5, known)[:2] == pytest.approx(shares[:2])
+    assert accept_shares(few, 5)[:2] == [1.0, 1.0]
 
 
 def test_expected_tokens_counts_bonus_and_passing_drafts():
