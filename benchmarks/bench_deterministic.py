@@ -47,7 +47,8 @@ def spec_kwargs(model: str, spec: bool, args, tmp: str) -> dict:
             head = random_head(BIG, tmp)
         return dict(speculative_algorithm=args.big_spec, speculative_draft_model_path=head,
                     speculative_simulate_accept_prob=args.accept, speculative_num_steps=7,
-                    speculative_eagle_topk=1, speculative_num_draft_tokens=8)
+                    speculative_eagle_topk=1, speculative_num_draft_tokens=8,
+                    **common.PINNED_SPEC)  # the whole chain (no chain depth per batch size)
     if args.draft is None:
         from drafts.train import ensure_draft
 

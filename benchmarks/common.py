@@ -24,8 +24,9 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
-# Benchmarks of the speculative path itself (accept length, its cost) speculate at every step:
-# adaptive speculation would mix plain decode steps in where they measure faster.
+# Benchmarks of the speculative path itself (accept length, its cost) speculate at every step
+# and verify the whole chain: adaptive speculation would mix plain decode steps in where they
+# measure faster, and cut chains at large batches (chain depth per batch size).
 PINNED_SPEC = {"disable_adaptive_speculation": True}
 GIT_ENV = "SPECPCG_GIT_COMMIT"  # set it where the checkout has no .git (a copied working tree)
 

@@ -34,7 +34,7 @@ def probe(model: str, batch: int, deterministic: bool, args) -> None:
 
     spec = {} if not args.spec else dict(  # as bench_deterministic's spec cells
         speculative_algorithm="NGRAM", speculative_simulate_accept_prob=0.7,
-        speculative_num_steps=7, speculative_num_draft_tokens=8)
+        speculative_num_steps=7, speculative_num_draft_tokens=8, **common.PINNED_SPEC)
     if args.draft:
         spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=args.draft,
                     speculative_num_steps=7, speculative_eagle_topk=1,
