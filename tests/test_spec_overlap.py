@@ -213,11 +213,10 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
     3 drafts in turn (the widths an adaptive engine captures) emit no-spec's tokens; the verifies
     cut short accept at most their depth, and the draft's next round starts where they ended
     (STANDALONE: its KV holds drafts past the cut, which its catch-up must not keep)."""
-    from specpcg.engine import Engine
     from specpcg.speculative.adaptive import AdaptiveSpeculation
     from specpcg.speculative.step_graph import SpecStepGraphs
 
-    monkeypatch.setattr(Engine, "_adapts", lambda self: True)  # the depth ladder's widths
+    # Adaptive (the depth ladder's widths are captured), speculating at every step.
     monkeypatch.setattr(AdaptiveSpeculation, "use_spec", lambda self, n, finish=None: True)
     widths = []
 
@@ -228,7 +227,7 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
     monkeypatch.setattr(SpecStepGraphs, "pick_width", cycle)
     draft = world.exact if algo == "STANDALONE" else world.heads[algo]
     engine = _engine(world.noisy, algo, draft, attention_backend="triton",
-                     speculative_num_steps=3)
+                     speculative_num_steps=3, disable_adaptive_speculation=False)
     outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
     assert engine.scheduler.spec_overlap.graphs.widths == [4, 3, 2]
     assert len(widths) > 6
