@@ -184,9 +184,6 @@ def measure_b(engine, ids: list, s: Settings) -> dict:
 def part_b(args, s: Settings, model_label: str, target: str, info: dict) -> None:
     most = max(s.b_batches)
     kv = 2 * most * (s.b_prompt_len + s.b_new_tokens + 2 * s.b_steps + 4) + 1024
-    # --chain-depth: each batch size verifies the depth of the chain it picks (the engine's
-    # default); else the whole chain at every size, what the efficiency figures were first
-    # measured on.
     base = dict(device=args.device, dtype=args.dtype, show_progress=False, model_path=target,
                 skip_tokenizer_init=True, max_total_tokens=kv, max_running_requests=most,
                 cuda_graph_max_bs=most, attention_backend=args.attention_backend,
@@ -204,14 +201,14 @@ def part_b(args, s: Settings, model_label: str, target: str, info: dict) -> None
             if prob is None:
                 nospec[bs] = m["decode_tok_s"]
             speedup = common.ratio(m["decode_tok_s"], nospec.get(bs))
-            m.update(speedup=speedup, efficiency=common.ratio(speedup, m["accept_length"]))
+            m.update(speedup=speedup, efficiency=common.ratio(speedup, m["accept_length"]),
+                     chain_depth=common.chain_depth(engine))
             if prob == 1.0 and abs(m["accept_length_engine"] - (s.b_steps + 1)) > 1e-6:
                 print(f"  WARNING: p=1 gave AL {m['accept_length_engine']:.3f}, not "
                       f"{s.b_steps + 1}: proposals were not full length", flush=True)
             records.append({"bench": "accept", "part": "B", "model": model_label, "algorithm":
                             "NGRAM" if prob else None, "prob": prob, "num_steps": s.b_steps,
-                            "num_draft_tokens": s.b_steps + 1, "chain_depth": chain_depth(engine),
-                            "batch_size": bs, "prompt_len":
+                            "num_draft_tokens": s.b_steps + 1, "batch_size": bs, "prompt_len":
                             s.b_prompt_len, "new_tokens": s.b_new_tokens, "repeats": s.repeats,
                             **m, **info, "timestamp": common.now_iso()})
             print(f"  {model_label} p={prob} bs={bs}: AL {common.fmt(m['accept_length'])}, "
@@ -219,12 +216,6 @@ def part_b(args, s: Settings, model_label: str, target: str, info: dict) -> None
                   f"efficiency {common.fmt(m['efficiency'])}", flush=True)
         common.append_jsonl(args.out, records)
         close(engine)
-
-
-def chain_depth(engine):
-    """The depths each bucket picked (None: the whole chain at every batch size)."""
-    graphs = (engine.get_server_info()["speculative"] or {}).get("step_graphs") or {}
-    return graphs.get("chain_depth")
 
 
 def run_all(args, s: Settings) -> None:
@@ -364,12 +355,10 @@ def parse_args(argv=None):
     p.add_argument("--cache-dir", default=".cache/drafts", help="trained heads (made if missing)")
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None)
     p.add_argument("--a-settings", nargs="+", default=None, metavar="STEPS,TOPK,TOKENS",
-                   type=common.parse_setting,
-                   help="part A's settings (default: five chains and two trees)")
+                   type=common.parse_setting, help="part A's (default: five chains, two trees)")
     p.add_argument("--b-batches", nargs="+", type=int, default=None)
     p.add_argument("--b-probs", nargs="+", type=float, default=None)
-    p.add_argument("--chain-depth", action="store_true",
-                   help="part B with chain depth per batch size (the engine's default)")
+    p.add_argument("--chain-depth", action="store_true", help="B: chain depth per batch size")
     for name in ("num_prompts", "num_shots", "max_new_tokens", "a_batch", "b_steps",
                  "b_prompt_len", "b_new_tokens", "repeats"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,

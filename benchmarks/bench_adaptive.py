@@ -137,8 +137,7 @@ def run_all(args) -> None:
                 if system == "no-spec":
                     base[bs] = rate
                     continue
-                info = engine.get_server_info()["speculative"]
-                adaptive = info["adaptive"]
+                adaptive = engine.get_server_info()["speculative"]["adaptive"]
                 lines.append({
                     "bench": "adaptive", "model": args.model_path or "default",
                     "algorithm": label, "system": system, "setting": list(setting),
@@ -148,7 +147,7 @@ def run_all(args) -> None:
                     "plain_decode_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0)
                                                for o in outs),
                     "adaptive_buckets": adaptive, "draft": draft,
-                    "chain_depth": (info.get("step_graphs") or {}).get("chain_depth"),
+                    "chain_depth": common.chain_depth(engine),
                     **common.machine_info(engine.device)})
                 print(f"[bench_adaptive] {label:8} {system:8} bs {bs:3} "
                       f"{rate:9.1f} tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)

@@ -295,6 +295,13 @@ def latest_by(records: list[dict], bench: str, key: Callable[[dict], tuple]) -> 
 
 
 # -- specpcg engine helpers ------------------------------------------------------------------
+def chain_depth(engine) -> Optional[dict]:
+    """The chain depth each bucket picked, its shares and step times (None: the whole chain
+    at every batch size)."""
+    graphs = (engine.get_server_info()["speculative"] or {}).get("step_graphs") or {}
+    return graphs.get("chain_depth")
+
+
 def generate_ids(engine, ids: list, num_new: int) -> list[dict]:
     """meta_info of each greedy request (EOS ignored), checked to have `num_new` tokens."""
     params = {"max_new_tokens": num_new, "temperature": 0, "ignore_eos": True}

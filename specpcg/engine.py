@@ -18,7 +18,6 @@ from specpcg.models.loading import load_target
 from specpcg.router import ForwardRouter
 from specpcg.sampler import make_generator
 from specpcg.speculative.config import SpecConfig
-from specpcg.speculative.depth import ChainDepth, depth_ladder
 from specpcg.speculative.loop import SpecDecoder, spec_meta
 from specpcg.speculative.overlap import spec_overlap_fits
 from specpcg.speculative.registry import DraftContext, create_draft
@@ -148,27 +147,21 @@ class Engine:
             return None
         decode = self.graphs.decode
         step_round = self.draft.step_round(decode, cfg.max_running_requests)
-        # Chain depth per batch size comes with adaptive speculation (pinned with it), and stays
-        # with simulated acceptance: its cost model is what that benchmark measures.
-        depths = () if cfg.disable_adaptive_speculation else depth_ladder(self.spec.num_steps)
         steps = SpecStepGraphs(dec, self.runner, step_round, decode.pool if decode else None,
-                               cfg.show_progress, depths)
+                               cfg.show_progress, not cfg.disable_adaptive_speculation)
         if decode is not None and step_round.captures:
             steps.capture()
-        if steps.step_seconds:
-            steps.depth = ChainDepth(dec.depth_hist, steps.step_seconds)
         return steps
 
-    def _adapts(self) -> bool:
+    def _adaptive(self):
         """Adaptive speculation, unless pinned off or the acceptance is simulated (a benchmark
         of the speculative path itself: plain steps would dilute what it measures)."""
-        return not (self.spec is None or self.config.disable_adaptive_speculation
-                    or self.spec.simulate_accept_prob is not None)
-
-    def _adaptive(self):
         from specpcg.speculative.adaptive import AdaptiveSpeculation
 
-        return AdaptiveSpeculation() if self._adapts() else None
+        if (self.spec is None or self.config.disable_adaptive_speculation
+                or self.spec.simulate_accept_prob is not None):
+            return None
+        return AdaptiveSpeculation()
 
     def _graph_needs(self) -> dict:
         """What the target's graphs must capture for the active draft (invariant 4)."""

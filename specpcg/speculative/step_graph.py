@@ -22,6 +22,7 @@ from specpcg.core import ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
 from specpcg.speculative.accept import simulate_accept
+from specpcg.speculative.depth import ChainDepth, depth_ladder
 from specpcg.speculative.overlap import DevicePath
 
 
@@ -85,19 +86,19 @@ class StepState:
 
 class SpecStepGraphs:
     def __init__(self, decoder, target_runner, step_round, pool, show_progress: bool,
-                 depths: list = ()):
+                 chain_depth: bool = False):
         """decoder: the SpecDecoder; target_runner: the target's ModelRunner; step_round: the
         draft's part of a step (its `step_round()`: buckets, bucket(n), propose, count);
-        depths: a chain's depths to capture beside its full one (chain depth per batch size)."""
+        chain_depth: a chain also captures its shorter depths, and each bucket picks one
+        (specpcg/speculative/depth.py). It is pinned with adaptive speculation, and stays with
+        simulated acceptance: its cost model is what that benchmark measures."""
         self.dec, self.draft, self.target = decoder, decoder.draft, target_runner
         self.round = step_round
         self.width = decoder.spec.num_draft_tokens
         self.is_chain = decoder.spec.is_chain
-        # Verify widths a step can run (a chain cut at each depth: specpcg/speculative/depth.py),
-        # widest first; a tree verifies all its nodes.
-        self.widths = sorted({d + 1 for d in depths or ()} | {self.width}, reverse=True)
-        if not self.is_chain:
-            self.widths = [self.width]
+        # Verify widths a step can run, widest first; a tree verifies all its nodes.
+        depths = depth_ladder(decoder.spec.num_steps) if chain_depth and self.is_chain else ()
+        self.widths = sorted({d + 1 for d in depths} | {self.width}, reverse=True)
         self.buckets = sorted(step_round.buckets)
         self.pool, self.show_progress = pool, show_progress
         device = target_runner.device
@@ -109,7 +110,7 @@ class SpecStepGraphs:
                          else target_pad)
         self.graphs: dict = {}  # (bucket, width) -> graph
         self.step_seconds: dict = {}  # (bucket, depth) -> a replay's seconds (several widths)
-        self.depth = None  # a ChainDepth that picks each step's width (None: the full one)
+        self.depth = None  # a ChainDepth (captured widths, timed), else the full width
         self.cost = CaptureCost()
 
     # -- the body ---------------------------------------------------------------------------
@@ -181,6 +182,7 @@ class SpecStepGraphs:
                 self.graphs[(bs, w)], _ = warm_and_capture(lambda: self._body(bs, w), self.pool)
         if len(self.widths) > 1:
             self._time_replays(shapes)
+            self.depth = ChainDepth(self.dec.depth_hist, self.step_seconds)
 
     def _time_replays(self, shapes: list, repeats: int = 5) -> None:
         """step_seconds: each graph's median replay on padding rows, what a chain depth's step
