@@ -9,10 +9,11 @@ summed, and the engine's), tok/s. Trees use --attention-backend like the chains.
 Part B (synthetic acceptance, speculative_simulate_accept_prob = p: NOT lossless, benchmark
 only): an NGRAM chain of --b-steps steps, p in --b-probs, batch --b-batches, on the default
 model and shape:llama-3-8b (random weights; not with --skip-8b), random-id prompts of one
-repeated segment, ignore_eos. Decode tok/s = batch / ITL of the slowest request (as
-bench_graphs), median of --repeats; speedup = spec / no-spec; framework efficiency = speedup /
-accept length, the accept length being (completion tokens - 1) / verify steps (1 = verifying N
-tokens costs one decode step and drafting is free).
+repeated segment, ignore_eos. Decode tok/s = batch / ITL of the slowest request from the batch's
+last first token (common.batch_decode), median of --repeats; speedup = spec / no-spec;
+framework efficiency = no-spec's decode step time / the verify step's, both at the whole batch
+(1 = verifying N tokens costs one decode step and drafting is free); efficiency_mean_al =
+speedup / accept length, the accept length being (completion tokens - 1) / verify steps.
 
     python benchmarks/bench_accept.py                      # A and B, default model + 8B shape
     python benchmarks/bench_accept.py --parts B --b-batches 1 16 --skip-8b
@@ -26,7 +27,6 @@ import argparse
 import os
 import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
@@ -34,17 +34,16 @@ import common
 
 common.add_repo_to_path()
 from accept_prompts import chat_messages, repeated_id_prompts  # noqa: E402
+from accept_report import ALGORITHMS, render_plots, render_tables  # noqa: E402
 from specpcg import Engine  # noqa: E402
 from specpcg.config import EngineConfig  # noqa: E402
 from specpcg.gsm8k import STOP, build_prompts  # noqa: E402
 from specpcg.models.loader import default_model_path, load_checkpoint  # noqa: E402
 from specpcg.tokenizer import load_tokenizer  # noqa: E402
 
-ALGORITHMS = ("NGRAM", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 CHAINS = ((1, 1, 2), (2, 1, 3), (3, 1, 4), (5, 1, 6), (7, 1, 8))
 TREES = ((3, 2, 6), (5, 4, 8))
 BIG_MODEL = "shape:llama-3-8b"
-IDEAL = {"color": "black", "linestyle": ":", "marker": ""}  # the y = x line of the speedup plot
 
 
 @dataclass(frozen=True)
@@ -162,21 +161,24 @@ def part_a(args, s: Settings, target: str, info: dict) -> None:
 
 # -- part B: synthetic acceptance ------------------------------------------------------------
 def measure_b(engine, ids: list, s: Settings) -> dict:
+    """Medians of --repeats batches: decode rate (common.batch_decode; the old window from the
+    slowest's own first token too), step time at the whole batch, accept length."""
     common.generate_ids(engine, ids, 4)  # warm-up of this batch size
     emitted0, verify0, _ = spec_counts(engine)
-    decode, e2e, metas = [], [], []
+    runs, metas = [], []
     for _ in range(s.repeats):
         run, seconds = common.timed(lambda: common.generate_ids(engine, ids, s.b_new_tokens),
                                     engine.device)
         slowest = max(run, key=lambda m: m["e2e_latency"])
-        itl = (slowest["e2e_latency"] - slowest["ttft"]) / (s.b_new_tokens - 1)
-        decode.append(len(ids) / itl)
-        e2e.append(len(ids) * s.b_new_tokens / seconds)
+        runs.append({**common.batch_decode(run), "e2e_tok_s": len(ids) * s.b_new_tokens / seconds,
+                     "decode_tok_s_own_ttft": len(ids) * (s.b_new_tokens - 1) / (
+                         slowest["e2e_latency"] - slowest["ttft"])})
         metas += run
     emitted1, verify1, _ = spec_counts(engine)
     verify = sum(m.get("spec_verify_ct", 0) for m in metas)  # 0: no-spec, AL 1
-    return {"decode_tok_s": common.median(decode), "e2e_tok_s": common.median(e2e),
-            "accept_length_engine": common.ratio(emitted1 - emitted0, verify1 - verify0),
+    mid = {k: common.median(r[k] for r in runs) for k in runs[0]}
+    return {"decode_tok_s": len(ids) / mid.pop("itl_s"), "step_ms": 1000 * mid.pop("step_s"),
+            **mid, "accept_length_engine": common.ratio(emitted1 - emitted0, verify1 - verify0),
             "accept_length": common.ratio(sum(m["completion_tokens"] - 1 for m in metas),
                                           verify) or 1.0}
 
@@ -188,7 +190,7 @@ def part_b(args, s: Settings, model_label: str, target: str, info: dict) -> None
                 skip_tokenizer_init=True, max_total_tokens=kv, max_running_requests=most,
                 cuda_graph_max_bs=most, attention_backend=args.attention_backend,
                 disable_adaptive_speculation=not args.chain_depth)
-    nospec: dict = {}  # batch size -> decode tok/s
+    nospec: dict = {}  # batch size -> no-spec's measure_b
     for prob in (None,) + tuple(s.b_probs):
         spec = {} if prob is None else dict(speculative_algorithm="NGRAM", speculative_num_steps=
                                             s.b_steps, speculative_simulate_accept_prob=prob)
@@ -198,10 +200,13 @@ def part_b(args, s: Settings, model_label: str, target: str, info: dict) -> None
         records = []
         for bs in s.b_batches:
             m = measure_b(engine, prompts[:bs], s)
-            if prob is None:
-                nospec[bs] = m["decode_tok_s"]
-            speedup = common.ratio(m["decode_tok_s"], nospec.get(bs))
-            m.update(speedup=speedup, efficiency=common.ratio(speedup, m["accept_length"]),
+            base_m = nospec.setdefault(bs, m)
+            speedup = common.ratio(m["decode_tok_s"], base_m["decode_tok_s"])
+            # Efficiency: a decode step's time over a verify step's, both at the whole batch
+            # (1 = verifying costs one decode step). Speedup over the mean accept length, kept
+            # as efficiency_mean_al, also charges the slowest request's bad luck at p < 1.
+            m.update(speedup=speedup, efficiency=common.ratio(base_m["step_ms"], m["step_ms"]),
+                     efficiency_mean_al=common.ratio(speedup, m["accept_length"]),
                      chain_depth=common.chain_depth(engine))
             if prob == 1.0 and abs(m["accept_length_engine"] - (s.b_steps + 1)) > 1e-6:
                 print(f"  WARNING: p=1 gave AL {m['accept_length_engine']:.3f}, not "
@@ -234,114 +239,6 @@ def run_all(args, s: Settings) -> None:
             part_b(args, s, args.model_label, target, info)
     if "B" in args.parts and s.big and not args.skip_8b:
         part_b(args, s, BIG_MODEL, BIG_MODEL, info)
-
-
-# -- reporting -------------------------------------------------------------------------------
-def latest(records: list[dict], part: str, key) -> list[dict]:
-    """The latest line per key of one part, among lines measured on the last line's device."""
-    records = [r for r in records if r.get("bench") == "accept" and r.get("part") == part]
-    return list({key(r): r for r in records if r["device"] == records[-1]["device"]}.values())
-
-
-def rows_a(records):
-    order = {a: i for i, a in enumerate(ALGORITHMS)}
-    rows = latest(records, "A", lambda r: (r["prompt_set"], r["algorithm"], tuple(r["setting"])))
-    return sorted(rows, key=lambda r: (r["prompt_set"], order.get(r["algorithm"], 99),
-                                       r["setting"][1] > 1, r["setting"]))
-
-
-def rows_b(records):
-    rows = latest(records, "B", lambda r: (r["model"], r["prob"], r["batch_size"]))
-    return sorted(rows, key=lambda r: (r["model"], r["batch_size"], r["prob"] or 0))
-
-
-def expected_al(p: float, r: dict) -> float:  # sum_{i=0..k} p^i, k = num_draft_tokens - 1
-    return sum(p ** i for i in range(r["num_draft_tokens"]))
-
-
-def fields(pairs) -> list:
-    return [(header, lambda r, f=f: r.get(f)) for header, f in pairs]
-
-
-def render_tables(records: list[dict]) -> str:
-    out = []
-    if rows_a(records):
-        out.append("Part A: accept length, real drafts (greedy; hist: % of verify steps "
-                   "accepting 0, 1, ... drafts)\n\n" + common.column_table(rows_a(records), [
-                       ("set", lambda r: r["prompt_set"]), ("algorithm", lambda r: r["algorithm"]),
-                       ("(steps, topk, tokens)", lambda r: "({}, {}, {})".format(*r["setting"]))]
-                       + fields((("prompts", "num_prompts"), ("AL (run)", "accept_length"),
-                                 ("AL (mean/req)", "accept_length_mean_req"),
-                                 ("tok/s", "output_tok_s")))
-                       + [("hist %", lambda r: " ".join(
-                           f"{100 * h / (sum(r['histogram_engine']) or 1):.0f}"
-                           for h in r["histogram_engine"]))]))
-    if rows_b(records):
-        out.append("Part B: framework efficiency, synthetic acceptance (NOT lossless)\n\n"
-                   + common.column_table(rows_b(records), [
-                       ("model", lambda r: r["model"]), ("batch", lambda r: r["batch_size"]),
-                       ("p", lambda r: "no-spec" if r["prob"] is None else f"{r['prob']:g}"),
-                       ("draft tokens", lambda r: r["num_draft_tokens"] if r["prob"] else "-"),
-                       ("E[AL]", lambda r: expected_al(r["prob"], r) if r["prob"] else None)]
-                       + fields((("AL", "accept_length"), ("decode tok/s", "decode_tok_s"),
-                                 ("speedup", "speedup"), ("efficiency", "efficiency")))))
-    return "\n\n".join(out)
-
-
-def render_plots(records: list[dict], out: str, hist_setting: tuple) -> list:
-    stem, paths = Path(out).with_suffix(""), []
-    a, b = rows_a(records), rows_b(records)
-    if a:
-        tag = "{model}, {device} ({dtype}, git {git})".format(**a[-1])
-        sets = list(dict.fromkeys(r["prompt_set"] for r in a))
-        panels = []
-        for name in sets:
-            series, styles = {}, {}
-            for r in (r for r in a if r["prompt_set"] == name):
-                label = r["algorithm"] + (" tree" if r["setting"][1] > 1 else "")
-                series.setdefault(label, []).append((r["setting"][2], r["accept_length"]))
-                styles[label] = {"linestyle": "--"} if r["setting"][1] > 1 else {}
-            panels.append({"title": f"{name}: accept length", "xlabel": "draft tokens (verify "
-                           "width)", "ylabel": "accept length", "series": series,
-                           "styles": styles})
-        paths.append(f"{stem}_al.png")
-        common.line_plot(panels, paths[-1], f"accept length vs draft tokens; {tag}")
-        chosen = [r for r in a if tuple(r["setting"]) == hist_setting] or [
-            r for r in a if tuple(r["setting"]) == tuple(a[-1]["setting"])]
-        setting = chosen[0]["setting"]
-        hist_panels = [{"title": f"{name}: setting {tuple(setting)}", "ylabel": "share of "
-                        "verify steps", "labels": [str(k) for k in range(setting[2])],
-                        "values": {r["algorithm"]: [h / (sum(r["histogram_engine"]) or 1)
-                                                    for h in r["histogram_engine"]]
-                                   for r in chosen if r["prompt_set"] == name}}
-                       for name in sets]
-        paths.append(f"{stem}_hist.png")
-        common.grouped_bar_plot(hist_panels, list(dict.fromkeys(r["algorithm"] for r in chosen)),
-                                paths[-1], f"accepted drafts per verify step; {tag}")
-    if b:
-        tag = "{device} (git {git}), NGRAM chain of {num_draft_tokens}".format(**b[-1])
-        spec = [r for r in b if r["prob"] is not None]
-        top = max([r["accept_length"] for r in spec] + [2.0])
-        panels, eff_panels = [], []
-        for model in dict.fromkeys(r["model"] for r in b):
-            rows = [r for r in spec if r["model"] == model]
-            series = {f"bs {bs}": [(r["accept_length"], r["speedup"]) for r in rows
-                                   if r["batch_size"] == bs]
-                      for bs in dict.fromkeys(r["batch_size"] for r in rows)}
-            series["ideal (y = x)"] = [(1.0, 1.0), (top, top)]
-            panels.append({"title": model, "xlabel": "accept length", "ylabel": "decode "
-                           "speedup", "series": series, "styles": {"ideal (y = x)": IDEAL}})
-            eff_panels.append({"title": model, "xlabel": "batch size", "ylabel": "speedup / "
-                               "accept length", "logx": True, "series": {
-                                   f"p={p:g} (E[AL] {expected_al(p, rows[0]):.2f})": [
-                                       (r["batch_size"], r["efficiency"])
-                                       for r in rows if r["prob"] == p]
-                                   for p in dict.fromkeys(r["prob"] for r in rows)}})
-        paths.append(f"{stem}_speedup.png")
-        common.line_plot(panels, paths[-1], f"speedup vs accept length (synthetic); {tag}")
-        paths.append(f"{stem}_efficiency.png")
-        common.line_plot(eff_panels, paths[-1], f"framework efficiency (synthetic); {tag}")
-    return paths
 
 
 def parse_args(argv=None):

@@ -3,8 +3,9 @@
 Per --model-path, an "eager" (disable_cuda_graph=True) and a "graphs" engine (default: piecewise
 prefill, full decode graphs) are built in turn; medians of --repeats after a warm-up. TTFT: 1 new
 token, 16..4096-token prompts at batch 1 and 8 (over 4096 tokens: skipped), prefill runner from
-forward_stats. ITL: (e2e - ttft) / (new - 1) of the slowest request, batch 1..64, 32-token
-prompts, 128 new tokens, greedy. Also capture time/memory, the batch-1 HBM bound, HF static cache.
+forward_stats. ITL: of the slowest request from the batch's last first token
+(common.batch_decode), batch 1..64, 32-token prompts, 128 new tokens, greedy. Also capture
+time/memory, the batch-1 HBM bound, HF static cache.
 
     python benchmarks/bench_graphs.py                  # the default model, HF static reference too
     python benchmarks/bench_graphs.py --model-path shape:llama-3-8b   # random-weight Llama-3-8B
@@ -84,8 +85,7 @@ def measure_decode(engine, settings: Settings, stream, repeats: int, record) -> 
         for _ in range(repeats):
             run = functools.partial(common.generate_ids, engine, ids, num_new)
             metas, used = common.served_by(engine, "DECODE", run)
-            slowest = max(metas, key=lambda m: m["e2e_latency"])
-            itls.append((slowest["e2e_latency"] - slowest["ttft"]) / (num_new - 1))
+            itls.append(common.batch_decode(metas)["itl_s"])
             runners |= used
         itl_by_bs[bs] = itl_ms = 1000 * common.median(itls)
         for metric, value in (("itl_ms", itl_ms), ("decode_tok_s", 1000 * bs / itl_ms)):

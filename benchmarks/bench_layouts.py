@@ -45,8 +45,7 @@ def _decode(engine, ids: list, new: int, repeats: int) -> dict:
         outs, sec = common.timed(lambda: engine.generate(input_ids=ids, sampling_params=params),
                                  device)
         metas = [o["meta_info"] for o in outs]
-        slowest = max(metas, key=lambda m: m["e2e_latency"])
-        itl = (slowest["e2e_latency"] - slowest["ttft"]) / (new - 1)
+        itl = common.batch_decode(metas)["itl_s"]
         verify = sum(m.get("spec_verify_ct", 0) for m in metas)
         runs.append({"e2e_tok_s": len(ids) * new / sec, "decode_tok_s": len(ids) / itl,
                      "accept_length": common.ratio(sum(m["completion_tokens"] - m.get(

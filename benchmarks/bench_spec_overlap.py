@@ -12,7 +12,8 @@ default) and off (`disable_overlap_schedule`), at each acceptance:
 - `--algorithm NGRAM`: NGRAM's chain instead of a head, synthetic (`--probs`) or real (`--probs`
   with no values: chat first turns), its overlapped steps matching on the device.
 
-Decode tok/s = batch / ITL of the slowest request, median of --repeats (as bench_accept part B).
+Decode tok/s = batch / ITL of the slowest request from the batch's last first token
+(common.batch_decode), median of --repeats (as bench_accept part B).
 
     python benchmarks/bench_spec_overlap.py                          # synthetic, both models
     python benchmarks/bench_spec_overlap.py --draft DIR --probs      # a trained head, chat
@@ -64,9 +65,7 @@ def measure(engine, inputs: list, params: dict, repeats: int, chat: bool) -> dic
     for _ in range(repeats):
         outs = run()
         metas = [o["meta_info"] for o in outs]
-        slowest = max(metas, key=lambda m: m["e2e_latency"])
-        itl = (slowest["e2e_latency"] - slowest["ttft"]) / max(slowest["completion_tokens"] - 1, 1)
-        rates.append(len(inputs) / itl)
+        rates.append(len(inputs) / common.batch_decode(metas)["itl_s"])
     emitted1, verify1, _ = spec_counts(engine)
     return {"decode_tok_s": common.median(rates),
             "accept_length": common.ratio(emitted1 - emitted0, verify1 - verify0) or 1.0,

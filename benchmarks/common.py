@@ -311,6 +311,29 @@ def generate_ids(engine, ids: list, num_new: int) -> list[dict]:
     return metas
 
 
+def decode_steps(meta: dict) -> int:
+    """The decode steps that gave a request its tokens after the first: its verifies and plain
+    steps with a draft, one a token without."""
+    steps = meta.get("spec_verify_ct", 0) + meta.get("plain_decode_tokens", 0)
+    return steps or meta["completion_tokens"] - 1
+
+
+def batch_decode(metas: list[dict]) -> dict:
+    """One batch's decode, its requests submitted together. The scheduler prefills every prompt
+    before any decode step, so decoding starts at the batch's last first token: time before it
+    is other requests' prefill, which an early request's (e2e - ttft) holds.
+    itl_s: seconds per token of the slowest request from there (batch / itl_s: the decode rate
+    the batch sees). step_s: seconds per decode step of the request that finished first, all of
+    whose steps carried the whole batch (the slowest's last steps run with fewer requests).
+    tokens_per_step: that request's tokens per step."""
+    start = max(m["ttft"] for m in metas)
+    slowest = max(metas, key=lambda m: m["e2e_latency"])
+    first = min(metas, key=lambda m: m["e2e_latency"])
+    return {"itl_s": (slowest["e2e_latency"] - start) / max(slowest["completion_tokens"] - 1, 1),
+            "step_s": (first["e2e_latency"] - start) / max(decode_steps(first), 1),
+            "tokens_per_step": (first["completion_tokens"] - 1) / max(decode_steps(first), 1)}
+
+
 def served_by(engine, mode: str, fn: Callable) -> tuple:
     """(fn(), the set of runners that served `mode` forwards during fn), from forward_stats."""
     def counts():

@@ -32,9 +32,7 @@ def run(backend: str, **kw) -> dict:
         rates = []
         for _ in range(2):
             outs = engine.generate(input_ids=ids, sampling_params=PARAMS)
-            slowest = max((o["meta_info"] for o in outs), key=lambda m: m["e2e_latency"])
-            rates.append(bs * (PARAMS["max_new_tokens"] - 1)
-                         / (slowest["e2e_latency"] - slowest["ttft"]))
+            rates.append(bs / common.batch_decode([o["meta_info"] for o in outs])["itl_s"])
         row[f"bs{bs}_tok_s"] = round(max(rates))
         row[f"bs{bs}_ids"] = [o["output_ids"] for o in outs]
     engine.shutdown()
