@@ -22,7 +22,6 @@ class TritonAttnBackend(AttentionBackend):
     supports_tree_mask = True  # as split-K decode queries over per-node rows
     supports_tree_graph = True  # a tree's node rows live in a static buffer (_tree_rows_out)
     plans_on_device = True  # host lengths: only the batch's shape (extend widths)
-    group_verify_nodes = True  # see _size_verify (False: a program a node, for comparison)
     decode_metadata_in_graph = True  # DECODE: two copies; splits picked from the batch size
 
     def __init__(self, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
@@ -182,8 +181,7 @@ class TritonAttnBackend(AttentionBackend):
         # keys leave memory once, not once a node (a program a node: the 8B shape's verify
         # attention at batch 64 took 3.3 ms a step on the H100, its decode's 0.9 ms); below
         # that a program a node keeps the SMs busy.
-        fills = num_reqs * self.num_kv_heads >= self._num_sms
-        self._verify_group = width if fills and self.group_verify_nodes else 1
+        self._verify_group = width if num_reqs * self.num_kv_heads >= self._num_sms else 1
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             n // self._verify_group, self.num_kv_heads, self._num_sms)
         return n
