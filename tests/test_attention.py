@@ -405,26 +405,6 @@ def test_auto_verify_kernel_takes_split_k_where_extend_would_leave_sms_idle():
         assert backend._split_k_verify(1) is split and backend._split_k_verify(64) is split
 
 
-def test_a_verify_groups_its_nodes_once_the_requests_fill_the_sms():
-    """Split-K verify: one program takes all of a request's nodes once requests x KV heads
-    cover the SMs (its splits counted over requests, not nodes); below that, a program a node."""
-    from specpcg.attention.triton_backend import TritonAttnBackend
-
-    cache = _make_cache("cpu", torch.float32, 16)
-    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
-    backend._num_sms = 132  # an H100's SM count
-    for num_reqs, group in ((65, 1), (66, 8)):  # 66 x 2 KV heads = 132
-        backend._size_verify(num_reqs, 8)
-        assert backend._verify_group == group, num_reqs
-        assert backend._verify_splits == _h100_splits(num_reqs * 8 // group)
-
-
-def _h100_splits(queries: int) -> int:
-    from specpcg.attention.triton_kernels import pick_num_kv_splits
-
-    return pick_num_kv_splits(queries, NUM_KV_HEADS, 132)
-
-
 def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
     from specpcg.config import EngineConfig
 

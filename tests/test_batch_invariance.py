@@ -185,59 +185,6 @@ def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs)
                                    atol=1e-5, rtol=1e-5)
 
 
-def _grouped_against_one_a_program(device, dtype, lens, width, programs):
-    """A verify of `width` nodes per request (node j sees its row up to itself), run with one
-    program taking each request's nodes in turn and with a program a node: (grouped, single)."""
-    from specpcg.attention.triton_kernels import decode_attention
-
-    k_buf, v_buf, r2t = (t.to(device) for t in _world(lens))
-    k_buf, v_buf = k_buf.to(dtype), v_buf.to(dtype)
-    n = len(lens) * width
-    q = torch.randn(n, H, D, generator=torch.Generator().manual_seed(13)).to(device, dtype)
-    rows = torch.arange(len(lens), dtype=torch.int32, device=device).repeat_interleave(width)
-    seq = torch.tensor([m - width + 1 + j for m in lens for j in range(width)],
-                       dtype=torch.int32, device=device)
-    outs = []
-    for group in (width, 1):
-        out = torch.full_like(q, float("nan"))
-        decode_attention(q, k_buf, v_buf, out, r2t, rows, seq, n, programs, D ** -0.5,
-                         queries_per_program=group)
-        outs.append(out)
-    return outs
-
-
-@needs_interpreter
-@pytest.mark.parametrize("programs", [1, 4])
-def test_a_program_taking_a_requests_nodes_in_turn_gives_the_same_bits(programs):
-    """queries_per_program = the verify's width (what large batches run) against a program a
-    node (what the chain verify node = decode query guarantee was shown for above)."""
-    grouped, single = _grouped_against_one_a_program("cpu", torch.float32, [200, 33, 97], 4,
-                                                     programs)
-    assert torch.equal(grouped, single)
-    assert not torch.isnan(grouped).any()
-
-
-def test_queries_per_program_must_divide_the_queries():
-    from specpcg.attention.triton_kernels import decode_attention
-
-    q = torch.zeros(6, H, D)
-    with pytest.raises(ValueError, match="queries_per_program=4 does not divide num_reqs=6"):
-        decode_attention(q, torch.zeros(8, HKV, D), torch.zeros(8, HKV, D), q.clone(),
-                         torch.zeros(6, ROW, dtype=torch.int32), torch.zeros(6, dtype=torch.int32),
-                         torch.ones(6, dtype=torch.int32), 6, 1, 1.0, queries_per_program=4)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("programs", [1, 8])
-def test_cuda_a_program_taking_a_requests_nodes_in_turn_gives_the_same_bits(programs):
-    """Compiled, in bf16: the grouped verify is bitwise the one a program a node."""
-    grouped, single = _grouped_against_one_a_program("cuda", torch.bfloat16,
-                                                     [300, 129, 500, 64], 8, programs)
-    assert torch.equal(grouped, single)
-    assert not torch.isnan(grouped).any()
-
-
 @needs_interpreter
 @pytest.mark.parametrize("k,n,bias", [(96, 80, False), (64, 130, True)])
 def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):

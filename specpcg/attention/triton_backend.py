@@ -39,7 +39,6 @@ class TritonAttnBackend(AttentionBackend):
         self._node_ids = None  # [size] int32 0, 1, ..: a tree node's row is its own
         self._verify_req_now = None  # the row index of each query: _verify_req or _node_ids
         self._verify_splits = 1
-        self._verify_group = 1  # verify queries (nodes) one kernel program takes in turn
         self._tree_rows = None  # [bs * E, L] slots while a draft tree's batch runs
         self._tree_rows_buf = None  # what graphs read _tree_rows from (see _tree_rows_out)
         self._verify_offsets: dict = {}  # width -> [width] int32: 1 - width .. 0
@@ -176,14 +175,8 @@ class TritonAttnBackend(AttentionBackend):
                                                                    self.device)
         self._verify_req_now = self._verify_req
         self._verify_width = width
-        # A request's nodes read the same keys (a tree's nodes share the prefix). Once the
-        # requests alone fill the SMs, one program takes all of them in turn, so each split's
-        # keys leave memory once, not once a node (a program a node: the 8B shape's verify
-        # attention at batch 64 took 3.3 ms a step on the H100, its decode's 0.9 ms); below
-        # that a program a node keeps the SMs busy.
-        self._verify_group = width if num_reqs * self.num_kv_heads >= self._num_sms else 1
         self._verify_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
-            n // self._verify_group, self.num_kv_heads, self._num_sms)
+            n, self.num_kv_heads, self._num_sms)
         return n
 
     def attend(self, q, layer_id: int, batch: ForwardBatch, out=None) -> torch.Tensor:
@@ -207,7 +200,7 @@ class TritonAttnBackend(AttentionBackend):
             triton_kernels.decode_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, rows,
                 self._verify_req_now, self._verify_seq, self._num_reqs * self._verify_width,
-                self._verify_splits, self.scale, self._verify_arrived, self._verify_group)
+                self._verify_splits, self.scale, self._verify_arrived)
         elif batch.forward_mode == ForwardMode.DECODE:
             num_real = self._num_reqs  # one query per request, request i in row i
             triton_kernels.decode_attention(

@@ -99,72 +99,32 @@ def _decode_split_kernel(
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    QUERIES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Programs (g, kv head, p) cover every query head of one KV head (each key loaded once)
-    for the QUERIES queries g * QUERIES, ... (one after another), over the key splits p,
-    p + NUM_PROGRAMS, ...: splits of SPLIT_LEN keys at fixed positions. The last program of a
-    (g, kv head) to finish merges its splits (`_merge_splits`).
+    """Programs (req, kv head, p) cover every query head of one KV head (each key loaded once)
+    over the key splits p, p + NUM_PROGRAMS, ...: splits of SPLIT_LEN keys at fixed positions.
+    The last program of a (req, kv head) to finish merges its splits (`_merge_splits`).
 
     NOTE: split boundaries depend on nothing but key positions (not the batch, not the number
-    of programs or of queries a program takes, not the mode), each split's partial result is
-    stored on its own, and the merge reads them in position order: so a query's result is
-    bitwise the same whatever it is batched with, and a verify node equals the decode query at
-    its position. A draft tree's node reads a row of its own (kernels.tree_rows): the prefix,
-    then its path. QUERIES > 1 serves a verify's nodes, which read the same keys: the program
-    that loaded a split's keys for one node reads them again, from cache, for the next."""
-    group = tl.program_id(0)
+    of programs, not the mode), each split's partial result is stored on its own, and the merge
+    reads them in position order: so a query's result is bitwise the same whatever it is batched
+    with, and a verify node equals the decode query at its position. A draft tree's node reads
+    a row of its own (kernels.tree_rows): the prefix, then its path."""
+    req = tl.program_id(0)
     kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + req)
+    num_splits = tl.cdiv(seq_len, SPLIT_LEN)
+    row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
+
     offs_g = tl.arange(0, BLOCK_H)  # BLOCK_H is GROUP_SIZE padded up to what tl.dot needs
     mask_h = offs_g < GROUP_SIZE
     heads = kv_head * GROUP_SIZE + offs_g
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    for node in range(QUERIES):
-        query = group * QUERIES + node
-        _attend_splits(q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr, req_to_token_ptr,
-                       req_pool_indices_ptr, seq_lens_ptr, query, kv_head, heads, mask_h,
-                       offs_d, mask_d, stride_q_tok, stride_q_head, stride_k_slot,
-                       stride_k_head, stride_v_slot, stride_v_head, stride_req_row, scale_log2,
-                       HEAD_DIM, NUM_HEADS, NUM_PROGRAMS, SPLIT_LEN, MAX_SPLITS, DOT_PRECISION,
-                       BLOCK_H, BLOCK_N, BLOCK_D)
-
-    # NOTE: one kernel, not a split kernel and a merge kernel: the merge was a launch per layer
-    # and step (36 of a batch-16 EAGLE3 step's 581 kernels on the H100, 67 of its 1,687 us).
-    # The barrier orders every thread's stores before the counter's release; the last to
-    # arrive (acquire) sees them all and sets the counter back to 0 for the next launch.
-    tl.debug_barrier()
-    counter = arrived_ptr + group * tl.num_programs(1) + kv_head
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_PROGRAMS - 1:
-        tl.store(counter, 0)
-        for node in range(QUERIES):
-            query = group * QUERIES + node
-            num_splits = tl.cdiv(tl.load(seq_lens_ptr + query), SPLIT_LEN)
-            mid_rows = (query.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS
-            _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d,
-                          mask_d, out_ptr + query.to(tl.int64) * stride_out_tok, heads,
-                          stride_out_head, HEAD_DIM, BLOCK_H, BLOCK_D)
-
-
-@triton.jit
-def _attend_splits(q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr, req_to_token_ptr,
-                   req_pool_indices_ptr, seq_lens_ptr, query, kv_head, heads, mask_h, offs_d,
-                   mask_d, stride_q_tok, stride_q_head, stride_k_slot, stride_k_head,
-                   stride_v_slot, stride_v_head, stride_req_row, scale_log2,
-                   HEAD_DIM: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                   SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    """One query's share of its splits (this program's): each split's normalised output and
-    log2-sum-exp2 per head, stored for the merge."""
-    seq_len = tl.load(seq_lens_ptr + query)
-    num_splits = tl.cdiv(seq_len, SPLIT_LEN)
-    row_ptr = (req_to_token_ptr
-               + tl.load(req_pool_indices_ptr + query).to(tl.int64) * stride_req_row)
-    q_offs = query.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
+    q_offs = req.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [H, D]
-    mid_rows = (query.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS  # [H]: split 0 of each head
+    mid_rows = (req.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS  # [H]: split 0 of each head
 
     for split in range(tl.program_id(2), num_splits, NUM_PROGRAMS):
         split_start = split * SPLIT_LEN
@@ -199,6 +159,18 @@ def _attend_splits(q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr, req_to
         tl.store(mid_lse_ptr + mid_rows + split, lse, mask=mask_h)
         tl.store(mid_out_ptr + (mid_rows + split)[:, None] * HEAD_DIM + offs_d[None, :],
                  acc / l_safe[:, None], mask=mask_h[:, None] & mask_d[None, :])
+
+    # NOTE: one kernel, not a split kernel and a merge kernel: the merge was a launch per layer
+    # and step (36 of a batch-16 EAGLE3 step's 581 kernels on the H100, 67 of its 1,687 us).
+    # The barrier orders every thread's stores before the counter's release; the last to
+    # arrive (acquire) sees them all and sets the counter back to 0 for the next launch.
+    tl.debug_barrier()
+    counter = arrived_ptr + req * tl.num_programs(1) + kv_head
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_PROGRAMS - 1:
+        tl.store(counter, 0)
+        _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
+                      out_ptr + req.to(tl.int64) * stride_out_tok, heads, stride_out_head,
+                      HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 @triton.jit
@@ -284,8 +256,7 @@ def split_len_for(device: torch.device) -> int:
 
 
 def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
-                     num_reqs: int, num_kv_splits: int, scale: float, arrived=None,
-                     queries_per_program: int = 1) -> None:
+                     num_reqs: int, num_kv_splits: int, scale: float, arrived=None) -> None:
     """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
 
     Each request's keys are cut into fixed splits of split_len_for(device) keys; num_kv_splits
@@ -293,19 +264,12 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     the GPU), each split's result is kept, and the last program of each (request, KV head)
     merges them in order. The number of programs changes only the speed, never the result.
 
-    queries_per_program: rows that one program's group takes in turn (it divides num_reqs): a
-    chain verify's nodes, which read the same keys, so each split's keys come from memory once
-    for all of them. Only the speed changes, never the result.
-
     arrived: int32 zeros, >= num_reqs * num_kv_heads, counting the programs done; each launch
     leaves them at zero again. Callers that replay graphs pass a buffer they keep
     (`arrival_counters`); without one, a new one is made (one more kernel: a memset).
     """
     _check_shapes(q, k_buf, out)
     assert num_kv_splits >= 1
-    if num_reqs % queries_per_program:
-        raise ValueError(f"queries_per_program={queries_per_program} does not divide "
-                         f"num_reqs={num_reqs}")
     if num_reqs == 0:
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -322,7 +286,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
                           device=q.device)  # [bs, H, S, D] per-split normalised outputs
     mid_lse = torch.empty(num_reqs, num_heads, max_splits, dtype=torch.float32,
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
-    _decode_split_kernel[(num_reqs // queries_per_program, num_kv_heads, num_kv_splits)](
+    _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
         q, k_buf, v_buf, mid_out, mid_lse, arrived, out,
         req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
@@ -331,7 +295,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads,
         NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
-        QUERIES=queries_per_program, DOT_PRECISION=_dot_precision(q.dtype),
+        DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(group_size)),
         BLOCK_N=32 if cpu else 64, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2,
