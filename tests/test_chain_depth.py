@@ -113,3 +113,51 @@ def test_a_near_tie_keeps_the_current_depth():
     e7 = expected_tokens(accept_shares(hist, 7), 7)
     chooser = _chooser(hist, {1: e1 / 0.5, 4: e4, 7: e7 * 1.02})
     assert chooser.depth(64) == 7
+
+
+def test_measured_steps_overrule_the_replays():
+    """The replays leave out attention over real keys. With shares of 0.7 they favour the whole
+    chain at batch 64 (3.1 tokens for 1.75 against 2.8 for 1.6); measured steps of 2.8 at depth
+    7 and 1.9 at depth 4 turn that round (1.12 against 1.46 tokens a unit of time)."""
+    chooser = _chooser(_geometric_hist(0.7, [7], 4000), {1: 1.0, 4: 1.6, 7: 1.75})
+    assert chooser.depth(64) == 7
+    for _ in range(depth_mod.MIN_MEASURED):
+        chooser.observe(64, 7, 2.8)
+        chooser.observe(64, 4, 1.9)
+    assert chooser.seconds(64, 7) == pytest.approx(2.8)
+    for _ in range(depth_mod.REPICK_EVERY - 1):
+        chooser.depth(64)
+    assert chooser.depth(64) == 4
+    assert chooser.info()["measured_step_ms"] == {"64x4": 1900.0, "64x7": 2800.0}
+
+
+def test_an_unmeasured_depth_takes_the_measured_surplus_per_row():
+    """Depth 7 measured 0.8 over its replay: 0.1 a verified row (8 rows), so depth 1 (2 rows)
+    is estimated at its replay + 0.2; too few measured steps count for nothing."""
+    chooser = _chooser(Counter(), {1: 1.0, 4: 1.6, 7: 2.0})
+    chooser.observe(64, 7, 2.8)
+    assert chooser.seconds(64, 1) == pytest.approx(1.0)  # one step is not a measurement
+    for _ in range(depth_mod.MIN_MEASURED):
+        chooser.observe(64, 7, 2.8)
+    assert chooser.seconds(64, 1) == pytest.approx(1.2)
+    assert chooser.seconds(64, 4) == pytest.approx(2.1)
+    assert chooser.seconds(1, 1) == pytest.approx(1.0)  # another bucket's steps do not count
+    for _ in range(depth_mod.MIN_MEASURED):
+        chooser.observe(64, 1, 0.5)  # a step measured under its replay adds nothing below it
+    assert chooser.seconds(64, 4) == pytest.approx(1.6 + 5 * 0.05)
+
+
+def test_the_timer_gives_each_step_the_interval_it_ended():
+    """Calls start at 0, 1, 3, 4, 6: with the device busy, the interval between the calls that
+    launch steps k + 1 and k + 2 is step k's. A reset (a flush) and a new bucket break the run."""
+    timer = depth_mod.StepTimer()
+    assert timer.launched(0.0, 64, 8) is None
+    assert timer.launched(1.0, 64, 5) is None
+    assert timer.launched(3.0, 64, 8) == (64, 8, 2.0)
+    assert timer.launched(4.0, 64, 8) == (64, 5, 1.0)
+    timer.reset()
+    assert timer.launched(6.0, 64, 8) is None
+    assert timer.launched(7.0, 64, 8) is None
+    assert timer.launched(8.0, 48, 8) is None  # the batch shrank: its steps are not 64's
+    assert timer.launched(9.0, 48, 8) is None
+    assert timer.launched(10.5, 48, 8) == (48, 8, 1.5)

@@ -8,8 +8,11 @@ batch-size bucket verifies the depth d of the ladder (`depth_ladder`) that maxim
 
     expected tokens per step E[d] / seconds of a step at depth d,
 
-where the seconds are the step graph's replay, timed once per (bucket, depth) at capture, and
-E[d] = 1 + sum over k <= d of P(the first k drafts are all accepted). Those probabilities come
+where the seconds are the steps' own, as run (`StepTimer`), and, for a depth the bucket has not
+run lately, the step graph's replay timed at capture plus what the bucket's steps measured
+beyond their replays, per verified row (the replays run on padding rows with no keys: attention
+over real contexts is not in them). E[d] = 1 + sum over k <= d of P(the first k drafts are all
+accepted). Those probabilities come
 from every verify so far at any depth (a truncated chain still says whether its first drafts
 passed): the share of verifies that reached draft k and accepted it, multiplied over k. A
 verify at depth d says nothing of drafts past d, so a bucket held below the full depth runs the
@@ -23,7 +26,9 @@ cut at d.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from statistics import median
+from typing import Optional
 
 # A share is measured once this many verifies reached its draft; until then the draft counts as
 # always accepted, so a bucket verifies the whole chain (and measures it) before it cuts. NGRAM's
@@ -36,6 +41,10 @@ REPICK_EVERY = 16  # steps of a bucket between two picks
 EXPLORE_EVERY = 64  # a bucket below the full depth runs it once in this many steps
 # Another depth must promise this much more to take over (its gain must beat the timing's noise).
 DEPTH_MARGIN = 0.05
+# A (bucket, depth)'s step time is the median of its last MEASURED_STEPS steps, once it has
+# MIN_MEASURED of them; before that, the replay's (see ChainDepth.seconds).
+MEASURED_STEPS = 16
+MIN_MEASURED = 4
 
 
 def depth_ladder(num_steps: int) -> list:
@@ -83,6 +92,31 @@ class ChainDepth:
         self._picked: dict = {}  # bucket -> depth
         self._known: set = set()  # drafts whose share has been measured (accept_shares)
         self._steps: Counter = Counter()  # bucket -> steps asked
+        self._measured: dict = {}  # (bucket, depth) -> the last MEASURED_STEPS step seconds
+
+    def observe(self, bucket: int, depth: int, seconds: float) -> None:
+        """A step of this bucket and depth took `seconds` (StepTimer)."""
+        key = (bucket, depth)
+        if key not in self._measured:
+            self._measured[key] = deque(maxlen=MEASURED_STEPS)
+        self._measured[key].append(seconds)
+
+    def seconds(self, bucket: int, depth: int) -> Optional[float]:
+        """A step's seconds: measured where this bucket has run the depth; else the capture's
+        replay plus the bucket's measured surplus per verified row (a step measured at depth
+        d over its replay, / (d + 1)) times this depth's rows. The surplus is mostly attention
+        over the requests' keys, which the replays on padding rows leave out: on the 8B shape
+        at batch 64 (H100) a whole-chain step measured 17 ms where its replay took 13.1."""
+        times = self._measured.get((bucket, depth), ())
+        if len(times) >= MIN_MEASURED:
+            return median(times)
+        replay = self.step_seconds.get((bucket, depth))
+        if replay is None:
+            return None
+        surplus = [max(0.0, median(t) - self.step_seconds[(b, d)]) / (d + 1)
+                   for (b, d), t in self._measured.items()
+                   if b == bucket and len(t) >= MIN_MEASURED and (b, d) in self.step_seconds]
+        return replay + (median(surplus) if surplus else 0.0) * (depth + 1)
 
     def depth(self, bucket: int) -> int:
         """The depth the next step of this bucket verifies."""
@@ -100,8 +134,8 @@ class ChainDepth:
             for key in self.hist:
                 self.hist[key] *= 0.5
         shares = accept_shares(self.hist, self.full, self._known)
-        rates = {d: expected_tokens(shares, d) / self.step_seconds[(bucket, d)]
-                 for d in self.depths if (bucket, d) in self.step_seconds}
+        seconds = {d: self.seconds(bucket, d) for d in self.depths}
+        rates = {d: expected_tokens(shares, d) / t for d, t in seconds.items() if t}
         if current not in rates:
             return self.full
         best = max(rates, key=rates.get)
@@ -112,4 +146,33 @@ class ChainDepth:
         return {"depths": self.depths, "picked": {str(b): d for b, d in sorted(self._picked.items())},
                 "accept_shares": [round(s, 3) for s in shares],
                 "step_ms": {f"{b}x{d}": round(s * 1e3, 3)
-                            for (b, d), s in sorted(self.step_seconds.items())}}
+                            for (b, d), s in sorted(self.step_seconds.items())},
+                "measured_step_ms": {f"{b}x{d}": round(median(t) * 1e3, 3)
+                                     for (b, d), t in sorted(self._measured.items()) if t}}
+
+
+class StepTimer:
+    """The seconds of overlapped speculative steps, from the times the calls that launch them
+    start. Call k launches step k, then waits for step k - 1; with the device kept busy, step k
+    starts as step k - 1 ends, so the calls that launch steps k + 1 and k + 2 start one step k
+    apart (with the host the slower side, its work a step instead). An interval counts only
+    inside one run of overlapped steps (`reset` at every flush) and within one bucket."""
+
+    def __init__(self):
+        self._launched: list = []  # (bucket, width) of the last two steps launched
+        self._start: Optional[float] = None  # when the last launching call started
+
+    def reset(self) -> None:
+        self._launched, self._start = [], None
+
+    def launched(self, now: float, bucket: int, width: int) -> Optional[tuple]:
+        """A call started at `now` to launch a step of (bucket, width): (bucket, width,
+        seconds) of the step the time since the call before measured, or None."""
+        out = None
+        if len(self._launched) == 2 and self._start is not None:
+            (b0, w0), (b1, _) = self._launched
+            if b0 == b1 == bucket:
+                out = (b0, w0, now - self._start)
+        self._launched = (self._launched + [(bucket, width)])[-2:]
+        self._start = now
+        return out

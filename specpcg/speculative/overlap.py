@@ -21,10 +21,12 @@ path, too few free KV slots.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, Optional
 
 import torch
 
+from specpcg.speculative.depth import StepTimer
 from specpcg.transfer import HostCopy, to_device
 
 
@@ -58,6 +60,7 @@ class SpecOverlap:
         self.inflight: Optional[InflightSpec] = None
         self._shortage = None  # usable()'s _shortfall, which the step it allows allocates
         self.num_steps = 0  # steps queued ahead of their results (server info)
+        self.timer = StepTimer()  # each step's seconds, for the chain depth's choice
 
     # -- when ----------------------------------------------------------------------------------
     def usable(self) -> bool:
@@ -113,13 +116,16 @@ class SpecOverlap:
     def step(self) -> tuple:
         """Queues one speculative step of every running request, then resolves the step before
         it. Returns (the requests that finished there, the tokens it emitted)."""
-        s, prev = self.s, self.inflight
+        s, prev, start = self.s, self.inflight, time.perf_counter()
         reqs = list(s.running)
         self._reserve(reqs)
         bs = self.graphs.bucket(len(reqs))
         self._arrange(prev, reqs, bs)
         width = self.graphs.pick_width(bs)
         self.graphs.run(bs, width)
+        measured = self.timer.launched(start, bs, width)
+        if measured is not None:
+            self.graphs.observe(*measured)
         self.num_steps += 1
         self.inflight = InflightSpec(reqs, HostCopy(self.graphs.state.out[width][:len(reqs)]),
                                      width)
@@ -170,6 +176,7 @@ class SpecOverlap:
         """Resolves the step in flight, if any, and gives back every slot reserved past what
         the requests hold; the synchronous loop then finds the state its own commit leaves."""
         prev, self.inflight = self.inflight, None
+        self.timer.reset()
         if prev is None:
             return []
         finished, _ = self._resolve(prev)

@@ -207,6 +207,11 @@ class SpecStepGraphs:
         """The verify width of the next step of bucket bs: the chain depth's pick + 1."""
         return self.width if self.depth is None else self.depth.depth(bs) + 1
 
+    def observe(self, bs: int, width: int, seconds: float) -> None:
+        """A step of bucket bs verifying `width` nodes took `seconds` (as run, host included)."""
+        if self.depth is not None:
+            self.depth.observe(bs, width - 1, seconds)
+
     @torch.inference_mode()
     def run(self, bs: int, width: int | None = None) -> None:
         width = width or self.width
