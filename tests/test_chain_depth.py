@@ -131,20 +131,20 @@ def test_measured_steps_overrule_the_replays():
     assert chooser.info()["measured_step_ms"] == {"64x4": 1900.0, "64x7": 2800.0}
 
 
-def test_an_unmeasured_depth_takes_the_measured_surplus_per_row():
-    """Depth 7 measured 0.8 over its replay: 0.1 a verified row (8 rows), so depth 1 (2 rows)
-    is estimated at its replay + 0.2; too few measured steps count for nothing."""
+def test_an_unmeasured_depth_takes_its_replay_scaled_as_the_measured_ones_ran():
+    """Depth 7 ran 1.4x its replay, so depth 1 is estimated at 1.4x its own; too few measured
+    steps count for nothing, and a depth that ran faster than its replay counts as 1x."""
     chooser = _chooser(Counter(), {1: 1.0, 4: 1.6, 7: 2.0})
     chooser.observe(64, 7, 2.8)
     assert chooser.seconds(64, 1) == pytest.approx(1.0)  # one step is not a measurement
     for _ in range(depth_mod.MIN_MEASURED):
         chooser.observe(64, 7, 2.8)
-    assert chooser.seconds(64, 1) == pytest.approx(1.2)
-    assert chooser.seconds(64, 4) == pytest.approx(2.1)
+    assert chooser.seconds(64, 1) == pytest.approx(1.4)
+    assert chooser.seconds(64, 4) == pytest.approx(1.6 * 1.4)
     assert chooser.seconds(1, 1) == pytest.approx(1.0)  # another bucket's steps do not count
     for _ in range(depth_mod.MIN_MEASURED):
-        chooser.observe(64, 1, 0.5)  # a step measured under its replay adds nothing below it
-    assert chooser.seconds(64, 4) == pytest.approx(1.6 + 5 * 0.05)
+        chooser.observe(64, 1, 0.5)
+    assert chooser.seconds(64, 4) == pytest.approx(1.6 * 1.2)  # the median of 1.4 and 1
 
 
 def test_the_timer_gives_each_step_the_interval_it_ended():
@@ -161,3 +161,19 @@ def test_the_timer_gives_each_step_the_interval_it_ended():
     assert timer.launched(8.0, 48, 8) is None  # the batch shrank: its steps are not 64's
     assert timer.launched(9.0, 48, 8) is None
     assert timer.launched(10.5, 48, 8) == (48, 8, 1.5)
+
+
+@pytest.mark.parametrize("replays,measured_full,want", [
+    ({1: 1.146, 4: 1.412, 7: 1.576}, 1.989, 7),  # default model: the host sets the pace
+    ({1: 7.326, 4: 10.155, 7: 12.985}, 15.972, 4),  # 8B shape: the verify's rows do
+], ids=["default", "8b"])
+def test_h100_batch_64_picks_from_the_measured_full_chain(replays, measured_full, want):
+    """Batch 64 at p = 0.7 with the step times the H100 gave (a44372f: the capture's replays,
+    then the whole chain as run): the 8B shape cuts to 4 drafts, the default model keeps 7
+    (a surplus per verified row had estimated its depth 4 at 1.67 ms where it ran 1.83)."""
+    seconds = {(1, d): 1.0 for d in (1, 4, 7)}
+    seconds.update({(64, d): s for d, s in replays.items()})
+    chooser = ChainDepth(_geometric_hist(0.7, [7], 4000), seconds)
+    for _ in range(depth_mod.MIN_MEASURED):
+        chooser.observe(64, 7, measured_full)
+    assert chooser.depth(64) == want

@@ -9,9 +9,9 @@ batch-size bucket verifies the depth d of the ladder (`depth_ladder`) that maxim
     expected tokens per step E[d] / seconds of a step at depth d,
 
 where the seconds are the steps' own, as run (`StepTimer`), and, for a depth the bucket has not
-run lately, the step graph's replay timed at capture plus what the bucket's steps measured
-beyond their replays, per verified row (the replays run on padding rows with no keys: attention
-over real contexts is not in them). E[d] = 1 + sum over k <= d of P(the first k drafts are all
+run, the step graph's replay timed at capture, scaled by how much slower than their replays the
+bucket's steps ran (the replays run on padding rows with no keys: attention over real contexts
+is not in them). E[d] = 1 + sum over k <= d of P(the first k drafts are all
 accepted). Those probabilities come
 from every verify so far at any depth (a truncated chain still says whether its first drafts
 passed): the share of verifies that reached draft k and accepted it, multiplied over k. A
@@ -103,20 +103,21 @@ class ChainDepth:
 
     def seconds(self, bucket: int, depth: int) -> Optional[float]:
         """A step's seconds: measured where this bucket has run the depth; else the capture's
-        replay plus the bucket's measured surplus per verified row (a step measured at depth
-        d over its replay, / (d + 1)) times this depth's rows. The surplus is mostly attention
-        over the requests' keys, which the replays on padding rows leave out: on the 8B shape
-        at batch 64 (H100) a whole-chain step measured 17 ms where its replay took 13.1."""
+        replay times how much slower than their replays the bucket's measured depths ran (at
+        least 1). The replays run on padding rows with no keys, so attention over real contexts
+        is not in them: on the 8B shape at batch 64 (H100) a whole-chain step measured 16.0 ms
+        where its replay took 13.0. A ratio, not a surplus per verified row: where the host
+        sets the pace (the default model at batch 64), a cut step saves less than its rows."""
         times = self._measured.get((bucket, depth), ())
         if len(times) >= MIN_MEASURED:
             return median(times)
         replay = self.step_seconds.get((bucket, depth))
         if replay is None:
             return None
-        surplus = [max(0.0, median(t) - self.step_seconds[(b, d)]) / (d + 1)
-                   for (b, d), t in self._measured.items()
-                   if b == bucket and len(t) >= MIN_MEASURED and (b, d) in self.step_seconds]
-        return replay + (median(surplus) if surplus else 0.0) * (depth + 1)
+        ratios = [max(1.0, median(t) / self.step_seconds[(b, d)])
+                  for (b, d), t in self._measured.items()
+                  if b == bucket and len(t) >= MIN_MEASURED and (b, d) in self.step_seconds]
+        return replay * (median(ratios) if ratios else 1.0)
 
     def depth(self, bucket: int) -> int:
         """The depth the next step of this bucket verifies."""
