@@ -11,13 +11,13 @@ batch-size bucket verifies the depth d of the ladder (`depth_ladder`) that maxim
 where the seconds are the steps' own, as run (`StepTimer`), and, for a depth the bucket has not
 run, the step graph's replay timed at capture, scaled by how much slower than their replays the
 bucket's steps ran (the replays run on padding rows with no keys: attention over real contexts
-is not in them). E[d] = 1 + sum over k <= d of P(the first k drafts are all
-accepted). Those probabilities come
-from every verify so far at any depth (a truncated chain still says whether its first drafts
-passed): the share of verifies that reached draft k and accepted it, multiplied over k. A
-verify at depth d says nothing of drafts past d, so a bucket held below the full depth runs the
-full chain once every EXPLORE_EVERY steps to keep those shares current; a draft no verify has
-reached often enough yet counts as accepted, so a bucket cuts only on measured shares.
+is not in them). E[d] = 1 + sum over k <= d of P(the first k drafts are all accepted). Those
+probabilities come from every verify so far at any depth (a truncated chain still says whether
+its first drafts passed): the share of verifies that reached draft k and accepted it,
+multiplied over k. A verify at depth d says nothing of drafts past d, so a bucket held below the
+full depth runs the full chain once every EXPLORE_EVERY steps to keep those shares current; a
+draft no verify has reached often enough yet counts as accepted, so a bucket cuts only on
+measured shares.
 
 Truncating a chain is lossless: the draft still proposes its whole chain (its own state stays
 what a full round leaves), and the verify accepts exactly the prefix a full verify would have,
