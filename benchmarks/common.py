@@ -329,9 +329,10 @@ def batch_decode(metas: list[dict]) -> dict:
     start = max(m["ttft"] for m in metas)
     slowest = max(metas, key=lambda m: m["e2e_latency"])
     first = min(metas, key=lambda m: m["e2e_latency"])
+    steps = max(decode_steps(first), 1)
     return {"itl_s": (slowest["e2e_latency"] - start) / max(slowest["completion_tokens"] - 1, 1),
-            "step_s": (first["e2e_latency"] - start) / max(decode_steps(first), 1),
-            "tokens_per_step": (first["completion_tokens"] - 1) / max(decode_steps(first), 1)}
+            "step_s": (first["e2e_latency"] - start) / steps,
+            "tokens_per_step": (first["completion_tokens"] - 1) / steps}
 
 
 def served_by(engine, mode: str, fn: Callable) -> tuple:
