@@ -211,7 +211,8 @@ def part_b(args, s: Settings, model_label: str, target: str, info: dict) -> None
             if prob == 1.0 and abs(m["accept_length_engine"] - (s.b_steps + 1)) > 1e-6:
                 print(f"  WARNING: p=1 gave AL {m['accept_length_engine']:.3f}, not "
                       f"{s.b_steps + 1}: proposals were not full length", flush=True)
-            records.append({"bench": "accept", "part": "B", "model": model_label, "algorithm":
+            records.append({"bench": "accept", "part": "B", "model": model_label,
+                            "stack_nodes": not args.no_stack_nodes, "algorithm":
                             "NGRAM" if prob else None, "prob": prob, "num_steps": s.b_steps,
                             "num_draft_tokens": s.b_steps + 1, "batch_size": bs, "prompt_len":
                             s.b_prompt_len, "new_tokens": s.b_new_tokens, "repeats": s.repeats,
@@ -256,6 +257,8 @@ def parse_args(argv=None):
     p.add_argument("--b-batches", nargs="+", type=int, default=None)
     p.add_argument("--b-probs", nargs="+", type=float, default=None)
     p.add_argument("--chain-depth", action="store_true", help="B: chain depth per batch size")
+    p.add_argument("--no-stack-nodes", action="store_true", help="B: split-K verify with a "
+                   "program a node (TritonAttnBackend.stack_chain_nodes off), to compare")
     for name in ("num_prompts", "num_shots", "max_new_tokens", "a_batch", "b_steps",
                  "b_prompt_len", "b_new_tokens", "repeats"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
@@ -279,6 +282,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
+    if args.no_stack_nodes:
+        from specpcg.attention.triton_backend import TritonAttnBackend
+        TritonAttnBackend.stack_chain_nodes = False
     if not args.table_only:
         given = {f: getattr(args, f) for f in Settings.__dataclass_fields__
                  if getattr(args, f, None) is not None}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import os
 import pstats
 import tempfile
@@ -144,18 +145,23 @@ def main(argv=None) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--verify-kernel", default="split_k", help="triton_verify_kernel")
+    p.add_argument("--stack-nodes", nargs="+", choices=("on", "off"), default=["on"],
+                   help="split-K chain verify with a program taking a request's nodes (on) or "
+                   "a program a node (off); both: side by side")
     p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
+    from specpcg.attention.triton_backend import TritonAttnBackend
     from specpcg.models.loader import default_model_path
 
     args.model_path = args.model_path or default_model_path()
     with tempfile.TemporaryDirectory() as tmp:
-        for system in args.systems:
-            for bs in args.batches:
-                row = probe(system, bs, args, tmp)
-                show(row)
-                if args.out:
-                    common.append_jsonl(args.out, [row])
+        for stack, system, bs in itertools.product(args.stack_nodes, args.systems, args.batches):
+            TritonAttnBackend.stack_chain_nodes = stack == "on"
+            row = {**probe(system, bs, args, tmp), "stack_nodes": stack}
+            print(f"stack nodes {stack}:", end=" ")
+            show(row)
+            if args.out:
+                common.append_jsonl(args.out, [row])
 
 
 if __name__ == "__main__":

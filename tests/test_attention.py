@@ -405,6 +405,23 @@ def test_auto_verify_kernel_takes_split_k_where_extend_would_leave_sms_idle():
         assert backend._split_k_verify(1) is split and backend._split_k_verify(64) is split
 
 
+def test_a_chain_verify_stacks_a_requests_nodes_in_one_program(monkeypatch):
+    """A chain's nodes share a row: one kernel program takes all of a request's nodes, its
+    splits counted over requests; stack_chain_nodes off gives a program a node again."""
+    from specpcg.attention import triton_kernels
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    cache = _make_cache("cpu", torch.float32, 16)
+    backend = TritonAttnBackend(cache, NUM_HEADS, NUM_KV_HEADS, 16, 0.25)
+    backend._num_sms = 132  # an H100's SM count
+    for stack, nodes in ((True, 8), (False, 1)):
+        monkeypatch.setattr(TritonAttnBackend, "stack_chain_nodes", stack)
+        backend._expand_verify(3, 8)
+        assert backend._verify_nodes == nodes
+        assert backend._verify_splits == triton_kernels.pick_num_kv_splits(
+            3 * 8 // nodes, NUM_KV_HEADS, 132)
+
+
 def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
     from specpcg.config import EngineConfig
 

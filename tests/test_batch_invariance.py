@@ -185,6 +185,71 @@ def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs)
                                    atol=1e-5, rtol=1e-5)
 
 
+def _stacked_against_one_a_program(device, dtype, lens, width, programs, heads=H, kv_heads=HKV,
+                                   dim=D):
+    """A chain verify of `width` nodes per request (node j sees its row up to itself) run with
+    one program taking each request's nodes together and with a program a node:
+    (stacked, single)."""
+    from specpcg.attention.triton_kernels import decode_attention
+
+    gen = torch.Generator().manual_seed(13)
+    slots = sum(lens) + 1
+    k_buf, v_buf = (torch.randn(slots, kv_heads, dim, generator=gen).to(device, dtype)
+                    for _ in range(2))
+    r2t = torch.zeros(len(lens), max(lens), dtype=torch.int32)
+    perm, at = torch.randperm(sum(lens), generator=gen) + 1, 0
+    for i, m in enumerate(lens):
+        r2t[i, :m], at = perm[at:at + m].to(torch.int32), at + m
+    n = len(lens) * width
+    q = torch.randn(n, heads, dim, generator=gen).to(device, dtype)
+    rows = torch.arange(len(lens), dtype=torch.int32).repeat_interleave(width)
+    seq = torch.tensor([m - width + 1 + j for m in lens for j in range(width)], dtype=torch.int32)
+    outs = []
+    for nodes in (width, 1):
+        out = torch.full_like(q, float("nan"))
+        decode_attention(q, k_buf, v_buf, out, r2t.to(device), rows.to(device), seq.to(device),
+                         n, programs, dim ** -0.5, nodes_per_program=nodes)
+        outs.append(out)
+    return outs
+
+
+@needs_interpreter
+@pytest.mark.parametrize("programs", [1, 4])
+def test_a_program_taking_a_requests_nodes_together_gives_the_same_bits(programs):
+    """nodes_per_program = the verify's width against a program a node (what the chain verify
+    node = decode query guarantee was shown for above). Lengths cross split boundaries (32 keys
+    on CPU): a request's first nodes then have a split with none of their keys."""
+    stacked, single = _stacked_against_one_a_program("cpu", torch.float32, [200, 33, 130, 97],
+                                                     4, programs)
+    assert torch.equal(stacked, single)
+    assert not torch.isnan(stacked).any()
+
+
+def test_nodes_per_program_must_divide_the_queries():
+    from specpcg.attention.triton_kernels import decode_attention
+
+    q = torch.zeros(6, H, D)
+    with pytest.raises(ValueError, match="nodes_per_program=4 does not divide num_reqs=6"):
+        decode_attention(q, torch.zeros(8, HKV, D), torch.zeros(8, HKV, D), q.clone(),
+                         torch.zeros(6, ROW, dtype=torch.int32), torch.zeros(6, dtype=torch.int32),
+                         torch.ones(6, dtype=torch.int32), 6, 1, 1.0, nodes_per_program=4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize("width,programs", [(8, 1), (8, 8), (5, 2), (2, 16)])
+def test_cuda_a_program_taking_a_requests_nodes_together_gives_the_same_bits(
+        dtype, heads, kv_heads, dim, width, programs):
+    """Compiled, in the shapes of SmolLM2-135M and Llama-3-8B: the stacked verify (nodes x
+    heads in the dot's rows) is bitwise the verify with a program a node, which is the decode."""
+    stacked, single = _stacked_against_one_a_program(
+        "cuda", dtype, [300, 129, 500, 64, 1000, 257], width, programs, heads, kv_heads, dim)
+    assert torch.equal(stacked, single)
+    assert not torch.isnan(stacked).any()
+
+
 @needs_interpreter
 @pytest.mark.parametrize("k,n,bias", [(96, 80, False), (64, 130, True)])
 def test_a_matmul_row_is_the_same_whatever_rows_come_with_it(k, n, bias):

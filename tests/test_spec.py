@@ -153,8 +153,8 @@ def test_verify_kernels_are_lossless_on_the_triton_backend(tmp_path, monkeypatch
     want = [o["output_ids"] for o in plain.generate(input_ids=ids, sampling_params=params)]
     expanded = []
     real = TritonAttnBackend._size_verify  # chains and trees both size their node queries
-    monkeypatch.setattr(TritonAttnBackend, "_size_verify", lambda self, n, w:
-                        expanded.append((n, w)) or real(self, n, w))
+    monkeypatch.setattr(TritonAttnBackend, "_size_verify", lambda self, n, w, nodes:
+                        expanded.append((n, w)) or real(self, n, w, nodes))
     tree = dict(speculative_eagle_topk=3, speculative_num_steps=3,
                 speculative_num_draft_tokens=6) if kernel == "tree" else {}
     spec = tiny_engine(str(tmp_path), attention_backend="triton", speculative_algorithm="NGRAM",

@@ -98,37 +98,47 @@ def _decode_split_kernel(
     stride_out_tok, stride_out_head, stride_req_row,
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr, MAX_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    NODES: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Programs (req, kv head, p) cover every query head of one KV head (each key loaded once)
-    over the key splits p, p + NUM_PROGRAMS, ...: splits of SPLIT_LEN keys at fixed positions.
-    The last program of a (req, kv head) to finish merges its splits (`_merge_splits`).
+    """Programs (c, kv head, p) cover every query head of one KV head (each key loaded once)
+    for queries c * NODES .. c * NODES + NODES - 1, over the key splits p, p + NUM_PROGRAMS, ...:
+    splits of SPLIT_LEN keys at fixed positions. The queries of a program read one row (a
+    chain's verify nodes: node j sees the row up to itself), stacked in the dot's rows as
+    (node, head); NODES = 1 is a decode. The last program of a (c, kv head) to finish merges
+    its splits (`_merge_splits`).
 
     NOTE: split boundaries depend on nothing but key positions (not the batch, not the number
     of programs, not the mode), each split's partial result is stored on its own, and the merge
     reads them in position order: so a query's result is bitwise the same whatever it is batched
-    with, and a verify node equals the decode query at its position. A draft tree's node reads
-    a row of its own (kernels.tree_rows): the prefix, then its path."""
-    req = tl.program_id(0)
+    with, and a verify node equals the decode query at its position. A key past a query's own
+    length, read for a later node of the same program, scores -inf: it leaves the running max,
+    sum and output exactly as they were, and a split with none of the query's keys stores
+    lse = -inf and zeros, which the merge skips. A draft tree's node reads a row of its own
+    (kernels.tree_rows) and runs with NODES = 1."""
+    prog = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + req)
+    offs_r = tl.arange(0, BLOCK_H)  # BLOCK_H is NODES * GROUP_SIZE padded up for tl.dot
+    mask_h = offs_r < NODES * GROUP_SIZE
+    query = (prog * NODES + offs_r // GROUP_SIZE).to(tl.int64)  # [H]
+    heads = kv_head * GROUP_SIZE + offs_r % GROUP_SIZE
+    lens = tl.load(seq_lens_ptr + query, mask=mask_h, other=0)  # [H] each query's keys
+    seq_len = tl.max(lens, 0)
     num_splits = tl.cdiv(seq_len, SPLIT_LEN)
-    row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
+    row_ptr = (req_to_token_ptr
+               + tl.load(req_pool_indices_ptr + prog * NODES).to(tl.int64) * stride_req_row)
 
-    offs_g = tl.arange(0, BLOCK_H)  # BLOCK_H is GROUP_SIZE padded up to what tl.dot needs
-    mask_h = offs_g < GROUP_SIZE
-    heads = kv_head * GROUP_SIZE + offs_g
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    q_offs = req.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
+    q_offs = query[:, None] * stride_q_tok + heads[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)  # [H, D]
-    mid_rows = (req.to(tl.int64) * NUM_HEADS + heads) * MAX_SPLITS  # [H]: split 0 of each head
+    mid_rows = (query * NUM_HEADS + heads) * MAX_SPLITS  # [H]: split 0 of each row
 
     for split in range(tl.program_id(2), num_splits, NUM_PROGRAMS):
         split_start = split * SPLIT_LEN
         split_end = tl.minimum(split_start + SPLIT_LEN, seq_len)
+        row_end = tl.minimum(split_start + SPLIT_LEN, lens)  # [H]
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -142,7 +152,7 @@ def _decode_split_kernel(
             v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
                         + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
-            s = tl.where(mask_n[None, :], s, float("-inf"))  # [H, N]
+            s = tl.where(offs_n[None, :] < row_end[:, None], s, float("-inf"))  # [H, N]
             # A block of masked keys has max -inf: shift by 0 there, not by -inf (NaN).
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -165,19 +175,19 @@ def _decode_split_kernel(
     # The barrier orders every thread's stores before the counter's release; the last to
     # arrive (acquire) sees them all and sets the counter back to 0 for the next launch.
     tl.debug_barrier()
-    counter = arrived_ptr + req * tl.num_programs(1) + kv_head
+    counter = arrived_ptr + prog * tl.num_programs(1) + kv_head
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_PROGRAMS - 1:
         tl.store(counter, 0)
         _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
-                      out_ptr + req.to(tl.int64) * stride_out_tok, heads, stride_out_head,
+                      out_ptr + query * stride_out_tok + heads * stride_out_head,
                       HEAD_DIM, BLOCK_H, BLOCK_D)
 
 
 @triton.jit
 def _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
-                  out_row_ptr, heads, stride_out_head,
-                  HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merges each head's split results in split order (an online log-sum-exp merge), skipping
+                  out_rows_ptr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Merges each row's split results in split order (an online log-sum-exp merge), skipping
     empty splits, so the result depends only on the splits. Loads bypass L1 (".cg"): other
     programs wrote the splits, and an SM's L1 may hold the lines of an earlier launch."""
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -199,8 +209,8 @@ def _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d
         m = m_new
     # seq_len 0 (a padded request) leaves no split: output zeros, not NaN.
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(out_row_ptr + heads[:, None] * stride_out_head + offs_d[None, :],
-             out.to(out_row_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(out_rows_ptr[:, None] + offs_d[None, :],
+             out.to(out_rows_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -256,7 +266,8 @@ def split_len_for(device: torch.device) -> int:
 
 
 def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens,
-                     num_reqs: int, num_kv_splits: int, scale: float, arrived=None) -> None:
+                     num_reqs: int, num_kv_splits: int, scale: float, arrived=None,
+                     nodes_per_program: int = 1) -> None:
     """Split-K decode: row i of q is request i's only query; writes rows 0..num_reqs-1 of out.
 
     Each request's keys are cut into fixed splits of split_len_for(device) keys; num_kv_splits
@@ -267,9 +278,17 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     arrived: int32 zeros, >= num_reqs * num_kv_heads, counting the programs done; each launch
     leaves them at zero again. Callers that replay graphs pass a buffer they keep
     (`arrival_counters`); without one, a new one is made (one more kernel: a memset).
+
+    nodes_per_program: queries taken together by one program, which must read the same row
+    (a chain verify's nodes, node j seeing the row up to itself): each key block is loaded once
+    for all of them and their heads share the dot's rows. The results are bitwise those of a
+    program a query (tests/test_batch_invariance.py, on the interpreter and compiled).
     """
     _check_shapes(q, k_buf, out)
     assert num_kv_splits >= 1
+    if num_reqs % nodes_per_program:
+        raise ValueError(f"nodes_per_program={nodes_per_program} does not divide "
+                         f"num_reqs={num_reqs}")
     if num_reqs == 0:
         return
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -286,7 +305,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
                           device=q.device)  # [bs, H, S, D] per-split normalised outputs
     mid_lse = torch.empty(num_reqs, num_heads, max_splits, dtype=torch.float32,
                           device=q.device)  # [bs, H, S] per-split log2-sum-exp2
-    _decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
+    _decode_split_kernel[(num_reqs // nodes_per_program, num_kv_heads, num_kv_splits)](
         q, k_buf, v_buf, mid_out, mid_lse, arrived, out,
         req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
@@ -294,9 +313,9 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         req_to_token.stride(0),
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads,
-        NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len, MAX_SPLITS=max_splits,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        BLOCK_H=max(16, triton.next_power_of_2(group_size)),
+        NODES=nodes_per_program, NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len,
+        MAX_SPLITS=max_splits, DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_H=max(16, triton.next_power_of_2(nodes_per_program * group_size)),
         BLOCK_N=32 if cpu else 64, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2,
     )
