@@ -420,6 +420,10 @@ def test_a_chain_verify_stacks_a_requests_nodes_in_one_program(monkeypatch):
         assert backend._verify_nodes == nodes
         assert backend._verify_splits == triton_kernels.pick_num_kv_splits(
             3 * 8 // nodes, NUM_KV_HEADS, 132)
+    backend.device = torch.device("cuda")  # float32 on a GPU: a program a node
+    monkeypatch.setattr(TritonAttnBackend, "stack_chain_nodes", True)
+    backend._expand_verify(3, 8)
+    assert backend._verify_nodes == 1
 
 
 def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
