@@ -157,7 +157,7 @@ class TritonAttnBackend(AttentionBackend):
         own KV is saved before the kernel runs): node j sees its row up to itself (a chain).
         With stack_chain_nodes one kernel program takes a request's nodes: a program a node
         read each key once a node (the 8B shape's verify attention at batch 64 took 3.3 ms a
-        step on the H100, its decode's 0.9 ms)."""
+        step on the H100, its decode's 0.9 ms; stacked, 1.3 ms)."""
         n = self._size_verify(num_reqs, width, width if self._stacks_nodes() else 1)
         self._verify_req[:n].view(num_reqs, width).copy_(
             self._req_pool_indices[:num_reqs, None].expand(num_reqs, width))
