@@ -22,13 +22,13 @@ H, HKV, D = 4, 2, 16
 ROW = 512  # keys a row can hold
 
 
-def _world(lens: list, seed: int = 0):
-    """Paged KV for one row per request (slots interleaved), and q of one query per request."""
+def _world(lens: list, seed: int = 0, kv_heads: int = HKV, dim: int = D, row: int = ROW):
+    """Paged KV for one row per request (slots interleaved)."""
     gen = torch.Generator().manual_seed(seed)
     slots = sum(lens) + 1
-    k_buf = torch.randn(slots, HKV, D, generator=gen)
-    v_buf = torch.randn(slots, HKV, D, generator=gen)
-    req_to_token = torch.zeros(len(lens), ROW, dtype=torch.int32)
+    k_buf = torch.randn(slots, kv_heads, dim, generator=gen)
+    v_buf = torch.randn(slots, kv_heads, dim, generator=gen)
+    req_to_token = torch.zeros(len(lens), row, dtype=torch.int32)
     perm = torch.randperm(sum(lens), generator=gen) + 1
     at = 0
     for i, n in enumerate(lens):
@@ -192,16 +192,10 @@ def _stacked_against_one_a_program(device, dtype, lens, width, programs, heads=H
     (stacked, single)."""
     from specpcg.attention.triton_kernels import decode_attention
 
-    gen = torch.Generator().manual_seed(13)
-    slots = sum(lens) + 1
-    k_buf, v_buf = (torch.randn(slots, kv_heads, dim, generator=gen).to(device, dtype)
-                    for _ in range(2))
-    r2t = torch.zeros(len(lens), max(lens), dtype=torch.int32)
-    perm, at = torch.randperm(sum(lens), generator=gen) + 1, 0
-    for i, m in enumerate(lens):
-        r2t[i, :m], at = perm[at:at + m].to(torch.int32), at + m
+    k_buf, v_buf, r2t = _world(lens, 13, kv_heads, dim, max(lens))
+    k_buf, v_buf = k_buf.to(device, dtype), v_buf.to(device, dtype)
     n = len(lens) * width
-    q = torch.randn(n, heads, dim, generator=gen).to(device, dtype)
+    q = torch.randn(n, heads, dim, generator=torch.Generator().manual_seed(13)).to(device, dtype)
     rows = torch.arange(len(lens), dtype=torch.int32).repeat_interleave(width)
     seq = torch.tensor([m - width + 1 + j for m in lens for j in range(width)], dtype=torch.int32)
     outs = []

@@ -90,6 +90,14 @@ def _extend_attn_kernel(
              mask=mask_m[:, None] & mask_d[None, :])
 
 
+# NOTE (the split-K decode kernel below): split boundaries depend on nothing but key positions
+# (not the batch, not the number of programs, not the mode), each split's partial result is
+# stored on its own, and the merge reads them in position order: so a query's result is bitwise
+# the same whatever it is batched with, and a verify node equals the decode query at its
+# position. A key past a query's own length, read for a later node of the same program, scores
+# -inf: it leaves the running max, sum and output exactly as they were, and a split with none of
+# the query's keys stores lse = -inf and zeros, which the merge skips. A draft tree's node reads
+# a row of its own (kernels.tree_rows) and runs with NODES = 1.
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr, arrived_ptr, out_ptr,
@@ -103,20 +111,10 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Programs (c, kv head, p) cover every query head of one KV head (each key loaded once)
-    for queries c * NODES .. c * NODES + NODES - 1, over the key splits p, p + NUM_PROGRAMS, ...:
-    splits of SPLIT_LEN keys at fixed positions. The queries of a program read one row (a
-    chain's verify nodes: node j sees the row up to itself), stacked in the dot's rows as
-    (node, head); NODES = 1 is a decode. The last program of a (c, kv head) to finish merges
-    its splits (`_merge_splits`).
-
-    NOTE: split boundaries depend on nothing but key positions (not the batch, not the number
-    of programs, not the mode), each split's partial result is stored on its own, and the merge
-    reads them in position order: so a query's result is bitwise the same whatever it is batched
-    with, and a verify node equals the decode query at its position. A key past a query's own
-    length, read for a later node of the same program, scores -inf: it leaves the running max,
-    sum and output exactly as they were, and a split with none of the query's keys stores
-    lse = -inf and zeros, which the merge skips. A draft tree's node reads a row of its own
-    (kernels.tree_rows) and runs with NODES = 1."""
+    for queries c * NODES .. c * NODES + NODES - 1 (one row: a chain's verify nodes, stacked in
+    the dot's rows as (node, head); NODES = 1 is a decode), over the key splits p,
+    p + NUM_PROGRAMS, ... of SPLIT_LEN keys at fixed positions (see the NOTE above). The last
+    program of a (c, kv head) to finish merges its splits (`_merge_splits`)."""
     prog = tl.program_id(0)
     kv_head = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK_H)  # BLOCK_H is NODES * GROUP_SIZE padded up for tl.dot
