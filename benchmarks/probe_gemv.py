@@ -1,15 +1,16 @@
-"""Weight bandwidth of a batch-1 decode step's matmuls (CUDA only): cuBLAS (F.linear) against
-the one-row GEMV kernel (kernels/gemv_triton.py) at each of a sweep of tilings, over the
-Llama-3-8B shape's weights (qkv, o, gate_up, down, LM head) and the default model's.
+"""Weight bandwidth of a few-row step's matmuls (CUDA only): cuBLAS (F.linear) against the GEMV
+kernel (kernels/gemv_triton.py) at each of a sweep of tilings, over the Llama-3-8B shape's
+weights (qkv, o, gate_up, down, LM head) and the default model's, for each row count asked
+(1: a batch-1 decode; 8: a batch-1 chain verify of 8 nodes).
 
 Each timing replays one call per copy of the weight, captured in one CUDA graph (no launch
 gaps; bench_matmul.time_us), with enough copies that none stays in L2, as in a real step where
 the whole model streams through. The gate_up shapes run with the SiLU-and-mul epilogue against cuBLAS followed
-by the SiLU-and-mul kernel. Lines: shape, backend (cublas, triton, chosen: the kernel's own
-tiling), config (BLOCK_N, BLOCK_K, warps, stages), us per call, GB/s of weight read, and the
-fraction of a device-to-device copy's rate. s_*: the default model's shapes.
+by the SiLU-and-mul kernel. Lines: shape, rows, backend (cublas, triton, chosen: the kernel's
+own tiling), config (BLOCK_N, BLOCK_K, warps, stages), us per call, GB/s of weight read, and
+the fraction of a device-to-device copy's rate. s_*: the default model's shapes.
 
-    python benchmarks/probe_gemv.py [--shapes qkv o ...] > out.txt
+    python benchmarks/probe_gemv.py [--shapes qkv o ...] [--rows 1 8] > out.txt
 """
 
 from __future__ import annotations
@@ -32,39 +33,44 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
 CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 1024), (2, 512), (2, 1024), (4, 256), (4, 512),
                                          (8, 256), (8, 512), (16, 128), (16, 256), (32, 128))
            for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
+# several rows hold ROWS x BLOCK_N x BLOCK_K accumulators: narrower tiles, more warps
+ROW_CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 256), (1, 512), (1, 1024), (2, 256), (2, 512),
+                                             (4, 128), (4, 256))
+               for w, s in ((4, 3), (4, 4), (8, 3), (8, 4))]
 
 
 def gemv(x, w, out, cfg, silu_mul=False):
-    from kernels.gemv_triton import _gemv_kernel
+    from kernels.gemv_triton import _gemv_kernel, row_block
 
     bn, bk, warps, stages = cfg
-    n = out.shape[-1]
-    _gemv_kernel[(triton.cdiv(n, bn),)](x, w, w, out, n, x.shape[-1], n if silu_mul else 0,
-                                       w.stride(0), HAS_BIAS=False, SILU_MUL=silu_mul,
+    m, n = out.shape
+    _gemv_kernel[(triton.cdiv(n, bn),)](x, w, w, out, m, n, x.shape[-1], n if silu_mul else 0,
+                                       x.stride(0), w.stride(0), out.stride(0),
+                                       HAS_BIAS=False, SILU_MUL=silu_mul, ROWS=row_block(m),
                                        BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
                                        num_stages=stages)
 
 
-def sweep(name: str, n: int, k: int, dev, copy_bps: float) -> None:
-    """Every config on one shape at one row (gate_up shapes: with the SiLU-and-mul epilogue,
-    against cuBLAS followed by the SiLU-and-mul kernel)."""
+def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:
+    """Every config on one shape at `rows` rows (gate_up shapes: with the SiLU-and-mul
+    epilogue, against cuBLAS followed by the SiLU-and-mul kernel)."""
     from kernels import fused_ops
     from kernels.gemv_triton import tiling
 
     nbytes = n * k * 2
     copies = max(2, -(-400_000_000 // nbytes))
     ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
     silu = "gate_up" in name
-    out = torch.empty(1, n // 2 if silu else n, device=dev, dtype=torch.bfloat16)
+    out = torch.empty(rows, n // 2 if silu else n, device=dev, dtype=torch.bfloat16)
     if silu:
         def ref(a, w):
             return fused_ops.silu_and_mul(torch.nn.functional.linear(a, w))
     else:
         ref = torch.nn.functional.linear
     rows = [("cublas", "-", time_us(ref, ws, x))]
-    chosen = tiling(out.shape[-1], k)
-    for cfg in CONFIGS + ([chosen] if chosen else []):
+    chosen = tiling(out.shape[-1], k, rows)
+    for cfg in (CONFIGS if rows == 1 else ROW_CONFIGS) + ([chosen] if chosen else []):
         try:
             gemv(x, ws[0], out, cfg, silu)
         except Exception as err:  # noqa: BLE001 (a config the GPU refuses)
@@ -74,20 +80,22 @@ def sweep(name: str, n: int, k: int, dev, copy_bps: float) -> None:
         rows.append((label, cfg, time_us(lambda a, w: gemv(a, w, out, cfg, silu), ws, x)))
     best = sorted(rows, key=lambda r: r[2])
     for row in best[:4] + [r for r in rows if r[0] != "triton"]:
-        print(f"{name:9s} {row[0]:7s} {str(row[1]):18s} {row[2]:8.2f} us "
+        print(f"{name:9s} {rows:2d} {row[0]:7s} {str(row[1]):18s} {row[2]:8.2f} us "
               f"{nbytes / row[2] / 1e3:6.0f} GB/s {nbytes / row[2] * 1e6 / copy_bps:.3f}")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--rows", nargs="+", type=int, default=[1])
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     copy_bps = copy_bandwidth(dev)
     print(f"# copy {copy_bps / 1e9:.0f} GB/s")
-    for name in args.shapes:
-        sweep(name, *SHAPES[name], dev, copy_bps)
-        torch.cuda.empty_cache()
+    for rows in args.rows:
+        for name in args.shapes:
+            sweep(name, *SHAPES[name], rows, dev, copy_bps)
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

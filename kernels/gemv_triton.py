@@ -1,12 +1,13 @@
-"""One-row linear layers in Triton: y = x @ w.T (+ bias), and silu(x @ gate.T) * (x @ up.T) in
-the same pass over a fused [gate; up] weight.
+"""Linear layers of a few rows (1 to MAX_ROWS) in Triton: y = x @ w.T (+ bias), and
+silu(x @ gate.T) * (x @ up.T) in the same pass over a fused [gate; up] weight.
 
-A batch-1 decode step reads every weight once for one row of activations, so its matmuls are
-bound by memory. cuBLAS runs them as tensor-core tiles of 8 rows and splits K for the narrow
-ones (o and down), which costs a second kernel to add the splits; the SiLU-and-mul after the
-gate/up matmul is a third. Here each program reads BLOCK_N whole weight rows in BLOCK_K steps,
-keeps an fp32 product per element and reduces once at the end: no split, no workspace, and the
-activation in the epilogue.
+A batch-1 decode step reads every weight once for one row of activations, and a batch-1 chain
+verify for eight, so their matmuls are bound by memory. cuBLAS runs them as tensor-core tiles
+of 8 rows and splits K for the narrow ones (o and down), which costs a second kernel to add the
+splits; the SiLU-and-mul after the gate/up matmul is a third. Here each program reads BLOCK_N
+whole weight rows in BLOCK_K steps, once for all the activation rows, keeps an fp32 product per
+element and reduces once at the end: no split, no workspace, and the activation in the
+epilogue.
 
 NOTE: an output element's sum depends on K and BLOCK_K only (`tiling`), never on N, so a
 column shard of a weight (tensor parallelism) gives the same bits as the whole weight.
@@ -19,63 +20,78 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.gemv import MAX_ROWS
+
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
-                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_wn, stride_ym,
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, ROWS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program: BLOCK_N outputs. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET
-    . x), each sum rounded to the output dtype first, as silu_and_mul over a matmul's output."""
+    """One program: BLOCK_N outputs of each of the M <= ROWS rows of x, so a weight tile is
+    read once for all rows. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET . x),
+    each sum rounded to the output dtype first, as silu_and_mul over a matmul's output."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
+    offs_m = tl.arange(0, ROWS)
+    mask_m = offs_m < M
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acts = x_ptr + offs_m[:, None] * stride_xm
+    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([ROWS, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         mask = mask_n[:, None] & mask_k[None, :]
-        x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
-        acc += tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32) * x
+        x = tl.load(acts + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        x = x.to(tl.float32)[:, None, :]
+        w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
+        acc += w.to(tl.float32)[None, :, :] * x
         if SILU_MUL:
             up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-            acc_up += up.to(tl.float32) * x
-    y = tl.sum(acc, 1)
+            acc_up += up.to(tl.float32)[None, :, :] * x
+    y = tl.sum(acc, 2)
     if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:
         dtype = y_ptr.dtype.element_ty
         gate = y.to(dtype).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        y = act * tl.sum(acc_up, 1).to(dtype).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+        y = act * tl.sum(acc_up, 2).to(dtype).to(tl.float32)
+    out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def tiling(n: int, k: int) -> tuple | None:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for `n` outputs of depth `k`, or None where
-    cuBLAS is faster. BLOCK_K follows K alone (see the NOTE above).
+def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for `n` outputs of depth `k` over `rows` rows
+    of activations, or None where cuBLAS is faster. BLOCK_K follows K alone (see the NOTE).
 
-    Fitted on an H200 (`python benchmarks/probe_gemv.py`, CUDA-graph replays, weights out of
-    L2): one or two rows a program and 1,024-deep steps read the Llama-3-8B shape's weights at
-    0.76-1.08 of a device copy's rate where cuBLAS reached 0.63-1.05 (o: 10.6 against 12.7 us;
-    gate/up with its SiLU-and-mul: 54.4 against 60.6 us), and the default model's 1.7-1.9x
-    faster. A wide and shallow weight (the default model's tied LM head, 49,152 x 576) is
-    the exception: cuBLAS 16.0 us, the best tiling here 17.0."""
-    if k < 1024 and n > 16384:
+    One row, fitted on an H200 (`python benchmarks/probe_gemv.py`, CUDA-graph replays, weights
+    out of L2): one or two rows a program and 1,024-deep steps read the Llama-3-8B shape's
+    weights at 0.76-1.08 of a device copy's rate where cuBLAS reached 0.63-1.05 (o: 10.6
+    against 12.7 us; gate/up with its SiLU-and-mul: 54.4 against 60.6 us), and the default
+    model's 1.7-1.9x faster. A wide and shallow weight (the default model's tied LM head,
+    49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0."""
+    if rows > MAX_ROWS or (k < 1024 and n > 16384):
         return None
-    return (2 if n >= 65536 else 1), 1024, 4, 4
+    return (2 if n >= 65536 and rows == 1 else 1), 1024, (4 if rows <= 2 else 8), 4
+
+
+def row_block(m: int) -> int:
+    """The kernel's ROWS for m rows: the next power of two."""
+    return 1 << (m - 1).bit_length()
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-    """x [1, K] (unit column stride), weight [N, K] with unit column stride, out [1, N] or, for
-    silu_mul, [1, N / 2] (weight rows: gate, then up). Returns out."""
+    """x [M, K] (M <= MAX_ROWS, unit column stride), weight [N, K] with unit column stride,
+    out [M, N] contiguous or, for silu_mul, [M, N / 2] (weight rows: gate, then up). Returns
+    out."""
+    m, k = x.shape
     n_out = out.shape[-1]
-    k = x.shape[-1]
-    block_n, block_k, warps, stages = tiling(n_out, k) or (1, 1024, 4, 4)
+    block_n, block_k, warps, stages = tiling(n_out, k, m) or (1, 1024, 4, 4)
     _gemv_kernel[(triton.cdiv(n_out, block_n),)](
-        x, weight, bias if bias is not None else weight, out, n_out, k,
-        n_out if silu_mul else 0, weight.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages)
+        x, weight, bias if bias is not None else weight, out, m, n_out, k,
+        n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, ROWS=row_block(m), BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages)
     return out

@@ -1,4 +1,4 @@
-"""The one-row GEMV kernel (kernels/gemv*.py) against its torch twins, its dispatch rule, and
+"""The few-row GEMV kernel (kernels/gemv*.py) against its torch twins, its dispatch rule, and
 the model's Linear that uses it.
 
 On CPU the kernel runs in the Triton interpreter in fp32 (the interpreter truncates to bf16);
@@ -31,18 +31,20 @@ def _close_fp32(actual, expected):
 @needs_interpreter
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_kernel_matches_f_linear(n, k, bias):
-    x, w = torch.randn(1, k), torch.randn(n, k) / k ** 0.5
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_kernel_matches_f_linear(n, k, bias, rows):
+    x, w = torch.randn(rows, k), torch.randn(n, k) / k ** 0.5
     b = torch.randn(n) if bias else None
     _close_fp32(gemv.linear(x, w, b, use_triton=True), gemv.linear_torch(x, w, b))
 
 
 @needs_interpreter
 @pytest.mark.parametrize("n,k", SHAPES[:3])
-def test_silu_mul_kernel_matches_twin_and_the_plain_kernel(n, k):
+@pytest.mark.parametrize("rows", [1, 6])
+def test_silu_mul_kernel_matches_twin_and_the_plain_kernel(n, k, rows):
     """The fused epilogue rounds each half's sum first, so it is bitwise the SiLU-and-mul
     kernel over the plain GEMV's output."""
-    x, w = torch.randn(1, k), torch.randn(2 * n, k) / k ** 0.5  # sums of order 1
+    x, w = torch.randn(rows, k), torch.randn(2 * n, k) / k ** 0.5  # sums of order 1
     fused = gemv.linear_silu_mul(x, w, use_triton=True)
     _close_fp32(fused, gemv.linear_silu_mul_torch(x, w))
     plain = gemv.linear(x, w, use_triton=True)
@@ -58,34 +60,53 @@ def test_the_tile_width_never_changes_a_sum(monkeypatch, block_n):
 
     x, w = torch.randn(1, 1500), torch.randn(40, 1500)
     one_row = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k: (block_n, 1024, 4, 4))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 1024, 4, 4))
     assert torch.equal(gemv.linear(x, w, use_triton=True), one_row)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), one_row[:, 17:])
+
+
+@needs_interpreter
+def test_a_row_keeps_its_bits_among_others():
+    """A row's sums do not depend on the rows beside it (a verify node's against its decode),
+    nor on where the rows sit in memory (a strided view)."""
+    x, w = torch.randn(7, 1500), torch.randn(40, 1500)
+    alone = torch.cat([gemv.linear(x[i:i + 1], w, use_triton=True) for i in range(7)])
+    assert torch.equal(gemv.linear(x, w, use_triton=True), alone)
+    wide = torch.randn(7, 1600)[:, :1500]
+    wide.copy_(x)
+    assert torch.equal(gemv.linear(wide, w, use_triton=True), alone)
+    fused = gemv.linear_silu_mul(x[:5], w, use_triton=True)
+    assert torch.equal(fused[3:4], gemv.linear_silu_mul(x[3:4], w, use_triton=True))
 
 
 def test_a_wide_shallow_weight_stays_on_cublas():
     from kernels import gemv_triton
 
     assert gemv_triton.tiling(49152, 576) is None  # the default model's tied LM head
+    assert gemv_triton.tiling(49152, 576, 8) is None
     assert gemv_triton.tiling(128256, 4096) == (2, 1024, 4, 4)
     assert gemv_triton.tiling(4096, 14336) == (1, 1024, 4, 4)
+    assert gemv_triton.tiling(4096, 14336, gemv.MAX_ROWS + 1) is None
 
 
-def test_only_one_row_on_cuda_outside_autograd_takes_the_kernel():
+def test_only_a_few_rows_on_cuda_outside_autograd_take_the_kernel():
     w = torch.randn(8, 16, dtype=torch.bfloat16)
     assert not gemv.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16), w)  # CPU
     if torch.cuda.is_available():
         wc = w.cuda()
-        assert gemv.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16, device="cuda"), wc)
-        assert not gemv.gemv_applies(torch.randn(2, 16, dtype=torch.bfloat16, device="cuda"), wc)
+        for rows in (1, 2, gemv.MAX_ROWS):
+            x = torch.randn(rows, 16, dtype=torch.bfloat16, device="cuda")
+            assert gemv.gemv_applies(x, wc)
+        x = torch.randn(gemv.MAX_ROWS + 1, 16, dtype=torch.bfloat16, device="cuda")
+        assert not gemv.gemv_applies(x, wc)
         assert not gemv.gemv_applies(torch.randn(1, 16, device="cuda"), wc.float())
         assert not gemv.gemv_applies(torch.randn(1, 16, dtype=torch.bfloat16, device="cuda"),
                                      wc.clone().requires_grad_())
 
 
 def test_bad_calls_name_the_shape():
-    with pytest.raises(ValueError, match=r"one row of activations, got x of shape \(2, 16\)"):
-        gemv.linear(torch.randn(2, 16), torch.randn(8, 16), use_triton=True)
+    with pytest.raises(ValueError, match=r"1 to 8 rows of activations, got x of shape \(9, 16\)"):
+        gemv.linear(torch.randn(9, 16), torch.randn(8, 16), use_triton=True)
     with pytest.raises(ValueError, match=r"even row count, got \(7, 16\)"):
         gemv.linear_silu_mul(torch.randn(1, 16), torch.randn(7, 16))
 
@@ -113,8 +134,9 @@ def test_training_through_the_model_linear_keeps_gradients():
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (4096, 14336), (49152, 576),
                                  (960, 576)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_kernel_matches_cublas(n, k, dtype):
-    x = torch.randn(1, k, device="cuda", dtype=dtype)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_cuda_kernel_matches_cublas(n, k, dtype, rows):
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
     w = (torch.randn(n, k, device="cuda") * 0.02).to(dtype)
     ref = torch.nn.functional.linear(x.float(), w.float())
     got = gemv.linear(x, w).float()
@@ -122,6 +144,25 @@ def test_cuda_kernel_matches_cublas(n, k, dtype):
     gate_up = torch.nn.functional.linear(x, torch.cat([w, w.flip(0)]))
     torch.testing.assert_close(gemv.linear_silu_mul(x, torch.cat([w, w.flip(0)])).float(),
                                fused_ops.silu_and_mul(gate_up).float(), atol=2e-2, rtol=1.6e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n,k", [(960, 576), (4096, 14336)])
+def test_cuda_rows_keep_their_bits(n, k):
+    """Compiled, a row's bits match its one-row call for every row count sharing a ROWS
+    block's tiling; tiling(n, k, rows) is checked for every count here."""
+    from kernels import gemv_triton
+
+    x = torch.randn(gemv.MAX_ROWS, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(2 * n, k, device="cuda") * 0.02).to(torch.bfloat16)
+    alone = torch.cat([gemv.linear(x[i:i + 1], w, use_triton=True) for i in range(len(x))])
+    fused = torch.cat([gemv.linear_silu_mul(x[i:i + 1], w, use_triton=True)
+                       for i in range(len(x))])
+    same_k = [m for m in range(1, gemv.MAX_ROWS + 1)
+              if gemv_triton.tiling(2 * n, k, m)[1] == gemv_triton.tiling(2 * n, k)[1]]
+    for m in same_k:
+        assert torch.equal(gemv.linear(x[:m], w, use_triton=True), alone[:m]), m
+        assert torch.equal(gemv.linear_silu_mul(x[:m], w, use_triton=True), fused[:m]), m
 
 
 @pytest.mark.cuda
