@@ -68,7 +68,7 @@ def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:
             return fused_ops.silu_and_mul(torch.nn.functional.linear(a, w))
     else:
         ref = torch.nn.functional.linear
-    rows = [("cublas", "-", time_us(ref, ws, x))]
+    results = [("cublas", "-", time_us(ref, ws, x))]
     chosen = tiling(out.shape[-1], k, rows)
     for cfg in (CONFIGS if rows == 1 else ROW_CONFIGS) + ([chosen] if chosen else []):
         try:
@@ -77,9 +77,9 @@ def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:
             print(f"# {name} {cfg}: {type(err).__name__}")
             continue
         label = "chosen" if cfg == chosen else "triton"
-        rows.append((label, cfg, time_us(lambda a, w: gemv(a, w, out, cfg, silu), ws, x)))
-    best = sorted(rows, key=lambda r: r[2])
-    for row in best[:4] + [r for r in rows if r[0] != "triton"]:
+        results.append((label, cfg, time_us(lambda a, w: gemv(a, w, out, cfg, silu), ws, x)))
+    best = sorted(results, key=lambda r: r[2])
+    for row in best[:4] + [r for r in results if r[0] != "triton"]:
         print(f"{name:9s} {rows:2d} {row[0]:7s} {str(row[1]):18s} {row[2]:8.2f} us "
               f"{nbytes / row[2] / 1e3:6.0f} GB/s {nbytes / row[2] * 1e6 / copy_bps:.3f}")
 
