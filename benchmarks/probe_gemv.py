@@ -33,22 +33,25 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
 CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 1024), (2, 512), (2, 1024), (4, 256), (4, 512),
                                          (8, 256), (8, 512), (16, 128), (16, 256), (32, 128))
            for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
-# several rows hold ROWS x BLOCK_N x BLOCK_K accumulators: narrower tiles, more warps
-ROW_CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 256), (1, 512), (1, 1024), (2, 256), (2, 512),
-                                             (4, 128), (4, 256))
-               for w, s in ((4, 3), (4, 4), (8, 3), (8, 4))]
+# 2-8 rows: _rows_kernel's tiles (16 padded rows x BLOCK_N outputs on tensor cores)
+ROW_CONFIGS = [(bn, bk, w, s) for bn in (16, 32, 64) for bk in (64, 128, 256)
+               for w, s in ((4, 3), (4, 4))]
 
 
 def gemv(x, w, out, cfg, silu_mul=False):
-    from kernels.gemv_triton import _gemv_kernel, row_block
+    from kernels.gemv_triton import _gemv_kernel, _rows_kernel
 
     bn, bk, warps, stages = cfg
     m, n = out.shape
-    _gemv_kernel[(triton.cdiv(n, bn),)](x, w, w, out, m, n, x.shape[-1], n if silu_mul else 0,
-                                       x.stride(0), w.stride(0), out.stride(0),
-                                       HAS_BIAS=False, SILU_MUL=silu_mul, ROWS=row_block(m),
-                                       BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                                       num_stages=stages)
+    args = (x, w, w, out)
+    flags = dict(HAS_BIAS=False, SILU_MUL=silu_mul, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                 num_stages=stages)
+    grid = (triton.cdiv(n, bn),)
+    if m == 1:
+        _gemv_kernel[grid](*args, n, x.shape[-1], n if silu_mul else 0, w.stride(0), **flags)
+    else:
+        _rows_kernel[grid](*args, m, n, x.shape[-1], n if silu_mul else 0, x.stride(0),
+                           w.stride(0), out.stride(0), **flags)
 
 
 def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:

@@ -24,39 +24,68 @@ from kernels.gemv import MAX_ROWS
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_wn, stride_ym,
-                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, ROWS: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program: BLOCK_N outputs of each of the M <= ROWS rows of x, so a weight tile is
-    read once for all rows. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET . x),
-    each sum rounded to the output dtype first, as silu_and_mul over a matmul's output."""
+    """One program: BLOCK_N outputs. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET
+    . x), each sum rounded to the output dtype first, as silu_and_mul over a matmul's output."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    offs_m = tl.arange(0, ROWS)
-    mask_m = offs_m < M
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    acts = x_ptr + offs_m[:, None] * stride_xm
-    acc = tl.zeros([ROWS, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([ROWS, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         mask = mask_n[:, None] & mask_k[None, :]
-        x = tl.load(acts + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        x = x.to(tl.float32)[:, None, :]
-        w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
-        acc += w.to(tl.float32)[None, :, :] * x
+        x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32) * x
         if SILU_MUL:
             up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-            acc_up += up.to(tl.float32)[None, :, :] * x
-    y = tl.sum(acc, 2)
+            acc_up += up.to(tl.float32) * x
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        dtype = y_ptr.dtype.element_ty
+        gate = y.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        y = act * tl.sum(acc_up, 1).to(dtype).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_wn,
+                 stride_ym, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """2 to 16 rows: BLOCK_N outputs of each row a program, on tensor cores (the rows padded
+    to 16, which costs nothing where the weight's read is the bound). The epilogue is the
+    one-row kernel's."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, 16)
+    mask_m = offs_m < M
+    cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
+    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        mask = mask_k[:, None] & mask_n[None, :]
+        acc = tl.dot(x, tl.load(cols + offs_k[:, None], mask=mask, other=0.0), acc)
+        if SILU_MUL:
+            up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask, other=0.0)
+            acc_up = tl.dot(x, up, acc_up)
+    y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if SILU_MUL:
         dtype = y_ptr.dtype.element_ty
         gate = y.to(dtype).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        y = act * tl.sum(acc_up, 2).to(dtype).to(tl.float32)
+        y = act * acc_up.to(dtype).to(tl.float32)
     out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
@@ -73,25 +102,31 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
     49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384):
         return None
-    return (2 if n >= 65536 and rows == 1 else 1), 1024, (4 if rows <= 2 else 8), 4
+    if rows == 1:
+        return (2 if n >= 65536 else 1), 1024, 4, 4
+    return ROWS_TILING if n * k < (8 << 20) else None
 
 
-def row_block(m: int) -> int:
-    """The kernel's ROWS for m rows: the next power of two."""
-    return 1 << (m - 1).bit_length()
+ROWS_TILING = (32, 128, 4, 3)  # 2-8 rows (_rows_kernel)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride), weight [N, K] with unit column stride,
-    out [M, N] contiguous or, for silu_mul, [M, N / 2] (weight rows: gate, then up). Returns
-    out."""
+    out [M, N] or, for silu_mul, [M, N / 2] (weight rows: gate, then up), unit column stride.
+    Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    block_n, block_k, warps, stages = tiling(n_out, k, m) or (1, 1024, 4, 4)
-    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
-        x, weight, bias if bias is not None else weight, out, m, n_out, k,
-        n_out if silu_mul else 0, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, ROWS=row_block(m), BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    block_n, block_k, warps, stages = tiling(n_out, k, m) or (ROWS_TILING if m > 1
+                                                              else (1, 1024, 4, 4))
+    args = (x, weight, bias if bias is not None else weight, out)
+    flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
+                 BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    grid = (triton.cdiv(n_out, block_n),)
+    up_offset = n_out if silu_mul else 0
+    if m == 1:
+        _gemv_kernel[grid](*args, n_out, k, up_offset, weight.stride(0), **flags)
+    else:
+        _rows_kernel[grid](*args, m, n_out, k, up_offset, x.stride(0), weight.stride(0),
+                           out.stride(0), **flags)
     return out
