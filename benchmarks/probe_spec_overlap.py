@@ -10,7 +10,8 @@ decodes one batch of repeated-id prompts (chat prompts with --draft) three times
   kernels that take most of it.
 A step whose wall time is near its host time with little waiting is bound by the host; one
 whose kernel time is far below its wall time while the host waits is bound by the gaps between
-kernels (launch latency inside a graph). JSON lines go to --out.
+kernels (launch latency inside a graph): the device's idle time per step, in gaps shorter and
+longer than GAP_US, tells the two apart. JSON lines go to --out.
 
     python benchmarks/probe_spec_overlap.py --systems none EAGLE3 --batches 1 16 64 --prob 0.7
     python benchmarks/probe_spec_overlap.py --systems EAGLE3 --draft DIR --batches 1 16
@@ -74,8 +75,27 @@ def host_profile(engine, run, top: int) -> tuple:
     return wall, wait, rows
 
 
+GAP_US = 20  # an idle device gap at least this long waits on the host, not a graph's launch
+
+
+def device_gaps(prof) -> tuple:
+    """(seconds the device idled between kernels in gaps under GAP_US, in longer gaps): the
+    first is launch latency inside graphs and queues, the second waiting on the host."""
+    events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                    key=lambda e: e.time_range.start)
+    short = long = 0.0
+    end = events[0].time_range.end if events else 0
+    for e in events[1:]:
+        gap = e.time_range.start - end
+        if gap > 0:
+            short, long = (short + gap, long) if gap < GAP_US else (short, long + gap)
+        end = max(end, e.time_range.end)
+    return short / 1e6, long / 1e6
+
+
 def device_profile(run) -> tuple:
-    """(kernel seconds, kernel launches, [(seconds, calls, name)] of the top kernels)."""
+    """(kernel seconds, kernel launches, [(seconds, calls, name)] of the top kernels,
+    device_gaps)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -84,7 +104,8 @@ def device_profile(run) -> tuple:
     total = sum(e.self_device_time_total for e in kernels) / 1e6
     calls = sum(e.count for e in kernels)
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
-    return total, calls, [(e.self_device_time_total / 1e6, e.count, e.key[:70]) for e in top]
+    return (total, calls, [(e.self_device_time_total / 1e6, e.count, e.key[:70]) for e in top],
+            device_gaps(prof))
 
 
 def probe(system: str, bs: int, args, tmp: str) -> dict:
@@ -111,8 +132,10 @@ def probe(system: str, bs: int, args, tmp: str) -> dict:
     row.update(profiled_us_per_step=wall / steps * 1e6, wait_us_per_step=wait / steps * 1e6,
                host_us_per_step=(wall - wait) / steps * 1e6)
     if engine.device.type == "cuda":
-        kernel_s, launches, dev_top = device_profile(run)
+        kernel_s, launches, dev_top, (short, long) = device_profile(run)
         row.update(kernel_us_per_step=kernel_s / steps * 1e6, kernels_per_step=launches / steps,
+                   short_gaps_us_per_step=short / steps * 1e6,
+                   long_gaps_us_per_step=long / steps * 1e6,
                    top_kernels=[{"us_per_step": s / steps * 1e6, "per_step": c / steps,
                                  "name": n} for s, c, n in dev_top])
     row["top_host"] = [{"us_per_step": s / steps * 1e6, "per_step": c / steps, "func": f}
@@ -127,7 +150,9 @@ def show(row: dict) -> None:
           f"{row['tok_s']:,.0f} tok/s, wall {row['wall_us_per_step']:.0f} us/step; "
           f"profiled host {row['host_us_per_step']:.0f} + waiting {row['wait_us_per_step']:.0f} "
           f"us/step; kernels {row.get('kernel_us_per_step', 0):.0f} us/step in "
-          f"{row.get('kernels_per_step', 0):.0f} launches", flush=True)
+          f"{row.get('kernels_per_step', 0):.0f} launches; device idle "
+          f"{row.get('short_gaps_us_per_step', 0):.0f} us/step in gaps under {GAP_US} us, "
+          f"{row.get('long_gaps_us_per_step', 0):.0f} in longer", flush=True)
     for k in row.get("top_kernels", []):
         print(f"   {k['us_per_step']:8.1f} us {k['per_step']:6.1f}/step  {k['name']}")
     for h in row["top_host"]:

@@ -99,15 +99,18 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
     weights at 0.76-1.08 of a device copy's rate where cuBLAS reached 0.63-1.05 (o: 10.6
     against 12.7 us; gate/up with its SiLU-and-mul: 54.4 against 60.6 us), and the default
     model's 1.7-1.9x faster. A wide and shallow weight (the default model's tied LM head,
-    49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0."""
+    49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0.
+
+    2-8 rows, fitted on an H100 (`probe_gemv.py --rows 8`): wide tiles and 256-deep steps on
+    the 8B shape's weights (qkv 20.2 against cuBLAS's 20.8 us, gate/up with its SiLU-and-mul
+    81.9 against 85.6, its LM head 344 against 391), narrow ones on the default model's (3.3-
+    4.9 against 3.5-5.8 us); its tied LM head gains 3% here and stays on cuBLAS."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384):
         return None
     if rows == 1:
         return (2 if n >= 65536 else 1), 1024, 4, 4
-    return ROWS_TILING if n * k < (8 << 20) else None
-
-
-ROWS_TILING = (32, 128, 4, 3)  # 2-8 rows (_rows_kernel)
+    block_n = 64 if n * k >= (8 << 20) else 16 if n < k else 32
+    return block_n, (256 if k >= 1024 else 128), 4, 4
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -117,7 +120,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    block_n, block_k, warps, stages = tiling(n_out, k, m) or (ROWS_TILING if m > 1
+    block_n, block_k, warps, stages = tiling(n_out, k, m) or ((32, 128, 4, 4) if m > 1
                                                               else (1, 1024, 4, 4))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
