@@ -36,6 +36,8 @@ CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 1024), (2, 512), (2, 1024), (4, 256
 # 2-8 rows: _rows_kernel's tiles (16 padded rows x BLOCK_N outputs on tensor cores)
 ROW_CONFIGS = [(bn, bk, w, s) for bn in (16, 32, 64) for bk in (64, 128, 256)
                for w, s in ((4, 3), (4, 4))]
+ROW_CONFIGS += [(bn, bk, w, s) for bn in (16, 32) for bk in (512, 1024)
+                for w, s in ((2, 1), (4, 1), (4, 2), (8, 1))]
 
 
 def gemv(x, w, out, cfg, silu_mul=False):

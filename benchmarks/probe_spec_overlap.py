@@ -79,18 +79,21 @@ GAP_US = 20  # an idle device gap at least this long waits on the host, not a gr
 
 
 def device_gaps(prof) -> tuple:
-    """(seconds the device idled between kernels in gaps under GAP_US, in longer gaps): the
-    first is launch latency inside graphs and queues, the second waiting on the host."""
+    """(seconds the device idled between kernels in gaps under GAP_US, in longer gaps, the
+    longer gaps as (us from the first kernel, us long, the kernel after it)): the first is
+    launch latency inside graphs and queues, the second waiting on the host."""
     events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
                     key=lambda e: e.time_range.start)
-    short = long = 0.0
+    short, longs = 0.0, []
     end = events[0].time_range.end if events else 0
     for e in events[1:]:
         gap = e.time_range.start - end
-        if gap > 0:
-            short, long = (short + gap, long) if gap < GAP_US else (short, long + gap)
+        if gap >= GAP_US:
+            longs.append((round(end - events[0].time_range.start), round(gap), e.name[:40]))
+        elif gap > 0:
+            short += gap
         end = max(end, e.time_range.end)
-    return short / 1e6, long / 1e6
+    return short / 1e6, sum(g[1] for g in longs) / 1e6, longs
 
 
 def device_profile(run) -> tuple:
@@ -132,10 +135,10 @@ def probe(system: str, bs: int, args, tmp: str) -> dict:
     row.update(profiled_us_per_step=wall / steps * 1e6, wait_us_per_step=wait / steps * 1e6,
                host_us_per_step=(wall - wait) / steps * 1e6)
     if engine.device.type == "cuda":
-        kernel_s, launches, dev_top, (short, long) = device_profile(run)
+        kernel_s, launches, dev_top, (short, long, longs) = device_profile(run)
         row.update(kernel_us_per_step=kernel_s / steps * 1e6, kernels_per_step=launches / steps,
                    short_gaps_us_per_step=short / steps * 1e6,
-                   long_gaps_us_per_step=long / steps * 1e6,
+                   long_gaps_us_per_step=long / steps * 1e6, long_gaps=longs,
                    top_kernels=[{"us_per_step": s / steps * 1e6, "per_step": c / steps,
                                  "name": n} for s, c, n in dev_top])
     row["top_host"] = [{"us_per_step": s / steps * 1e6, "per_step": c / steps, "func": f}
