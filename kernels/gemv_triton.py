@@ -4,13 +4,17 @@ silu(x @ gate.T) * (x @ up.T) in the same pass over a fused [gate; up] weight.
 A batch-1 decode step reads every weight once for one row of activations, and a batch-1 chain
 verify for eight, so their matmuls are bound by memory. cuBLAS runs them as tensor-core tiles
 of 8 rows and splits K for the narrow ones (o and down), which costs a second kernel to add the
-splits; the SiLU-and-mul after the gate/up matmul is a third. Here each program reads BLOCK_N
-whole weight rows in BLOCK_K steps, once for all the activation rows, keeps an fp32 product per
-element and reduces once at the end: no split, no workspace, and the activation in the
-epilogue.
+splits; the SiLU-and-mul after the gate/up matmul is a third. One row (`_gemv_kernel`): each
+program reads BLOCK_N whole weight rows in BLOCK_K steps, keeps an fp32 product per element and
+reduces once at the end: no split, no workspace, and the activation in the epilogue. 2 to
+MAX_ROWS rows (`_rows_kernel`): the rows padded to 16 on tensor cores, each weight tile read
+once for all of them, the same epilogue. (fp32 products on CUDA cores for several rows ran
+1.4-3.7x slower than cuBLAS at 8 rows: every program re-read the activations.)
 
-NOTE: an output element's sum depends on K and BLOCK_K only (`tiling`), never on N, so a
-column shard of a weight (tensor parallelism) gives the same bits as the whole weight.
+NOTE: an output's sum depends on K and BLOCK_K only: BLOCK_K follows K (`tiling`), one row's
+BLOCK_N never changes a sum, and from 2 rows the whole tiling follows K. So a column shard of
+a weight (tensor parallelism) gives the same bits as the whole weight. From 2 rows a row's
+bits do not depend on the other rows either.
 The launcher reads no tensor values on the host: capturable in a CUDA graph once compiled.
 """
 
@@ -92,7 +96,7 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stri
 
 def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for `n` outputs of depth `k` over `rows` rows
-    of activations, or None where cuBLAS is faster. BLOCK_K follows K alone (see the NOTE).
+    of activations, or None where cuBLAS is faster. The tiles follow K alone (see the NOTE).
 
     One row, fitted on an H200 (`python benchmarks/probe_gemv.py`, CUDA-graph replays, weights
     out of L2): one or two rows a program and 1,024-deep steps read the Llama-3-8B shape's
@@ -109,7 +113,8 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
         return None
     if rows == 1:
         return (2 if n >= 65536 else 1), 1024, 4, 4
-    block_n = 64 if n * k >= (8 << 20) else 16 if n < k else 32
+    # by K alone, like BLOCK_K: a tensor-parallel shard (fewer outputs) keeps the tiling
+    block_n = 64 if k >= 4096 else 16 if k >= 1024 else 32
     return block_n, (256 if k >= 1024 else 128), 4, 4
 
 

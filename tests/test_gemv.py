@@ -88,9 +88,9 @@ def test_a_wide_shallow_weight_stays_on_cublas():
     assert gemv_triton.tiling(128256, 4096) == (2, 1024, 4, 4)
     assert gemv_triton.tiling(4096, 14336) == (1, 1024, 4, 4)
     assert gemv_triton.tiling(4096, 14336, gemv.MAX_ROWS + 1) is None
-    # 2-8 rows: wide tiles on large weights, narrow on small; BLOCK_K by K alone
+    # 2-8 rows: wide tiles on large weights, narrow on small; by K alone
     assert gemv_triton.tiling(4096, 14336, 8) == (64, 256, 4, 4)
-    assert gemv_triton.tiling(2048, 14336, 2)[1] == 256  # a tensor-parallel shard of it
+    assert gemv_triton.tiling(2048, 14336, 2) == (64, 256, 4, 4)  # a tensor-parallel shard
     assert gemv_triton.tiling(576, 1536, 8) == (16, 256, 4, 4)
     assert gemv_triton.tiling(960, 576, 2) == (32, 128, 4, 4)
 
