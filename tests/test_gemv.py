@@ -66,6 +66,20 @@ def test_the_tile_width_never_changes_a_sum(monkeypatch, block_n):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_the_rows_kernel_tile_width_never_changes_a_sum(monkeypatch, block_n):
+    """From 2 rows too: BLOCK_N leaves each output's sum alone (a shard's bits)."""
+    from kernels import gemv_triton
+
+    x, w = torch.randn(3, 1500), torch.randn(80, 1500)
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (32, 256, 4, 4))
+    whole = gemv.linear(x, w, use_triton=True)
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 256, 4, 4))
+    assert torch.equal(gemv.linear(x, w, use_triton=True), whole)
+    assert torch.equal(gemv.linear(x, w[17:], use_triton=True), whole[:, 17:])
+
+
+@needs_interpreter
 def test_a_row_keeps_its_bits_among_others():
     """From 2 rows up, a row's sums do not depend on the rows beside it (a verify node's
     against the same node in a wider verify), nor on where the rows sit in memory."""
@@ -80,7 +94,7 @@ def test_a_row_keeps_its_bits_among_others():
     assert torch.equal(fused[3:5], gemv.linear_silu_mul(x[3:5], w, use_triton=True))
 
 
-def test_a_wide_shallow_weight_stays_on_cublas():
+def test_the_fitted_tiling_and_where_cublas_stays():
     from kernels import gemv_triton
 
     assert gemv_triton.tiling(49152, 576) is None  # the default model's tied LM head
