@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
 
 import common
 
@@ -41,19 +40,9 @@ ROW_CONFIGS += [(bn, bk, w, s) for bn in (16, 32) for bk in (512, 1024)
 
 
 def gemv(x, w, out, cfg, silu_mul=False):
-    from kernels.gemv_triton import _gemv_kernel, _rows_kernel
+    from kernels.gemv_triton import gemv as launch
 
-    bn, bk, warps, stages = cfg
-    m, n = out.shape
-    args = (x, w, w, out)
-    flags = dict(HAS_BIAS=False, SILU_MUL=silu_mul, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                 num_stages=stages)
-    grid = (triton.cdiv(n, bn),)
-    if m == 1:
-        _gemv_kernel[grid](*args, n, x.shape[-1], n if silu_mul else 0, w.stride(0), **flags)
-    else:
-        _rows_kernel[grid](*args, m, n, x.shape[-1], n if silu_mul else 0, x.stride(0),
-                           w.stride(0), out.stride(0), **flags)
+    launch(x, w, None, out, silu_mul, tile=cfg)
 
 
 def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:

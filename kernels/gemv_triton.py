@@ -119,14 +119,15 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         out: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+         out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride), weight [N, K] with unit column stride,
     out [M, N] or, for silu_mul, [M, N / 2] (weight rows: gate, then up), unit column stride.
+    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of `tiling`'s (probe_gemv's sweep).
     Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    block_n, block_k, warps, stages = tiling(n_out, k, m) or ((32, 128, 4, 4) if m > 1
-                                                              else (1, 1024, 4, 4))
+    block_n, block_k, warps, stages = tile or tiling(n_out, k, m) or (
+        (32, 128, 4, 4) if m > 1 else (1, 1024, 4, 4))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
                  BLOCK_K=block_k, num_warps=warps, num_stages=stages)
