@@ -63,6 +63,18 @@ def instrument(engine) -> list:
                         "s": seconds})
             return record(batch_size, spec, tokens, seconds)
         s.adaptive.record = logged
+        choose = s.adaptive._choose
+
+        def chosen(b, finish):
+            b.last_finish = None
+            spec = choose(b, finish)
+            log.append({"kind": "choose", "bs": len(s.running), "spec": spec,
+                        "waiting": len(s.waiting), "finish_s": b.last_finish,
+                        "rates": [b.spec.tok_s, b.decode.tok_s],
+                        "step_s": [b.spec.step_s, b.decode.step_s],
+                        "switch_s": b.switch_cost})
+            return spec
+        s.adaptive._choose = chosen
     return log
 
 
@@ -72,6 +84,8 @@ def summary(log: list, wall: float, tokens: int) -> dict:
     kinds = defaultdict(lambda: {"calls": 0, "s": 0.0, "tokens": 0})
     rec = defaultdict(lambda: {"steps": 0, "s": 0.0, "per_req": 0.0})
     for e in log:
+        if e["kind"] == "choose":
+            continue
         if e["kind"] == "record":
             r = rec["spec" if e["spec"] else "plain"]
             r["steps"] += 1
@@ -140,7 +154,8 @@ def main(argv=None) -> None:
                 if ov is not None:
                     ov.__dict__.pop("flush", None)
             if engine.scheduler.adaptive is not None:
-                engine.scheduler.adaptive.__dict__.pop("record", None)
+                for name in ("record", "_choose"):
+                    engine.scheduler.adaptive.__dict__.pop(name, None)
         # NOTE: shutdown alone left the next engine no memory for its KV cache (H100, 7f5f586).
         close(engine)
     if out:

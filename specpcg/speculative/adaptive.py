@@ -185,6 +185,9 @@ class _Bucket:
     since_finish: int = REDECIDE_EVERY  # steps since the last choice on a finish estimate
     # Seconds a switch step took beyond the steady step after it, the last few.
     switch_s: deque = field(default_factory=lambda: deque(maxlen=8))
+    # (speculative, plain) seconds to finish the batch at the last choice that estimated them,
+    # the switch included (probe_adaptive_steps.py logs them).
+    last_finish: Optional[tuple] = None
 
     @property
     def switch_cost(self) -> float:
@@ -220,6 +223,7 @@ class _Bucket:
                 plain_time, spec_time = ((plain_time + self.switch_cost, spec_time)
                                          if self.spec_chosen
                                          else (plain_time, spec_time + self.switch_cost))
+            self.last_finish = (spec_time, plain_time)
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
             self.spec_chosen = spec >= plain
