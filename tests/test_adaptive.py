@@ -241,14 +241,16 @@ def test_the_finish_counts_the_batch_shrinking_as_requests_end():
 def test_finish_reads_each_requests_budget_and_own_accept_length():
     from types import SimpleNamespace
 
-    def req(max_new, out, verifies, plain):
+    def req(max_new, out, verifies, accepted, plain):
         return SimpleNamespace(params=SimpleNamespace(max_new_tokens=max_new),
                                output_ids=[0] * out, spec_verify_ct=verifies,
-                               plain_decode_tokens=plain)
+                               spec_accepted_drafts=accepted, plain_decode_tokens=plain)
 
-    f = Finish.of([req(128, 28, 10, 8), req(64, 10, 3, 0), req(16, 16, 0, 16)])
-    assert f.remaining == (100, 54, 1)
-    assert f.spec_tokens == (20, 10, 0) and f.verifies == (10, 3, 0)
+    # The first output came from the prefill: not a verify's, whatever else ran.
+    f = Finish.of([req(128, 29, 10, 10, 8), req(64, 11, 3, 7, 0), req(16, 17, 0, 0, 16),
+                   req(32, 9, 8, 0, 0)])
+    assert f.remaining == (99, 53, 1, 23)
+    assert f.spec_tokens == (20, 10, 0, 8) and f.verifies == (10, 3, 0, 8)
 
 
 def test_the_choice_follows_a_change_in_speed():
