@@ -14,7 +14,7 @@ sets the mean chance that a draft token is accepted: 0.05 is an untrained draft,
 speculating never pays.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
-        [--seeds 6] [--hiccup PROB X] [--look-budget 0.03]
+        [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth]
 """
 
 from __future__ import annotations
@@ -69,11 +69,22 @@ def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
     return ctrl.use_spec(len(running), finish)
 
 
+def _alpha_at(r: SimRequest, new_tokens: int, growth: bool) -> float:
+    """A request's accept chance at its next token: its own, or with `growth` rising from 0
+    at its first output token to twice its own at its last (capped): NGRAM's drafts are copies
+    of earlier text, and a chat answer repeats itself more the longer it gets (on the CPU, the
+    default model's first chat prompt at (7, 1, 8): accept length 1.00 / 1.04 / 1.26 / 2.17 by
+    quarter of its verifies)."""
+    return min(r.alpha * 2 * r.out / new_tokens, 0.97) if growth else r.alpha
+
+
 def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
-              new_tokens: int = 128, mean_alpha: float = 0.7, hiccup: tuple = (0.0, 1.0)) -> float:
+              new_tokens: int = 128, mean_alpha: float = 0.7, hiccup: tuple = (0.0, 1.0),
+              growth: bool = False) -> float:
     """Simulated seconds for `batch` requests of `new_tokens` each under `policy` (spec, plain
     or adaptive, which asks and teaches `ctrl`). hiccup: (probability, factor) that a step of
-    either side takes factor times as long (the host stalled: a collection, another process)."""
+    either side takes factor times as long (the host stalled: a collection, another process);
+    growth: acceptance rises along each output (`_alpha_at`)."""
     running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
                for _ in range(batch)]
     seconds, last = 0.0, None
@@ -87,7 +98,8 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
             step *= hiccup[1]
         emitted = 0
         for r in running:
-            got = min(_accepted(rng, r.alpha) if spec else 1, new_tokens - r.out)
+            got = min(_accepted(rng, _alpha_at(r, new_tokens, growth)) if spec else 1,
+                      new_tokens - r.out)
             r.out += got
             emitted += got
             if spec:
@@ -100,7 +112,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
 
 
 def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
-             hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7) -> dict:
+             hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7, growth: bool = False) -> dict:
     """{policy: simulated seconds} over `seeds` engines of `batches` batches each, and
     {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
     first batch)."""
@@ -112,7 +124,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
             each = []
             for _ in range(batches):
                 each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup,
-                                      mean_alpha=mean_alpha))
+                                      mean_alpha=mean_alpha, growth=growth))
                 ctrl.interrupt()  # the next batch's prefill
             total += sum(each)
             if seed == 0:
@@ -128,13 +140,14 @@ def _hiccup(record: dict) -> str:
 
 def _last_run(records: list) -> list:
     """The lines of the last run: its commit and look budget."""
-    key = lambda r: (r.get("git"), r.get("look_budget"))  # noqa: E731
+    key = lambda r: (r.get("git"), r.get("look_budget"), r.get("growth"))  # noqa: E731
     return [r for r in records if key(r) == key(records[-1])] if records else []
 
 
 def render_table(records: list) -> str:
     latest = _last_run(records)
-    rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}", f"{r['spread']:.2f}", str(r["batch"]),
+    rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}" + (" rising" if r.get("growth") else ""),
+             f"{r['spread']:.2f}", str(r["batch"]),
              f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
              f"{r['vs_best']:.3f}"] for r in latest]
     return common.markdown_table(["hiccups (share of steps, slowdown)", "mean accept chance",
@@ -165,6 +178,8 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, default=6)
     p.add_argument("--hiccup", type=float, nargs=2, default=[0.0, 1.0], metavar=("PROB", "X"),
                    help="a step of either side takes X times as long with probability PROB")
+    p.add_argument("--growth", action="store_true",
+                   help="acceptance rising along each output, from 0 to twice the mean")
     p.add_argument("--look-budget", type=float, default=None,
                    help="the controller's LOOK_BUDGET for this run (default: the engine's)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
@@ -173,9 +188,10 @@ def main(argv=None) -> None:
         adaptive.LOOK_BUDGET = args.look_budget
     lines = []
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
-        t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha)
+        t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
+                     growth=args.growth)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
-                      "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup,
+                      "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup, "growth": args.growth,
                       "look_budget": adaptive.LOOK_BUDGET,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
