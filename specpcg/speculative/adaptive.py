@@ -60,7 +60,8 @@ average of per-step rates, as before, let a noisy side lose for good: NGRAM acce
 one verify and seven drafts on the next, and the side not chosen keeps the value it had when it
 lost, which is more often a low one. Simulated at batch 1 with speculation 1.5x faster on
 average, that controller ran 1.10x (1.02x at worst); with windows 1.39x (1.11x at worst).
-For the same reason the wait between looks grows only once the other side's window is full.
+For the same reason the wait between looks grows only once the other side's window is full,
+or, from batch CONFIRM_MIN_BATCH on, once its steps lose by more than their own spread.
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
