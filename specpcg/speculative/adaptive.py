@@ -216,6 +216,7 @@ class _Bucket:
     last_finish: Optional[tuple] = None
 
     def side(self, spec: bool) -> _Rate:
+        """The speculative side's rate, or the plain one's."""
         return self.spec if spec else self.decode
 
     @property
@@ -227,7 +228,7 @@ class _Bucket:
         """Steps of the chosen (`spec`) side between two looks so that a look costs at most
         LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
         the other side, each losing what that step's tokens would have cost on the chosen one."""
-        side, other = (self.spec, self.decode) if spec else (self.decode, self.spec)
+        side, other = self.side(spec), self.side(not spec)
         if side.step_s <= 0 or side.tok_s <= 0:
             return 0.0
         switches = 2 * self.switch_cost
@@ -306,10 +307,10 @@ class AdaptiveSpeculation:
             choice = not b.explored_from
         else:
             if b.explored_from is not None:  # a look just ended
-                (b.decode if b.explored_from else b.spec).restart_if_changed(EXPLORE_STEPS - 1)
+                b.side(not b.explored_from).restart_if_changed(EXPLORE_STEPS - 1)
             choice = self._choose(b, finish)
             if b.explored_from is not None:  # did the look change the choice?
-                other = b.decode if choice else b.spec
+                other = b.side(not choice)
                 # The wait grows only once the other side's window is full, or its steps lose
                 # beyond their spread (`_Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH): a
                 # few noisy steps must not shut a side out for a thousand steps.
@@ -354,9 +355,9 @@ class AdaptiveSpeculation:
         """A step's seconds at `batch_size` on one side: its bucket's measure, else (not
         measured there yet) the current bucket's, which ran at least as many requests."""
         b = self._buckets.get(bucket_of(batch_size))
-        rate = (b.spec if spec else b.decode) if b is not None else None
+        rate = b.side(spec) if b is not None else None
         if rate is None or not rate.recent:
-            rate = current.spec if spec else current.decode
+            rate = current.side(spec)
         return rate.step_s
 
     def record(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
@@ -377,7 +378,7 @@ class AdaptiveSpeculation:
             # What the switch cost beyond the steady step after it (look_wait): against that
             # step, not the side's window, which a change of speed leaves stale.
             b.switch_s.append(max(pending[2] - seconds, 0.0))
-        (b.spec if spec else b.decode).add(tokens / batch_size, seconds)
+        b.side(spec).add(tokens / batch_size, seconds)
 
     def interrupt(self) -> None:
         """A prefill ran: the next decode step is not counted. A speculative one first lets the
