@@ -9,6 +9,9 @@ its first N - 1 nodes in breadth-first order.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from typing import Optional
+
 import torch
 
 from drafts.base import DraftWorker, Proposal
@@ -22,16 +25,29 @@ DEVICE_HISTORY_TOKENS = 16384
 
 
 class _RequestIndex:
-    """Where each token occurred; a match is grown backwards from an occurrence of the last
-    token. Indexing costs one dict append per committed token (a 4k prompt: about a millisecond),
-    proposing at most MAX_CANDIDATES x max_window comparisons, whatever the context length."""
+    """A request's tokens and where each occurred; a match is grown backwards from an
+    occurrence of the last token. Indexing costs one dict append per committed token (a 4k
+    prompt: about a millisecond), proposing at most MAX_CANDIDATES x max_window comparisons,
+    whatever the context length. It keeps its own copy of the tokens, appended as they come:
+    building `all_ids` copies the whole context, every step and request."""
 
     def __init__(self, min_window: int, max_window: int):
         self.min_window, self.max_window = min_window, max_window
+        self.ids: list = []
         self.positions: dict = {}  # token -> [positions], oldest first
         self.num_indexed = 0  # positions before this one are indexed
 
-    def update(self, ids: list) -> None:
+    def sync(self, req) -> list:
+        """Appends the request's tokens committed since the last call; returns them all."""
+        prompt = req.prompt_ids
+        if len(self.ids) < len(prompt):
+            self.extend(prompt[len(self.ids):])
+        return self.extend(req.output_ids[len(self.ids) - len(prompt):])
+
+    def extend(self, tokens: list) -> list:
+        """Appends tokens and indexes them; returns all the request's tokens."""
+        ids = self.ids
+        ids.extend(tokens)
         # NOTE: the last token is left out: it ends the query itself.
         table = self.positions
         for pos in range(self.num_indexed, len(ids) - 1):
@@ -41,24 +57,31 @@ class _RequestIndex:
             else:
                 found.append(pos)
         self.num_indexed = max(self.num_indexed, len(ids) - 1)
+        return ids
 
-    def _match_len(self, ids: list, end: int) -> int:
-        """How many tokens ending at `end` equal the tokens ending the context (<= max_window)."""
-        last, w = len(ids) - 1, 1
+    def _match_len(self, end: int, last: int) -> int:
+        """How many tokens ending at `end` equal those ending at `last` (<= max_window)."""
+        ids, w = self.ids, 1
         while w < self.max_window and end - w >= 0 and ids[end - w] == ids[last - w]:
             w += 1
         return w
 
-    def continuations(self, ids: list, length: int, breadth: int) -> list:
-        """Up to `breadth` distinct continuations, longest match first, most recent first."""
-        ends = self.positions.get(ids[-1], ())
-        scored = [(self._match_len(ids, end), end) for end in reversed(ends[-MAX_CANDIDATES:])]
+    def continuations(self, length: int, breadth: int, context: Optional[int] = None) -> list:
+        """Up to `breadth` distinct continuations, longest match first, most recent first, of
+        the first `context` tokens (all of them by default): what a propose made then saw."""
+        ids = self.ids
+        context = len(ids) if context is None else context
+        last = context - 1
+        ends = self.positions.get(ids[last], ())
+        cut = bisect_left(ends, last)  # occurrences before the query's own last token
+        scored = [(self._match_len(end, last), end)
+                  for end in reversed(ends[max(cut - MAX_CANDIDATES, 0):cut])]
         scored.sort(key=lambda m: -m[0])  # stable: the most recent first among equal lengths
         found = []
         for match_len, end in scored:
             if match_len < self.min_window:
                 break
-            cont = ids[end + 1:end + 1 + length]
+            cont = ids[end + 1:min(end + 1 + length, context)]
             if cont and cont not in found:
                 found.append(cont)
             if len(found) >= breadth:
@@ -88,10 +111,9 @@ class NgramDraft(DraftWorker):
 
     def _continuations(self, req, spec) -> list:
         index = self._index.setdefault(req.rid, _RequestIndex(self.min_window, self.max_window))
-        ids = req.all_ids
-        index.update(ids)
+        index.sync(req)
         breadth = 1 if spec.is_chain else self.max_bfs_breadth
-        return index.continuations(ids, spec.num_draft_tokens - 1, breadth)
+        return index.continuations(spec.num_draft_tokens - 1, breadth)
 
     def propose(self, reqs: list, spec) -> Proposal:
         n = spec.num_draft_tokens
@@ -104,6 +126,26 @@ class NgramDraft(DraftWorker):
         draft_tokens = torch.tensor(rows, dtype=torch.long)  # [bs, N]
         parents = None if spec.is_chain else torch.tensor(parent_rows, dtype=torch.long)
         return Proposal(draft_tokens=draft_tokens, parents=parents)
+
+    def shadow_accept(self, req, context: int, spec) -> Optional[int]:
+        """The drafts a verify of the request's first `context` tokens would have accepted,
+        judged on the tokens that followed (the target's own, however they were decoded); None
+        until they are all known, or where they cannot judge: a tree of a sampled request (its
+        verify samples siblings from residual distributions). A chain's draft is one-hot, so
+        a sampled token equals it with the probability a verify accepts it: the count is
+        unbiased for sampled requests too (specpcg/speculative/shadow.py)."""
+        if not spec.is_chain and not req.params.is_greedy:
+            return None
+        n = spec.num_draft_tokens
+        if context < 1 or req.seq_len < context + n - 1:
+            return None
+        index = self._index.setdefault(req.rid, _RequestIndex(self.min_window, self.max_window))
+        ids = index.sync(req)
+        conts = index.continuations(n - 1, 1 if spec.is_chain else self.max_bfs_breadth,
+                                    context)
+        tokens, parents = _chain(conts, n) if spec.is_chain else _trie_bfs(conts, n)
+        tokens = [self.pad_token if t is None else t for t in tokens]  # as propose pads
+        return _walk(tokens, parents, ids[context:context + n - 1])
 
     def release(self, req) -> None:
         self._index.pop(req.rid, None)
@@ -156,6 +198,19 @@ def _chain(conts: list, n: int) -> tuple:
     tokens = list(conts[0]) if conts else []
     tokens += [None] * (n - 1 - len(tokens))  # padding drafts: almost surely rejected
     return tokens, list(range(0, n - 1))
+
+
+def _walk(tokens: list, parents: list, actual: list) -> int:
+    """How deep a verify walks into a draft (tokens[i] and parents[i] are node i + 1's; node 0
+    is the root) when the target emits `actual`: the drafts it accepts."""
+    node, depth = 0, 0
+    for tok in actual:
+        node = next((i + 1 for i, (t, p) in enumerate(zip(tokens, parents))
+                     if p == node and t == tok), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
 
 
 def _trie_bfs(conts: list, n: int) -> tuple:

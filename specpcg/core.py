@@ -130,6 +130,11 @@ class Request:
     spec_accepted_drafts: int = 0
     spec_histogram: Counter = field(default_factory=Counter)
     plain_decode_tokens: int = 0  # tokens from plain steps between speculative ones (adaptive)
+    # adaptive speculation's shadow verifies (specpcg/speculative/shadow.py): where the next
+    # one judges (0: not started), how many ran and the drafts they accepted
+    shadow_context: int = 0
+    shadow_verifies: int = 0
+    shadow_accepted: int = 0
 
     @property
     def all_ids(self) -> list:

@@ -20,6 +20,7 @@ from specpcg.overlap import OverlapDecode
 from specpcg.sampler import record_input_logprobs, record_output_logprobs, sample
 from specpcg.speculative.finish import Finish
 from specpcg.speculative.overlap import SpecOverlap
+from specpcg.speculative.shadow import ShadowVerify
 from specpcg.transfer import runs, to_device
 
 logger = logging.getLogger("specpcg")
@@ -60,6 +61,11 @@ class Scheduler:
         self.spec_overlap = (SpecOverlap(self, spec, spec_overlap)
                              if overlap and spec_overlap is not None else None)
         self.adaptive = adaptive
+        # Adaptive speculation with a draft that can judge its drafts on the tokens plain steps
+        # emit: its accept length without looking (specpcg/speculative/shadow.py).
+        self.shadow = (ShadowVerify(spec.draft, spec.spec)
+                       if adaptive is not None and spec is not None
+                       and ShadowVerify.supported(spec.draft) else None)
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
         self._last_decode_end = None  # when the last decode step returned (None: a prefill since)
         self._launched_only = False  # the last overlapped call resolved no step (see _record)
@@ -111,7 +117,20 @@ class Scheduler:
             if not self._launched_only:
                 self._last_decode_end = time.perf_counter()
             self._launched_only = False
+            self._shadow_verify()
         return done
+
+    def _shadow_verify(self) -> None:
+        """Shadow verifies on the tokens decoded so far (an overlapped step's host work, done
+        while the device runs the step just launched), handed to adaptive speculation."""
+        if self.shadow is None or not self.running:
+            return
+        depth, bs = None, len(self.running)
+        graphs = self.spec_overlap.graphs if self.spec_overlap is not None else None
+        if graphs is not None and graphs.depth is not None:
+            depth = graphs.depth.current(graphs.bucket(bs))
+        accepted = self.shadow.observe(self.running, depth)
+        self.adaptive.shadow(bs, [m + 1 for m in accepted])
 
     def _next_speculates(self) -> bool:
         """Whether the next decode step speculates: always with a draft and no adaptive

@@ -26,8 +26,8 @@ needs_interpreter = pytest.mark.skipif(
 
 def _host_chain(ids: list, n: int, min_window: int, max_window: int) -> list:
     index = _RequestIndex(min_window, max_window)
-    index.update(ids)
-    tokens, _ = _chain(index.continuations(ids, n - 1, 1), n)
+    index.extend(ids)
+    tokens, _ = _chain(index.continuations(n - 1, 1), n)
     return [PAD if t is None else t for t in tokens]
 
 
@@ -52,8 +52,8 @@ def test_device_match_is_the_host_index(monkeypatch, min_window, max_window, can
 
 def _host_tree(ids: list, n: int, min_window: int, max_window: int, breadth: int) -> tuple:
     index = _RequestIndex(min_window, max_window)
-    index.update(ids)
-    tokens, parents = _trie_bfs(index.continuations(ids, n - 1, breadth), n)
+    index.extend(ids)
+    tokens, parents = _trie_bfs(index.continuations(n - 1, breadth), n)
     return [PAD if t is None else t for t in tokens], parents
 
 

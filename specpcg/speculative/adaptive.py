@@ -63,6 +63,11 @@ average, that controller ran 1.10x (1.02x at worst); with windows 1.39x (1.11x a
 For the same reason the wait between looks grows only once the other side's window is full,
 or, from batch CONFIRM_MIN_BATCH on, once its steps lose by more than their own spread.
 
+NGRAM needs no looks to know its accept length: shadow verifies (specpcg/speculative/shadow.py)
+judge what its draft would have accepted on the tokens plain steps emit anyway, so a bucket
+with enough of them prices a speculative step at their accept length and its own measured
+seconds, and looks only to keep those seconds current (`look_every`).
+
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
 draft (`DraftWorker.absorb`), which catches up on them at its next round.
@@ -116,6 +121,13 @@ TRIM_DIV = 8
 CONFIRM_STEPS = 6
 CONFIRM_Z = 3.0
 CONFIRM_MIN_BATCH = 4
+# A draft with shadow verifies (specpcg/speculative/shadow.py) has its accept length measured
+# over the bucket's last SHADOW_WINDOW of them, once it has SHADOW_MIN: then a speculative step's
+# tokens come from them, its seconds from its own steps, and the bucket looks only every
+# EXPLORE_MAX_EVERY steps (what a look still measures is a step's time, which a look of 3 steps
+# in 1,024 keeps current).
+SHADOW_WINDOW = 32
+SHADOW_MIN = 8
 
 
 # With nothing waiting, the side is re-chosen on the finish estimate every this many steps (and
@@ -214,10 +226,36 @@ class _Bucket:
     # (speculative, plain) seconds to finish the batch at the last choice that estimated them,
     # the switch included (probe_adaptive_steps.py logs them).
     last_finish: Optional[tuple] = None
+    # Tokens a shadow verify emitted (its accepted drafts and the bonus), the last few.
+    shadow: deque = field(default_factory=lambda: deque(maxlen=SHADOW_WINDOW))
 
     def side(self, spec: bool) -> _Rate:
         """The speculative side's rate, or the plain one's."""
         return self.spec if spec else self.decode
+
+    @property
+    def shadowed(self) -> bool:
+        """Whether shadow verifies measure the speculative side's accept length."""
+        return len(self.shadow) >= SHADOW_MIN
+
+    def per_req(self, spec: bool) -> float:
+        """Tokens per request a step of a side emits (a speculative step's accept length)."""
+        if spec and self.shadowed:
+            return sum(self.shadow) / len(self.shadow)
+        return self.side(spec).per_req
+
+    def tok_s(self, spec: bool) -> float:
+        """A side's tokens per second per request."""
+        if spec and self.shadowed:
+            step = self.spec.step_s
+            return self.per_req(True) / step if step > 0 else 0.0
+        return self.side(spec).tok_s
+
+    def look_every(self, spec: bool) -> float:
+        """Steps of the chosen (`spec`) side between two looks at the other."""
+        if self.shadowed:
+            return EXPLORE_MAX_EVERY
+        return max(self.explore_every, self.look_wait(spec))
 
     @property
     def switch_cost(self) -> float:
@@ -229,10 +267,11 @@ class _Bucket:
         LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
         the other side, each losing what that step's tokens would have cost on the chosen one."""
         side, other = self.side(spec), self.side(not spec)
-        if side.step_s <= 0 or side.tok_s <= 0:
+        rate = self.tok_s(spec)
+        if side.step_s <= 0 or rate <= 0:
             return 0.0
         switches = 2 * self.switch_cost
-        slower = max(other.step_s - other.per_req / side.tok_s, 0.0) if other.recent else 0.0
+        slower = max(other.step_s - self.per_req(not spec) / rate, 0.0) if other.recent else 0.0
         return min((switches + EXPLORE_STEPS * slower) / (LOOK_BUDGET * side.step_s),
                    EXPLORE_MAX_EVERY)
 
@@ -241,9 +280,9 @@ class _Bucket:
         a step of b requests taking step_s(spec, b) seconds); the
         side chosen last keeps its place unless the other is faster by SWITCH_MARGIN (each
         switch costs a slow step: see the module docstring)."""
-        spec, plain = self.spec.tok_s, self.decode.tok_s
+        spec, plain = self.tok_s(True), self.tok_s(False)
         if finish is not None and self.spec.step_s > 0 and self.decode.step_s > 0:
-            spec_time = finish_seconds(finish.spec_steps_each(self.spec.per_req),
+            spec_time = finish_seconds(finish.spec_steps_each(self.per_req(True)),
                                        _per_bucket(lambda b: step_s(True, b)))
             plain_time = finish_seconds(list(finish.remaining),
                                         _per_bucket(lambda b: step_s(False, b)))
@@ -316,13 +355,13 @@ class AdaptiveSpeculation:
                 # few noisy steps must not shut a side out for a thousand steps.
                 confirmed = choice == b.explored_from and (
                     len(other.recent) == WINDOW
-                    or (key >= CONFIRM_MIN_BATCH and other.clearly_slower(b.side(choice).tok_s)))
+                    or (key >= CONFIRM_MIN_BATCH and other.clearly_slower(b.tok_s(choice))))
                 waited = max(b.explore_every, int(b.look_wait(choice)))
                 b.explore_every = (min(2 * waited, EXPLORE_MAX_EVERY) if confirmed
                                    else EXPLORE_EVERY)
                 b.explored_from = None
             b.since_explore += 1
-            if b.since_explore >= max(b.explore_every, b.look_wait(choice)):  # look again
+            if b.since_explore >= b.look_every(choice):  # look again
                 b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
@@ -380,6 +419,13 @@ class AdaptiveSpeculation:
             b.switch_s.append(max(pending[2] - seconds, 0.0))
         b.side(spec).add(tokens / batch_size, seconds)
 
+    def shadow(self, batch_size: int, tokens: list) -> None:
+        """Shadow verifies (specpcg/speculative/shadow.py) during a step of `batch_size`
+        requests: the tokens each would have emitted (accepted drafts, cut at the depth the
+        bucket verifies, plus the bonus)."""
+        if batch_size > 0 and tokens:
+            self._buckets.setdefault(bucket_of(batch_size), _Bucket()).shadow.extend(tokens)
+
     def interrupt(self) -> None:
         """A prefill ran: the next decode step is not counted. A speculative one first lets the
         draft catch up on the new prompts (an eager forward over all their positions), a plain
@@ -391,8 +437,10 @@ class AdaptiveSpeculation:
         out = {}
         for key in sorted(self._buckets):
             b = self._buckets[key]
-            out[str(key)] = {"spec_tok_s_per_req": round(b.spec.tok_s, 2),
-                             "decode_tok_s_per_req": round(b.decode.tok_s, 2),
+            out[str(key)] = {"spec_tok_s_per_req": round(b.tok_s(True), 2),
+                             "decode_tok_s_per_req": round(b.tok_s(False), 2),
                              "spec_steps": self.chosen[(key, "spec")],
+                             "shadow_tokens_per_verify": (round(b.per_req(True), 3)
+                                                          if b.shadowed else None),
                              "decode_steps": self.chosen[(key, "decode")]}
         return out

@@ -119,6 +119,10 @@ class ChainDepth:
                   if b == bucket and len(t) >= MIN_MEASURED and (b, d) in self.step_seconds]
         return replay * (median(ratios) if ratios else 1.0)
 
+    def current(self, bucket: int) -> int:
+        """The depth this bucket verifies at now (not counting a step: see `depth`)."""
+        return self._picked.get(bucket, self.full)
+
     def depth(self, bucket: int) -> int:
         """The depth the next step of this bucket verifies."""
         n = self._steps[bucket]

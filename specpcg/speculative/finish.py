@@ -44,10 +44,14 @@ class Finish:
 
     @staticmethod
     def of(reqs: list) -> "Finish":
+        """A request with shadow verifies (specpcg/speculative/shadow.py) is priced at theirs:
+        they cover its plain steps too, where its real verifies cover only the looks."""
+        counts = [(r.shadow_verifies, r.shadow_accepted) if r.shadow_verifies
+                  else (r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
         return Finish(
             remaining=tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs),
-            spec_tokens=tuple(r.spec_verify_ct + r.spec_accepted_drafts for r in reqs),
-            verifies=tuple(r.spec_verify_ct for r in reqs))
+            spec_tokens=tuple(v + a for v, a in counts),
+            verifies=tuple(v for v, _ in counts))
 
 
 def finish_seconds(steps_each: list, step_s) -> float:

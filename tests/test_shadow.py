@@ -1,0 +1,200 @@
+"""Shadow verifies: NGRAM's drafts judged on tokens already decoded, for adaptive speculation
+(specpcg/speculative/shadow.py). A shadow verify must accept exactly what a verify of the same
+context would have, and the shadow must place its verifies where speculation does."""
+
+import random
+
+import pytest
+
+from drafts.ngram import NgramDraft
+from specpcg.core import Request, SamplingParams
+from specpcg.speculative.adaptive import WARMUP_STEPS, AdaptiveSpeculation
+from specpcg.speculative.config import SpecConfig
+from specpcg.speculative.finish import Finish
+from specpcg.speculative.shadow import ShadowVerify
+
+CHAIN = SpecConfig("NGRAM", 7, 1, 8)
+TREE = SpecConfig("NGRAM", 4, 4, 8)
+
+
+def _request(tokens: list, prompt_len: int, greedy: bool = True) -> Request:
+    params = SamplingParams(temperature=0.0 if greedy else 0.8)
+    return Request(prompt_ids=tokens[:prompt_len], params=params,
+                   output_ids=list(tokens[prompt_len:]))
+
+
+def _tokens(seed: int, n: int = 90) -> list:
+    """Text over a few tokens with copied passages: matches of every length, misses too."""
+    rng = random.Random(seed)
+    out = [rng.randrange(6) for _ in range(12)]
+    while len(out) < n:
+        if rng.random() < 0.5 and len(out) > 8:
+            start = rng.randrange(len(out) - 4)
+            out += out[start:start + rng.randrange(2, 10)]
+        else:
+            out.append(rng.randrange(6))
+    return out[:n]
+
+
+def _walked(row: list, parents: list, actual: list) -> int:
+    """The drafts of a proposal (row[0] the root) a greedy verify accepts on `actual`."""
+    node, depth = 0, 0
+    for tok in actual:
+        kids = [j for j in range(1, len(row)) if parents[j] == node and row[j] == tok]
+        if not kids:
+            break
+        node, depth = kids[0], depth + 1
+    return depth
+
+
+@pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_shadow_verify_accepts_what_a_propose_of_that_context_would(spec, seed):
+    tokens, prompt_len, width = _tokens(seed), 10, spec.num_draft_tokens - 1
+    full, shadow = _request(tokens, prompt_len), NgramDraft()
+    accepted = []
+    for context in range(prompt_len + 1, len(tokens) - width + 1):
+        then = _request(tokens[:context], prompt_len)
+        proposal = NgramDraft().propose([then], spec)
+        row = proposal.draft_tokens[0].tolist()
+        parents = (list(range(-1, width)) if spec.is_chain
+                   else proposal.parents[0].tolist())
+        expected = _walked(row, parents, tokens[context:context + width])
+        got = shadow.shadow_accept(full, context, spec)
+        assert got == expected, (context, got, expected)
+        accepted.append(got)
+    assert max(accepted) >= 2 and min(accepted) == 0  # the text has runs and misses
+    # Not judged before the tokens that judge it are known.
+    assert shadow.shadow_accept(full, len(tokens) - width + 1, spec) is None
+
+
+def test_a_sampled_request_is_judged_on_chains_only():
+    req = _request(_tokens(0), 10, greedy=False)
+    assert NgramDraft().shadow_accept(req, 20, CHAIN) is not None
+    assert NgramDraft().shadow_accept(req, 20, TREE) is None
+
+
+def test_the_shadow_verifies_where_the_last_verify_left_off(monkeypatch):
+    from specpcg.speculative import shadow as shadow_mod
+
+    monkeypatch.setattr(shadow_mod, "MAX_LAG", 10_000)  # judged all at once, not as decoded
+    tokens, prompt_len = _tokens(1, 200), 10
+    req, draft = _request(tokens, prompt_len), NgramDraft()
+    got = ShadowVerify(draft, CHAIN, evals_per_step=10_000).observe([req])
+    context, expected = prompt_len + 1, []
+    while context + 7 <= len(tokens):
+        m = NgramDraft().shadow_accept(req, context, CHAIN)
+        expected.append(m)
+        context += m + 1
+    assert got == expected and len(set(got)) > 2
+    assert (req.shadow_verifies, req.shadow_accepted) == (len(got), sum(got))
+    # Nothing new to judge: nothing more.
+    assert ShadowVerify(draft, CHAIN).observe([req]) == []
+
+
+def test_the_budget_is_shared_by_turns_and_a_late_request_skips_ahead():
+    from specpcg.speculative import shadow as shadow_mod
+
+    reqs = [_request(_tokens(s, 60), 10) for s in range(3)]
+    sv = ShadowVerify(NgramDraft(), CHAIN, evals_per_step=4)
+    assert len(sv.observe(reqs)) == 4
+    served = [r.shadow_verifies for r in reqs]
+    assert served[0] > 0 and sum(served) == 4
+    for _ in range(20):
+        sv.observe(reqs)
+    assert all(r.shadow_verifies > 0 for r in reqs)
+    # A request far ahead of its shadow restarts MAX_LAG tokens before its last judged context.
+    long = _request(_tokens(7, 400), 10)
+    ShadowVerify(NgramDraft(), CHAIN, evals_per_step=1).observe([long])
+    assert long.shadow_context >= 400 - 7 - shadow_mod.MAX_LAG
+
+
+def test_the_chain_depth_cuts_what_a_shadow_verify_accepts(monkeypatch):
+    from specpcg.speculative import shadow as shadow_mod
+
+    monkeypatch.setattr(shadow_mod, "MAX_LAG", 10_000)
+    tokens = _tokens(2, 200)
+    full = ShadowVerify(NgramDraft(), CHAIN, 10_000).observe([_request(tokens, 10)])
+    cut = ShadowVerify(NgramDraft(), CHAIN, 10_000).observe([_request(tokens, 10)], depth=1)
+    assert max(full) > 1 and set(cut) <= {0, 1} and len(cut) > len(full)
+
+
+def test_finish_prices_a_request_at_its_shadow_verifies():
+    req = _request(_tokens(0), 10)
+    req.spec_verify_ct, req.spec_accepted_drafts = 2, 0
+    assert Finish.of([req]).verifies == (2,)
+    req.shadow_verifies, req.shadow_accepted = 10, 15
+    f = Finish.of([req])
+    assert f.verifies == (10,) and f.spec_tokens == (25,)
+
+
+def _run(ctrl, steps: int, shadow_tokens=None, spec_s=0.0012, plain_s=0.001) -> int:
+    """Batch-1 steps (speculation emits 1 token a step when measured); returns those that
+    speculated after the warm-up."""
+    spec_after = 0
+    for i in range(steps):
+        spec = ctrl.use_spec(1)
+        ctrl.record(1, spec, 1, spec_s if spec else plain_s)
+        if shadow_tokens is not None:
+            ctrl.shadow(1, [shadow_tokens])
+        spec_after += spec and i >= 2 * WARMUP_STEPS + 2
+    return spec_after
+
+
+def test_shadow_verifies_choose_without_looking():
+    # A draft that accepts nothing: without a shadow the controller keeps looking at it.
+    assert _run(AdaptiveSpeculation(), 900) > 0
+    ctrl = AdaptiveSpeculation()
+    assert _run(ctrl, 900, shadow_tokens=1) == 0
+    info = ctrl.info()["1"]
+    assert info["shadow_tokens_per_verify"] == 1.0 and info["spec_steps"] == WARMUP_STEPS
+    # One whose shadow verifies accept two drafts each: speculation wins (3 tokens a 1.2 ms
+    # step), though its own measured steps emitted one token each.
+    assert _run(AdaptiveSpeculation(), 300, shadow_tokens=3) >= 290 - 2 * WARMUP_STEPS
+
+
+def test_shadow_verifies_replay_a_speculating_engines_verifies(monkeypatch):
+    """The default model speculating with NGRAM (pinned, greedy): replayed over each output,
+    the shadow's verifies accept exactly what the engine's did, verify for verify, up to the
+    last few (whose judging tokens were never decoded)."""
+    from specpcg import Engine
+    from specpcg.gsm8k import build_prompts
+    from specpcg.speculative import shadow as shadow_mod
+
+    monkeypatch.setattr(shadow_mod, "MAX_LAG", 10_000)
+    engine = Engine(device="cpu", max_total_tokens=8192, speculative_algorithm="NGRAM",
+                    speculative_num_steps=7, disable_adaptive_speculation=True)
+    seen: dict = {}
+    record = engine.spec_decoder.record
+
+    def logged(req, m, depth=None):
+        seen.setdefault(req.rid, (req, []))[1].append(m)
+        record(req, m, depth)
+
+    engine.spec_decoder.record = logged
+    prompts = build_prompts(3, num_shots=1)[0]
+    engine.generate(prompt=prompts, sampling_params={"max_new_tokens": 48, "temperature": 0})
+    spec = engine.spec_decoder.spec
+    width, compared = spec.num_draft_tokens - 1, 0
+    assert len(seen) >= 2  # a request may end at its first token
+    for done, real in seen.values():
+        req = _request(done.prompt_ids + done.output_ids, len(done.prompt_ids))
+        got = ShadowVerify(NgramDraft(), spec, 10_000).observe([req])
+        assert got == real[:len(got)] and len(real) - len(got) <= width, (got, real)
+        compared += len(got)
+    assert compared > 30 and any(m > 0 for _, ms in seen.values() for m in ms)
+
+
+def test_an_adaptive_ngram_engine_runs_shadow_verifies_and_keeps_its_tokens():
+    from specpcg import Engine
+
+    prompts = ["The cat sat on the mat. The cat sat on the", "1, 2, 3, 4, 5, 6, 7, 8,"]
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    plain = Engine(device="cpu", max_total_tokens=4096).generate(prompt=prompts,
+                                                                 sampling_params=params)
+    engine = Engine(device="cpu", max_total_tokens=4096, speculative_algorithm="NGRAM")
+    outs = engine.generate(prompt=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    assert engine.scheduler.shadow is not None
+    buckets = engine.get_server_info()["speculative"]["adaptive"]
+    assert any(b["shadow_tokens_per_verify"] for b in buckets.values()), buckets
