@@ -37,8 +37,7 @@ def _warmed(batch: int) -> AdaptiveSpeculation:
 def _requests(batch: int) -> list:
     return [SimpleNamespace(params=SimpleNamespace(max_new_tokens=128),
                             output_ids=list(range(40 + i % 7)), plain_decode_tokens=30,
-                            spec_verify_ct=5, spec_accepted_drafts=4, shadow_verifies=0,
-                            shadow_accepted=0) for i in range(batch)]
+                            spec_verify_ct=5, spec_accepted_drafts=4, shadow_recent=None) for i in range(batch)]
 
 
 def time_us(batch: int, lazy: bool, steps: int) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, fields, replace
 from typing import Optional
 
@@ -131,10 +131,11 @@ class Request:
     spec_histogram: Counter = field(default_factory=Counter)
     plain_decode_tokens: int = 0  # tokens from plain steps between speculative ones (adaptive)
     # adaptive speculation's shadow verifies (specpcg/speculative/shadow.py): where the next
-    # one judges (0: not started), how many ran and the drafts they accepted
+    # one judges (0: not started), how many ran, the tokens of the last few and their sum
     shadow_context: int = 0
     shadow_verifies: int = 0
-    shadow_accepted: int = 0
+    shadow_recent: Optional[deque] = None
+    shadow_tokens: int = 0
 
     @property
     def all_ids(self) -> list:

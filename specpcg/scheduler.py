@@ -21,6 +21,7 @@ from specpcg.sampler import record_input_logprobs, record_output_logprobs, sampl
 from specpcg.speculative.finish import Finish
 from specpcg.speculative.overlap import SpecOverlap
 from specpcg.speculative.shadow import ShadowVerify
+from specpcg.speculative.shadow import accept_length as shadow_accept_length
 from specpcg.transfer import runs, to_device
 
 logger = logging.getLogger("specpcg")
@@ -129,8 +130,8 @@ class Scheduler:
         graphs = self.spec_overlap.graphs if self.spec_overlap is not None else None
         if graphs is not None and graphs.depth is not None:
             depth = graphs.depth.current(graphs.bucket(bs))
-        accepted = self.shadow.observe(self.running, depth)
-        self.adaptive.shadow(bs, [m + 1 for m in accepted])
+        self.shadow.observe(self.running, depth)
+        self.adaptive.shadow(shadow_accept_length(self.running))
 
     def _next_speculates(self) -> bool:
         """Whether the next decode step speculates: always with a draft and no adaptive

@@ -257,7 +257,7 @@ def test_finish_reads_each_requests_budget_and_own_accept_length():
         return SimpleNamespace(params=SimpleNamespace(max_new_tokens=max_new),
                                output_ids=[0] * out, spec_verify_ct=verifies,
                                spec_accepted_drafts=accepted, plain_decode_tokens=plain,
-                               shadow_verifies=0, shadow_accepted=0)
+                               shadow_recent=None)
 
     # The first output came from the prefill: not a verify's, whatever else ran.
     f = Finish.of([req(128, 29, 10, 10, 8), req(64, 11, 3, 7, 0), req(16, 17, 0, 0, 16),

@@ -10,8 +10,10 @@ from drafts.ngram import NgramDraft
 from specpcg.core import Request, SamplingParams
 from specpcg.speculative.adaptive import WARMUP_STEPS, AdaptiveSpeculation
 from specpcg.speculative.config import SpecConfig
+from specpcg.speculative import shadow as shadow_mod
 from specpcg.speculative.finish import Finish
-from specpcg.speculative.shadow import ShadowVerify
+from specpcg.speculative.shadow import (MIN_VERIFIES, RECENT, ShadowVerify, _count,
+                                        accept_length)
 
 CHAIN = SpecConfig("NGRAM", 7, 1, 8)
 TREE = SpecConfig("NGRAM", 4, 4, 8)
@@ -75,8 +77,6 @@ def test_a_sampled_request_is_judged_on_chains_only():
 
 
 def test_the_shadow_verifies_where_the_last_verify_left_off(monkeypatch):
-    from specpcg.speculative import shadow as shadow_mod
-
     monkeypatch.setattr(shadow_mod, "MAX_LAG", 10_000)  # judged all at once, not as decoded
     tokens, prompt_len = _tokens(1, 200), 10
     req, draft = _request(tokens, prompt_len), NgramDraft()
@@ -87,14 +87,15 @@ def test_the_shadow_verifies_where_the_last_verify_left_off(monkeypatch):
         expected.append(m)
         context += m + 1
     assert got == expected and len(set(got)) > 2
-    assert (req.shadow_verifies, req.shadow_accepted) == (len(got), sum(got))
+    recent = [m + 1 for m in got[-shadow_mod.RECENT:]]
+    assert req.shadow_verifies == len(got) and list(req.shadow_recent) == recent
+    assert req.shadow_tokens == sum(recent)
+    assert accept_length([req]) == pytest.approx(sum(recent) / len(recent))
     # Nothing new to judge: nothing more.
     assert ShadowVerify(draft, CHAIN).observe([req]) == []
 
 
 def test_the_budget_is_shared_by_turns_and_a_late_request_skips_ahead():
-    from specpcg.speculative import shadow as shadow_mod
-
     reqs = [_request(_tokens(s, 60), 10) for s in range(3)]
     sv = ShadowVerify(NgramDraft(), CHAIN, evals_per_step=4)
     assert len(sv.observe(reqs)) == 4
@@ -110,8 +111,6 @@ def test_the_budget_is_shared_by_turns_and_a_late_request_skips_ahead():
 
 
 def test_the_chain_depth_cuts_what_a_shadow_verify_accepts(monkeypatch):
-    from specpcg.speculative import shadow as shadow_mod
-
     monkeypatch.setattr(shadow_mod, "MAX_LAG", 10_000)
     tokens = _tokens(2, 200)
     full = ShadowVerify(NgramDraft(), CHAIN, 10_000).observe([_request(tokens, 10)])
@@ -119,13 +118,27 @@ def test_the_chain_depth_cuts_what_a_shadow_verify_accepts(monkeypatch):
     assert max(full) > 1 and set(cut) <= {0, 1} and len(cut) > len(full)
 
 
-def test_finish_prices_a_request_at_its_shadow_verifies():
+def test_the_batch_accept_length_pools_recent_shadow_verifies():
+    reqs = [_request(_tokens(s), 10) for s in range(3)]
+    assert accept_length(reqs) is None  # none yet
+    for req, tokens in zip(reqs, ([1] * 40, [8, 1, 1], [])):
+        for t in tokens:
+            _count(req, t)
+    # The first request's last RECENT verifies (its oldest 8 dropped), the second's three.
+    assert len(reqs[0].shadow_recent) == RECENT and reqs[0].shadow_tokens == RECENT
+    assert accept_length(reqs) == pytest.approx((RECENT + 10) / (RECENT + 3))
+    assert 3 < MIN_VERIFIES and accept_length(reqs[1:]) is None
+
+
+def test_finish_prices_a_request_at_its_recent_shadow_verifies():
     req = _request(_tokens(0), 10)
-    req.spec_verify_ct, req.spec_accepted_drafts = 2, 0
-    assert Finish.of([req]).verifies == (2,)
-    req.shadow_verifies, req.shadow_accepted = 10, 15
+    req.spec_verify_ct, req.spec_accepted_drafts = 2, 1
     f = Finish.of([req])
-    assert f.verifies == (10,) and f.spec_tokens == (25,)
+    assert f.verifies == (2,) and f.spec_tokens == (3,)
+    for t in [1] * 40 + [3] * 8:
+        _count(req, t)
+    f = Finish.of([req])
+    assert f.verifies == (RECENT,) and f.spec_tokens == (RECENT - 8 + 3 * 8,)
 
 
 def _run(ctrl, steps: int, shadow_tokens=None, spec_s=0.0012, plain_s=0.001) -> int:
@@ -136,7 +149,7 @@ def _run(ctrl, steps: int, shadow_tokens=None, spec_s=0.0012, plain_s=0.001) -> 
         spec = ctrl.use_spec(1)
         ctrl.record(1, spec, 1, spec_s if spec else plain_s)
         if shadow_tokens is not None:
-            ctrl.shadow(1, [shadow_tokens])
+            ctrl.shadow(shadow_tokens)
         spec_after += spec and i >= 2 * WARMUP_STEPS + 2
     return spec_after
 
@@ -159,8 +172,6 @@ def test_shadow_verifies_replay_a_speculating_engines_verifies(monkeypatch):
     last few (whose judging tokens were never decoded)."""
     from specpcg import Engine
     from specpcg.gsm8k import build_prompts
-    from specpcg.speculative import shadow as shadow_mod
-
     monkeypatch.setattr(shadow_mod, "MAX_LAG", 10_000)
     engine = Engine(device="cpu", max_total_tokens=8192, speculative_algorithm="NGRAM",
                     speculative_num_steps=7, disable_adaptive_speculation=True)

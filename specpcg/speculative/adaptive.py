@@ -121,13 +121,6 @@ TRIM_DIV = 8
 CONFIRM_STEPS = 6
 CONFIRM_Z = 3.0
 CONFIRM_MIN_BATCH = 4
-# A draft with shadow verifies (specpcg/speculative/shadow.py) has its accept length measured
-# over the bucket's last SHADOW_WINDOW of them, once it has SHADOW_MIN: then a speculative step's
-# tokens come from them, its seconds from its own steps, and the bucket looks only every
-# EXPLORE_MAX_EVERY steps (what a look still measures is a step's time, which a look of 3 steps
-# in 1,024 keeps current).
-SHADOW_WINDOW = 32
-SHADOW_MIN = 8
 
 
 # With nothing waiting, the side is re-chosen on the finish estimate every this many steps (and
@@ -226,8 +219,9 @@ class _Bucket:
     # (speculative, plain) seconds to finish the batch at the last choice that estimated them,
     # the switch included (probe_adaptive_steps.py logs them).
     last_finish: Optional[tuple] = None
-    # Tokens a shadow verify emitted (its accepted drafts and the bonus), the last few.
-    shadow: deque = field(default_factory=lambda: deque(maxlen=SHADOW_WINDOW))
+    # The running batch's accept length by shadow verifies (specpcg/speculative/shadow.py), as
+    # of this bucket's step; None: not measured that way.
+    shadow: Optional[float] = None
 
     def side(self, spec: bool) -> _Rate:
         """The speculative side's rate, or the plain one's."""
@@ -235,13 +229,16 @@ class _Bucket:
 
     @property
     def shadowed(self) -> bool:
-        """Whether shadow verifies measure the speculative side's accept length."""
-        return len(self.shadow) >= SHADOW_MIN
+        """Whether shadow verifies measure the speculative side's accept length: then a
+        speculative step's tokens come from them, its seconds from its own steps, and the bucket
+        looks only every EXPLORE_MAX_EVERY steps (what a look still measures is a step's time,
+        which a look of 3 steps in 1,024 keeps current)."""
+        return self.shadow is not None
 
     def per_req(self, spec: bool) -> float:
         """Tokens per request a step of a side emits (a speculative step's accept length)."""
         if spec and self.shadowed:
-            return sum(self.shadow) / len(self.shadow)
+            return self.shadow
         return self.side(spec).per_req
 
     def tok_s(self, spec: bool) -> float:
@@ -328,6 +325,7 @@ class AdaptiveSpeculation:
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
+        self._shadow = None  # the running batch's accept length by shadow verifies, or None
 
     def use_spec(self, batch_size: int, finish=None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -335,6 +333,8 @@ class AdaptiveSpeculation:
         one, called only on the steps that re-choose (REDECIDE_EVERY)."""
         key = bucket_of(batch_size)
         b = self._buckets.setdefault(key, _Bucket())
+        if self._shadow is not None:
+            b.shadow = self._shadow
         if self._interrupted:  # not measured: it spends no warm-up step and no look
             choice = self._borrowed(key)
         elif b.spec.steps < WARMUP_STEPS:
@@ -419,12 +419,12 @@ class AdaptiveSpeculation:
             b.switch_s.append(max(pending[2] - seconds, 0.0))
         b.side(spec).add(tokens / batch_size, seconds)
 
-    def shadow(self, batch_size: int, tokens: list) -> None:
-        """Shadow verifies (specpcg/speculative/shadow.py) during a step of `batch_size`
-        requests: the tokens each would have emitted (accepted drafts, cut at the depth the
-        bucket verifies, plus the bonus)."""
-        if batch_size > 0 and tokens:
-            self._buckets.setdefault(bucket_of(batch_size), _Bucket()).shadow.extend(tokens)
+    def shadow(self, accept_length: Optional[float]) -> None:
+        """The running batch's accept length by its shadow verifies (their tokens per verify,
+        cut at the depth its steps verify: specpcg/speculative/shadow.py), for the next step's
+        choice; None keeps the last one (too few verifies since the batch changed)."""
+        if accept_length is not None:
+            self._shadow = accept_length
 
     def interrupt(self) -> None:
         """A prefill ran: the next decode step is not counted. A speculative one first lets the

@@ -44,13 +44,15 @@ class Finish:
 
     @staticmethod
     def of(reqs: list) -> "Finish":
-        """A request with shadow verifies (specpcg/speculative/shadow.py) is priced at theirs:
-        they cover its plain steps too, where its real verifies cover only the looks."""
-        counts = [(r.shadow_verifies, r.shadow_accepted) if r.shadow_verifies
-                  else (r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
+        """A request with shadow verifies (specpcg/speculative/shadow.py) is priced at its
+        recent ones: they cover its plain steps too, where its real verifies cover only the
+        looks, and they follow its acceptance along the answer."""
+        counts = [(len(r.shadow_recent), r.shadow_tokens) if r.shadow_recent
+                  else (r.spec_verify_ct, r.spec_verify_ct + r.spec_accepted_drafts)
+                  for r in reqs]
         return Finish(
             remaining=tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs),
-            spec_tokens=tuple(v + a for v, a in counts),
+            spec_tokens=tuple(t for _, t in counts),
             verifies=tuple(v for v, _ in counts))
 
 

@@ -19,14 +19,47 @@ overstate the accept length wherever acceptance comes in runs.
 The host's budget is EVALS_PER_STEP shadow verifies a decode step, shared round-robin by the
 running requests; a request the shadow falls MAX_LAG tokens behind skips ahead, starting a new
 run of verifies (one verify a run lands by chance rather than where speculation would).
+
+The running batch's accept length pools its requests' last RECENT shadow verifies
+(`accept_length`), not a window over the steps of a batch size: acceptance changes along an
+answer and from one prompt to the next (NGRAM on chat: 1.0 in an answer's first quarter, 2.2 in
+its last), and a window of a batch size's last 32 shadow verifies carried one answer's end into
+the next one's start at batch 1 (H200, default model: it measured 2.03 tokens a verify where
+the speculative steps it chose accepted the first draft 11% of the time, 0.965x no-spec).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Optional
 
 EVALS_PER_STEP = 4
 MAX_LAG = 64
+RECENT = 32  # a request's accept length is measured over its last RECENT shadow verifies
+MIN_VERIFIES = 8  # the batch's accept length needs this many (else it is not known)
+
+
+def _count(req, tokens: int) -> None:
+    """A shadow verify of `req` would have emitted `tokens` (its accepted drafts, the bonus)."""
+    recent = req.shadow_recent
+    if recent is None:
+        recent = req.shadow_recent = deque(maxlen=RECENT)
+    if len(recent) == RECENT:
+        req.shadow_tokens -= recent[0]
+    recent.append(tokens)
+    req.shadow_tokens += tokens
+    req.shadow_verifies += 1
+
+
+def accept_length(reqs: list) -> Optional[float]:
+    """Tokens per verify of the requests' recent shadow verifies, pooled (None with fewer than
+    MIN_VERIFIES of them)."""
+    tokens = verifies = 0
+    for req in reqs:
+        if req.shadow_recent:
+            tokens += req.shadow_tokens
+            verifies += len(req.shadow_recent)
+    return tokens / verifies if verifies >= MIN_VERIFIES else None
 
 
 class ShadowVerify:
@@ -67,8 +100,7 @@ class ShadowVerify:
             if depth is not None:
                 accepted = min(accepted, depth)
             out.append(accepted)
-            req.shadow_verifies += 1
-            req.shadow_accepted += accepted
+            _count(req, accepted + 1)
             context += accepted + 1
             budget -= 1
         req.shadow_context = context
