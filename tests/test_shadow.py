@@ -209,3 +209,18 @@ def test_an_adaptive_ngram_engine_runs_shadow_verifies_and_keeps_its_tokens():
     assert engine.scheduler.shadow is not None
     buckets = engine.get_server_info()["speculative"]["adaptive"]
     assert any(b["shadow_tokens_per_verify"] for b in buckets.values()), buckets
+
+
+def test_with_shadow_verifies_the_choice_is_on_rates_even_with_nothing_waiting():
+    """The finish estimate (nothing waiting) is not asked: with shadow verifies the faster side
+    per request runs."""
+    def never():
+        raise AssertionError("the finish estimate was asked")
+
+    ctrl, picks = AdaptiveSpeculation(), []
+    for _ in range(60):
+        spec = ctrl.use_spec(4, never)
+        ctrl.record(4, spec, 4, 0.0012 if spec else 0.001)
+        ctrl.shadow(2.0)  # 2 tokens a 1.2 ms step against 1 a 1 ms step
+        picks.append(spec)
+    assert all(picks[-40:])
