@@ -209,6 +209,19 @@ def test_an_adaptive_ngram_engine_runs_shadow_verifies_and_keeps_its_tokens():
     assert engine.scheduler.shadow is not None
     buckets = engine.get_server_info()["speculative"]["adaptive"]
     assert any(b["shadow_tokens_per_verify"] for b in buckets.values()), buckets
+    # Sampled requests are judged too (chains), beside greedy ones in one batch.
+    sampled = {"max_new_tokens": 40, "temperature": 0.8, "seed": 7, "ignore_eos": True}
+    seen, observe = {}, engine.scheduler.shadow.observe
+
+    def watched(reqs, depth=None):
+        out = observe(reqs, depth)
+        seen.update({r.params.is_greedy: r.shadow_verifies for r in reqs})
+        return out
+
+    engine.scheduler.shadow.observe = watched
+    outs = engine.generate(prompt=prompts, sampling_params=[sampled, params])
+    assert outs[1]["output_ids"] == plain[1]["output_ids"] and len(outs[0]["output_ids"]) == 40
+    assert seen[False] > 0 and seen[True] > 0, seen
 
 
 def test_with_shadow_verifies_the_choice_is_on_rates_even_with_nothing_waiting():
