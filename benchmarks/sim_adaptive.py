@@ -11,10 +11,13 @@ costs SWITCH_STEPS plain steps more, unrecorded, as on a GPU (the per-call log o
 probe_adaptive_steps.py: each switch drains the overlapped pipeline and leaves a call that only
 launches its step); prefills are left out, so it checks the decisions, not the engine. --alphas
 sets the mean chance that a draft token is accepted: 0.05 is an untrained draft, where
-speculating never pays.
+speculating never pays. --shadow gives the controller shadow verifies as NGRAM's engine does
+(specpcg/speculative/shadow.py): each request's new tokens are covered by verifies drawn at its
+accept chance of the moment, whichever side ran, and the controller reads the batch's pooled
+recent accept length every step (all of them: the engine's budget of 4 a step is not modelled).
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
-        [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth]
+        [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ common.add_repo_to_path()
 from specpcg.speculative import adaptive  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish  # noqa: E402
+from specpcg.speculative.shadow import _count, accept_length  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
@@ -51,6 +55,22 @@ class SimRequest:
     out: int = 0
     spec_tokens: int = 0
     verifies: int = 0
+    # shadow verifies (--shadow): the fields the engine's requests carry, and the tokens of
+    # this request's output that no shadow verify has covered yet
+    shadow_recent: object = None
+    shadow_tokens: int = 0
+    shadow_verifies: int = 0
+    unjudged: int = 0
+
+
+def _shadow(rng: random.Random, r: SimRequest, got: int, new_tokens: int, growth: bool) -> None:
+    """Shadow verifies over a request's `got` new tokens, one after another as the engine
+    places them (each covers the tokens it would have emitted)."""
+    r.unjudged += got
+    while r.unjudged > 0:
+        tokens = _accepted(rng, _alpha_at(r, new_tokens, growth))
+        _count(r, tokens)
+        r.unjudged -= tokens
 
 
 def _accepted(rng: random.Random, alpha: float) -> int:
@@ -80,11 +100,12 @@ def _alpha_at(r: SimRequest, new_tokens: int, growth: bool) -> float:
 
 def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
               new_tokens: int = 128, mean_alpha: float = 0.7, hiccup: tuple = (0.0, 1.0),
-              growth: bool = False) -> float:
+              growth: bool = False, shadow: bool = False) -> float:
     """Simulated seconds for `batch` requests of `new_tokens` each under `policy` (spec, plain
     or adaptive, which asks and teaches `ctrl`). hiccup: (probability, factor) that a step of
     either side takes factor times as long (the host stalled: a collection, another process);
-    growth: acceptance rises along each output (`_alpha_at`)."""
+    growth: acceptance rises along each output (`_alpha_at`); shadow: the controller gets
+    shadow verifies (module docstring)."""
     running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
                for _ in range(batch)]
     seconds, last = 0.0, None
@@ -104,15 +125,20 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
             emitted += got
             if spec:
                 r.spec_tokens, r.verifies = r.spec_tokens + got, r.verifies + 1
+            if shadow and policy == "adaptive":
+                _shadow(rng, r, got, new_tokens, growth)
         if policy == "adaptive":
             ctrl.record(len(running), spec, emitted, step)
+            if shadow:
+                ctrl.shadow(accept_length(running))
         seconds += step
         running = [r for r in running if r.out < new_tokens]
     return seconds
 
 
 def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
-             hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7, growth: bool = False) -> dict:
+             hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7, growth: bool = False,
+             shadow: bool = False) -> dict:
     """{policy: simulated seconds} over `seeds` engines of `batches` batches each, and
     {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
     first batch)."""
@@ -124,7 +150,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
             each = []
             for _ in range(batches):
                 each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup,
-                                      mean_alpha=mean_alpha, growth=growth))
+                                      mean_alpha=mean_alpha, growth=growth, shadow=shadow))
                 ctrl.interrupt()  # the next batch's prefill
             total += sum(each)
             if seed == 0:
@@ -140,13 +166,15 @@ def _hiccup(record: dict) -> str:
 
 def _last_run(records: list) -> list:
     """The lines of the last run: its commit and look budget."""
-    key = lambda r: (r.get("git"), r.get("look_budget"), r.get("growth"))  # noqa: E731
+    key = lambda r: (r.get("git"), r.get("look_budget"), r.get("growth"),  # noqa: E731
+                     r.get("shadow", False))
     return [r for r in records if key(r) == key(records[-1])] if records else []
 
 
 def render_table(records: list) -> str:
     latest = _last_run(records)
-    rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}" + (" rising" if r.get("growth") else ""),
+    rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}" + (" rising" if r.get("growth") else "")
+             + (", shadow verifies" if r.get("shadow") else ""),
              f"{r['spread']:.2f}", str(r["batch"]),
              f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
              f"{r['vs_best']:.3f}"] for r in latest]
@@ -180,6 +208,8 @@ def main(argv=None) -> None:
                    help="a step of either side takes X times as long with probability PROB")
     p.add_argument("--growth", action="store_true",
                    help="acceptance rising along each output, from 0 to twice the mean")
+    p.add_argument("--shadow", action="store_true",
+                   help="the controller gets shadow verifies, as NGRAM's engine does")
     p.add_argument("--look-budget", type=float, default=None,
                    help="the controller's LOOK_BUDGET for this run (default: the engine's)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
@@ -189,9 +219,10 @@ def main(argv=None) -> None:
     lines = []
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
         t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
-                     growth=args.growth)
+                     growth=args.growth, shadow=args.shadow)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
                       "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup, "growth": args.growth,
+                      "shadow": args.shadow,
                       "look_budget": adaptive.LOOK_BUDGET,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],

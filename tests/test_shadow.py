@@ -237,3 +237,28 @@ def test_with_shadow_verifies_the_choice_is_on_rates_even_with_nothing_waiting()
         ctrl.shadow(2.0)  # 2 tokens a 1.2 ms step against 1 a 1 ms step
         picks.append(spec)
     assert all(picks[-40:])
+
+
+def _sim():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from sim_adaptive import simulate
+    return simulate
+
+
+@pytest.mark.parametrize("batch", [16, 64])
+def test_simulated_shadow_verifies_keep_a_draft_that_never_pays_nearly_free(batch):
+    """benchmarks/sim_adaptive.py --shadow: an untrained draft (accept chance 0.05) costs its
+    warm-up and nothing else: no looks, so within 1% of plain decoding."""
+    t = _sim()(batch, 0.0, seeds=2, mean_alpha=0.05, shadow=True)
+    assert t["plain"] < t["spec"] and t["plain"] / t["adaptive"] > 0.99, t
+
+
+@pytest.mark.parametrize("batch", [4, 16, 64])
+def test_simulated_shadow_verifies_follow_acceptance_along_an_answer(batch):
+    """--growth: acceptance rises from nothing at an answer's start to twice its mean at its
+    end. Following it, adaptive beats both pinned sides (plain early, speculation late)."""
+    t = _sim()(batch, 0.0, seeds=2, mean_alpha=0.7, growth=True, shadow=True)
+    assert t["adaptive"] < min(t["spec"], t["plain"]), t
