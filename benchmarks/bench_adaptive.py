@@ -31,8 +31,10 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # without the finish estimate of a batch with nothing waiting (`Finish`), to measure what that
 # estimate gains or costs; and "plain": the engine with its draft, held to plain steps, whose
 # speed is the floor adaptive speculation stands on where speculating does not pay (what a
-# plain step costs in an engine with a draft: the hidden states a head catches up on).
-EXTRA_SYSTEMS = ("adaptive-rate", "plain")
+# plain step costs in an engine with a draft: the hidden states a head catches up on); and
+# "adaptive-finish8": with NGRAM's shadow verifies, the finish estimate over each request's last
+# 8 of them instead of rates alone (`finish_recent8`).
+EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8")
 
 
 def prompts_for(engine, num: int, prompt_len: int) -> list:
@@ -83,7 +85,17 @@ def plain_only(engine) -> None:
     engine.scheduler.adaptive.use_spec = lambda batch_size, finish=None: False
 
 
-HOLDS = {"adaptive-rate": rates_only, "plain": plain_only}
+def finish_recent8(engine) -> None:
+    """Shadow verifies priced by the finish estimate when nothing waits, over each request's
+    last 8 (adaptive-finish8): in simulation it follows acceptance rising along an answer as
+    rates alone do, and keeps the straggler's protection where acceptance is uneven
+    (README, "Adaptive speculation")."""
+    engine.scheduler.adaptive.shadow_rates_only = False
+    if engine.scheduler.shadow is not None:
+        engine.scheduler.shadow.recent = 8
+
+
+HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8}
 
 
 def untrained_drafts(algos: list, model_path) -> dict:

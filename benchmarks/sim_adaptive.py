@@ -15,9 +15,12 @@ speculating never pays. --shadow gives the controller shadow verifies as NGRAM's
 (specpcg/speculative/shadow.py): each request's new tokens are covered by verifies drawn at its
 accept chance of the moment, whichever side ran, and the controller reads the batch's pooled
 recent accept length every step (all of them: the engine's budget of 4 a step is not modelled).
+--shadow-finish N prices them as bench_adaptive's adaptive-finish8 does with N = 8: by the
+finish estimate when nothing waits, over each request's last N shadow verifies.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
+        [--shadow-finish N]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ common.add_repo_to_path()
 from specpcg.speculative import adaptive  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish  # noqa: E402
-from specpcg.speculative.shadow import _count, accept_length  # noqa: E402
+from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
@@ -63,13 +66,15 @@ class SimRequest:
     unjudged: int = 0
 
 
-def _shadow(rng: random.Random, r: SimRequest, got: int, new_tokens: int, growth: bool) -> None:
+def _shadow(rng: random.Random, r: SimRequest, got: int, new_tokens: int, growth: bool,
+            keep: int) -> None:
     """Shadow verifies over a request's `got` new tokens, one after another as the engine
-    places them (each covers the tokens it would have emitted)."""
+    places them (each covers the tokens it would have emitted); the request keeps its last
+    `keep`."""
     r.unjudged += got
     while r.unjudged > 0:
         tokens = _accepted(rng, _alpha_at(r, new_tokens, growth))
-        _count(r, tokens)
+        _count(r, tokens, keep)
         r.unjudged -= tokens
 
 
@@ -83,9 +88,12 @@ def _accepted(rng: random.Random, alpha: float) -> int:
 def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
     if policy != "adaptive":
         return policy == "spec"
+    # As Finish.of: a request with shadow verifies is priced at its recent ones.
+    counts = [(len(r.shadow_recent), r.shadow_tokens) if r.shadow_recent
+              else (r.verifies, r.spec_tokens) for r in running]
     finish = Finish(remaining=tuple(new_tokens - r.out for r in running),
-                    spec_tokens=tuple(r.spec_tokens for r in running),
-                    verifies=tuple(r.verifies for r in running))
+                    spec_tokens=tuple(t for _, t in counts),
+                    verifies=tuple(v for v, _ in counts))
     return ctrl.use_spec(len(running), finish)
 
 
@@ -100,12 +108,12 @@ def _alpha_at(r: SimRequest, new_tokens: int, growth: bool) -> float:
 
 def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
               new_tokens: int = 128, mean_alpha: float = 0.7, hiccup: tuple = (0.0, 1.0),
-              growth: bool = False, shadow: bool = False) -> float:
+              growth: bool = False, shadow: int = 0) -> float:
     """Simulated seconds for `batch` requests of `new_tokens` each under `policy` (spec, plain
     or adaptive, which asks and teaches `ctrl`). hiccup: (probability, factor) that a step of
     either side takes factor times as long (the host stalled: a collection, another process);
     growth: acceptance rises along each output (`_alpha_at`); shadow: the controller gets
-    shadow verifies (module docstring)."""
+    shadow verifies, each request keeping its last `shadow` (0: none; module docstring)."""
     running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
                for _ in range(batch)]
     seconds, last = 0.0, None
@@ -126,7 +134,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
             if spec:
                 r.spec_tokens, r.verifies = r.spec_tokens + got, r.verifies + 1
             if shadow and policy == "adaptive":
-                _shadow(rng, r, got, new_tokens, growth)
+                _shadow(rng, r, got, new_tokens, growth, shadow)
         if policy == "adaptive":
             ctrl.record(len(running), spec, emitted, step)
             if shadow:
@@ -138,19 +146,22 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
 
 def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
              hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7, growth: bool = False,
-             shadow: bool = False) -> dict:
+             shadow: bool = False, shadow_finish: int = 0) -> dict:
     """{policy: simulated seconds} over `seeds` engines of `batches` batches each, and
     {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
-    first batch)."""
+    first batch). shadow_finish: shadow verifies priced by the finish estimate over each
+    request's last `shadow_finish` (0: on rates alone, over the engine's RECENT)."""
+    keep = (shadow_finish or RECENT) if shadow or shadow_finish else 0
     out = {}
     for policy in ("spec", "plain", "adaptive"):
         total = 0.0
         for seed in range(seeds):
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
+            ctrl.shadow_rates_only = not shadow_finish
             each = []
             for _ in range(batches):
                 each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup,
-                                      mean_alpha=mean_alpha, growth=growth, shadow=shadow))
+                                      mean_alpha=mean_alpha, growth=growth, shadow=keep))
                 ctrl.interrupt()  # the next batch's prefill
             total += sum(each)
             if seed == 0:
@@ -167,14 +178,15 @@ def _hiccup(record: dict) -> str:
 def _last_run(records: list) -> list:
     """The lines of the last run: its commit and look budget."""
     key = lambda r: (r.get("git"), r.get("look_budget"), r.get("growth"),  # noqa: E731
-                     r.get("shadow", False))
+                     r.get("shadow", False), r.get("shadow_finish", 0))
     return [r for r in records if key(r) == key(records[-1])] if records else []
 
 
 def render_table(records: list) -> str:
     latest = _last_run(records)
     rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}" + (" rising" if r.get("growth") else "")
-             + (", shadow verifies" if r.get("shadow") else ""),
+             + (", shadow verifies" if r.get("shadow") else "")
+             + (f", finish over {r['shadow_finish']}" if r.get("shadow_finish") else ""),
              f"{r['spread']:.2f}", str(r["batch"]),
              f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
              f"{r['vs_best']:.3f}"] for r in latest]
@@ -210,6 +222,8 @@ def main(argv=None) -> None:
                    help="acceptance rising along each output, from 0 to twice the mean")
     p.add_argument("--shadow", action="store_true",
                    help="the controller gets shadow verifies, as NGRAM's engine does")
+    p.add_argument("--shadow-finish", type=int, default=0, metavar="N",
+                   help="shadow verifies priced by the finish estimate over each request's last N")
     p.add_argument("--look-budget", type=float, default=None,
                    help="the controller's LOOK_BUDGET for this run (default: the engine's)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
@@ -219,10 +233,11 @@ def main(argv=None) -> None:
     lines = []
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
         t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
-                     growth=args.growth, shadow=args.shadow)
+                     growth=args.growth, shadow=args.shadow, shadow_finish=args.shadow_finish)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
                       "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup, "growth": args.growth,
-                      "shadow": args.shadow,
+                      "shadow": args.shadow or bool(args.shadow_finish),
+                      "shadow_finish": args.shadow_finish,
                       "look_budget": adaptive.LOOK_BUDGET,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],

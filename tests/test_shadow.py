@@ -262,3 +262,25 @@ def test_simulated_shadow_verifies_follow_acceptance_along_an_answer(batch):
     end. Following it, adaptive beats both pinned sides (plain early, speculation late)."""
     t = _sim()(batch, 0.0, seeds=2, mean_alpha=0.7, growth=True, shadow=True)
     assert t["adaptive"] < min(t["spec"], t["plain"]), t
+
+
+def test_shadow_verifies_can_be_priced_by_the_finish_estimate_over_a_shorter_window():
+    """bench_adaptive's adaptive-finish8: the controller asks the finish estimate with nothing
+    waiting, and each request keeps its last 8 shadow verifies."""
+    asked = []
+
+    def finish():
+        asked.append(1)
+        return Finish(remaining=(50,), spec_tokens=(16,), verifies=(8,))
+
+    ctrl = AdaptiveSpeculation()
+    ctrl.shadow_rates_only = False
+    for _ in range(40):
+        spec = ctrl.use_spec(4, finish)
+        ctrl.record(4, spec, 4, 0.0012 if spec else 0.001)
+        ctrl.shadow(2.0)
+    assert asked
+    req = _request(_tokens(1, 200), 10)
+    ShadowVerify(NgramDraft(), CHAIN, 10_000, recent=8).observe([req])
+    assert req.shadow_recent.maxlen == 8 and len(req.shadow_recent) == 8
+    assert req.shadow_tokens == sum(req.shadow_recent)

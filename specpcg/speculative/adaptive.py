@@ -332,6 +332,9 @@ class AdaptiveSpeculation:
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
+        # With shadow verifies, choose on rates alone (module docstring); False prices them by
+        # the finish estimate too, when nothing waits (bench_adaptive's adaptive-finish8).
+        self.shadow_rates_only = True
 
     def use_spec(self, batch_size: int, finish=None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -377,7 +380,7 @@ class AdaptiveSpeculation:
         """The bucket's side for this step: re-chosen on rates alone while requests wait or
         shadow verifies measure the draft (module docstring), else on the finish estimate after
         a look or every REDECIDE_EVERY steps, and the last choice in between."""
-        if b.shadowed:
+        if b.shadowed and self.shadow_rates_only:
             finish = None
         if finish is not None:
             due = (b.spec_chosen is None or b.explored_from is not None

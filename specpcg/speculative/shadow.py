@@ -39,12 +39,13 @@ RECENT = 32  # a request's accept length is measured over its last RECENT shadow
 MIN_VERIFIES = 8  # the batch's accept length needs this many (else it is not known)
 
 
-def _count(req, tokens: int) -> None:
-    """A shadow verify of `req` would have emitted `tokens` (its accepted drafts, the bonus)."""
+def _count(req, tokens: int, keep: int = RECENT) -> None:
+    """A shadow verify of `req` would have emitted `tokens` (its accepted drafts, the bonus);
+    the request keeps its last `keep`."""
     recent = req.shadow_recent
     if recent is None:
-        recent = req.shadow_recent = deque(maxlen=RECENT)
-    if len(recent) == RECENT:
+        recent = req.shadow_recent = deque(maxlen=keep)
+    if len(recent) == recent.maxlen:
         req.shadow_tokens -= recent[0]
     recent.append(tokens)
     req.shadow_tokens += tokens
@@ -63,10 +64,11 @@ def accept_length(reqs: list) -> Optional[float]:
 
 
 class ShadowVerify:
-    def __init__(self, draft, spec, evals_per_step: int = EVALS_PER_STEP):
-        """draft: a DraftWorker with `shadow_accept`; spec: the SpecConfig it drafts for."""
+    def __init__(self, draft, spec, evals_per_step: int = EVALS_PER_STEP, recent: int = RECENT):
+        """draft: a DraftWorker with `shadow_accept`; spec: the SpecConfig it drafts for;
+        recent: each request's accept length is over its last `recent` shadow verifies."""
         self.draft, self.spec = draft, spec
-        self.evals_per_step = evals_per_step
+        self.evals_per_step, self.recent = evals_per_step, recent
         self._next = 0  # the request (by position in the running list) served first next time
 
     @staticmethod
@@ -100,7 +102,7 @@ class ShadowVerify:
             if depth is not None:
                 accepted = min(accepted, depth)
             out.append(accepted)
-            _count(req, accepted + 1)
+            _count(req, accepted + 1, self.recent)
             context += accepted + 1
             budget -= 1
         req.shadow_context = context
