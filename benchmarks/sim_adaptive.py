@@ -56,8 +56,8 @@ def step_seconds(spec: bool, batch: int) -> float:
 class SimRequest:
     alpha: float  # chance that each next draft token is accepted
     out: int = 0
-    spec_tokens: int = 0
-    verifies: int = 0
+    spec_verify_ct: int = 0  # its verifies and their accepted drafts, as the engine counts
+    spec_accepted_drafts: int = 0
     # shadow verifies (--shadow): the fields the engine's requests carry, and the tokens of
     # this request's output that no shadow verify has covered yet
     shadow_recent: object = None
@@ -88,12 +88,7 @@ def _accepted(rng: random.Random, alpha: float) -> int:
 def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
     if policy != "adaptive":
         return policy == "spec"
-    # As Finish.of: a request with shadow verifies is priced at its recent ones.
-    counts = [(len(r.shadow_recent), r.shadow_tokens) if r.shadow_recent
-              else (r.verifies, r.spec_tokens) for r in running]
-    finish = Finish(remaining=tuple(new_tokens - r.out for r in running),
-                    spec_tokens=tuple(t for _, t in counts),
-                    verifies=tuple(v for v, _ in counts))
+    finish = Finish.of(running, remaining=tuple(new_tokens - r.out for r in running))
     return ctrl.use_spec(len(running), finish)
 
 
@@ -132,7 +127,8 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
             r.out += got
             emitted += got
             if spec:
-                r.spec_tokens, r.verifies = r.spec_tokens + got, r.verifies + 1
+                r.spec_verify_ct += 1
+                r.spec_accepted_drafts += got - 1
             if shadow and policy == "adaptive":
                 _shadow(rng, r, got, new_tokens, growth, shadow)
         if policy == "adaptive":

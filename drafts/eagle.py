@@ -143,7 +143,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
     # -- forwards ------------------------------------------------------------------------------
     def _batch(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST):
         """Allocates the new tokens' slots and builds their batch (hidden states as input)."""
-        from specpcg.scheduler import make_batch
+        from specpcg.batch import make_batch
 
         self.kv_cache.extend_many([r.req_pool_idx for r in rows], [len(x) for x in new_ids])
         batch = make_batch(self.kv_cache, mode, rows, new_ids, self.runner.device)

@@ -86,7 +86,7 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         return st
 
     def _forward(self, mode, states, new_ids):
-        from specpcg.scheduler import make_batch
+        from specpcg.batch import make_batch
 
         self.kv_cache.extend_many([s.req_pool_idx for s in states], [len(x) for x in new_ids])
         batch = make_batch(self.kv_cache, mode, states, new_ids, self.runner.device)

@@ -44,7 +44,7 @@ class OverlapDecode:
     def step(self) -> list:
         """Launches one decode step of every running request, then resolves the step before
         it; returns the requests that finished there."""
-        from specpcg.scheduler import make_batch
+        from specpcg.batch import make_batch
 
         s, prev = self.s, self.inflight
         reqs = list(s.running)

@@ -3,9 +3,10 @@ engine)."""
 
 import pytest
 
-from specpcg.speculative.adaptive import (CONFIRM_MIN_BATCH, CONFIRM_STEPS, EXPLORE_EVERY,
-                                          EXPLORE_STEPS, LOOK_BUDGET, REDECIDE_EVERY,
-                                          WARMUP_STEPS, WINDOW, AdaptiveSpeculation, bucket_of)
+from specpcg.speculative.adaptive import (CONFIRM_MIN_BATCH, EXPLORE_EVERY, EXPLORE_STEPS,
+                                          LOOK_BUDGET, REDECIDE_EVERY, WARMUP_STEPS,
+                                          AdaptiveSpeculation, bucket_of)
+from specpcg.speculative.rates import CONFIRM_STEPS, WINDOW
 from specpcg.speculative.finish import PRIOR_VERIFIES, Finish, finish_seconds
 
 
@@ -69,15 +70,15 @@ def test_tries_both_sides_then_runs_the_faster_and_looks_again_ever_less_often(b
 
 
 def test_a_side_is_clearly_slower_only_beyond_its_spread():
-    """`_Rate.clearly_slower` (a look's early confirmation): steps 2% slower than the chosen
+    """`Rate.clearly_slower` (a look's early confirmation): steps 2% slower than the chosen
     side's rate are clearly slower when they do not vary, not when each is 30% noisy (at half
     the chosen side's speed they are); fewer than CONFIRM_STEPS steps say nothing."""
     import random
 
-    from specpcg.speculative.adaptive import _Rate
+    from specpcg.speculative.rates import Rate
 
     rng = random.Random(1)
-    steady, noisy, few = _Rate(), _Rate(), _Rate()
+    steady, noisy, few = Rate(), Rate(), Rate()
     for i in range(WINDOW):
         steady.add(1.0, 1 / 980)
         noisy.add(1.0, 1 / (980 * (1 + rng.uniform(-0.3, 0.3))))

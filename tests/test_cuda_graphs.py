@@ -7,7 +7,7 @@ import torch
 from specpcg import Engine
 from specpcg.core import ForwardMode, Request, SamplingParams
 from specpcg.graphs.decode_runner import DecodeGraphRunner
-from specpcg.scheduler import make_batch
+from specpcg.batch import make_batch
 
 pytestmark = pytest.mark.cuda
 TOL = 2e-3  # fp32 engine, TF32 off: graph and eager differ only by kernel choice at padded shapes

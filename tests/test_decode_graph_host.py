@@ -15,7 +15,7 @@ import specpcg.graphs.decode_runner as decode_runner
 from specpcg.core import CaptureHiddenMode, ForwardMode, Request, SamplingParams
 from specpcg.forward_context import forward_context, get_forward_context
 from specpcg.kv_cache import KVCache
-from specpcg.scheduler import make_batch
+from specpcg.batch import make_batch
 from tests.tiny_models import tiny_engine
 
 pytestmark = pytest.mark.skipif(

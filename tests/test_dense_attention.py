@@ -14,7 +14,7 @@ from specpcg.core import ForwardMode
 from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
 from specpcg.models.build import build_model
 from specpcg.models.config import ModelConfig
-from specpcg.scheduler import make_batch
+from specpcg.batch import make_batch
 
 H, HKV, D = 4, 2, 8  # attention heads, kv heads, head dim
 CPU = torch.device("cpu")

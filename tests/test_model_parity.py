@@ -5,7 +5,7 @@ import torch
 
 from specpcg import Engine
 from specpcg.core import ForwardMode
-from specpcg.scheduler import make_batch
+from specpcg.batch import make_batch
 from specpcg.core import Request, SamplingParams
 from tests.tiny_models import save_tiny_checkpoint
 

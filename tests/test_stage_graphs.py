@@ -20,7 +20,7 @@ from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.policy import GraphDecision, stage_graphs_serve_decode
 from specpcg.kv_cache import SINK_SLOT
 from specpcg.model_runner import ModelRunner
-from specpcg.scheduler import make_batch
+from specpcg.batch import make_batch
 
 PROMPTS = [[5, 9, 2, 7], [11, 3, 8, 8, 1, 2, 3], [40, 41, 42]]
 

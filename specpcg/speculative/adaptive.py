@@ -72,7 +72,10 @@ whose recent verifies accepted least, and with every request's acceptance measur
 step, that minimum of noisy accept lengths kept speculation out where it paid. On an H200
 (default model, held-out chat, NGRAM (7, 1, 8), one run of `bench_adaptive`) the finish
 estimate ran 1.06 / 1.10 / 1.01 / 0.99x no-spec at batch 1 / 4 / 16 / 64 and rates alone
-1.05 / 1.13 / 1.12 / 0.98x, with pinned speculation at 1.04 / 1.17 / 1.15 / 1.04x.
+1.05 / 1.13 / 1.12 / 0.98x, with pinned speculation at 1.04 / 1.17 / 1.15 / 1.04x. Where it
+still loses, in simulation (sim_adaptive.py --shadow): a batch of equal-length requests whose
+acceptance differs widely, with nothing waiting (0.87 / 0.79 of the faster side at batch 16 /
+64); `shadow_rates_only = False` with shorter windows is the measured-in-simulation option.
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
@@ -86,6 +89,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from specpcg.speculative.finish import Finish, finish_seconds
+from specpcg.speculative.rates import WINDOW, Rate
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
@@ -95,7 +99,6 @@ EXPLORE_MAX_EVERY = 1024
 # on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec with
 # its two rates 7% apart and about half of its steps on each side).
 SWITCH_MARGIN = 0.05
-WINDOW = 32  # recorded steps a side's rate is measured over
 # Looks cost at most this share of the time: a switch back to speculation lets the draft catch
 # up, eagerly, on every position it missed, and a switch to plain steps drains the overlapped
 # pipeline. With a look every 32 steps, EAGLE3 (7, 1, 8) ran adaptive at 0.85 / 0.77x no-spec
@@ -103,29 +106,7 @@ WINDOW = 32  # recorded steps a side's rate is measured over
 # with this budget, 0.87 / 0.87x against 0.98 / 0.89x (53c19ec). 1% won 1-4% in simulation
 # (sim_adaptive.py), failed the noisy-side test (test_adaptive.py), gained nothing on an H200.
 LOOK_BUDGET = 0.03
-# A look this many times off its side's window restarts that window: the speed has changed
-# (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
-# lucky looks cost a losing draft 2-5% in simulation).
-CHANGE_FACTOR = 4.0
-# A side's step time leaves out steps over OUTLIER_FACTOR times the window's median, up to one
-# in TRIM_DIV: a hiccup of the host (a collection, another process, a first replay) lands on
-# whichever side ran then, and one 20x step among a side's three warm-up steps (22 step
-# times for 3 steps) made that side measure 7x slower until its window let the step go. Steps
-# within the factor all count: trimming every window's slowest eighth moved no hiccup-free
-# choice for the better in the noisy-acceptance test, only shifted both sides' times.
-OUTLIER_FACTOR = 2.0
-TRIM_DIV = 8
-# A look confirms the choice, and the wait before the next doubles (from the wait it followed,
-# LOOK_BUDGET's included), once the other side's window is full, or from batch
-# CONFIRM_MIN_BATCH on as soon as its recorded steps (CONFIRM_STEPS or more) lose by CONFIRM_Z
-# standard errors. Full windows alone (16 looks of 2 recorded steps) kept looking every 32
-# steps through a whole run: on the Llama-3-8B shape (H200, NGRAM, random weights) 35 of 384
-# steps speculated in every bucket, 0.98-0.99x no-spec. At batch 1 a step is one request's, and
-# an NGRAM-like side (half its verifies accept nothing) shows runs of equal steps whose spread
-# says nothing: the test shut out a speculation 1.5x faster in the noisy-acceptance test (1.05x
-# of plain, against 1.44x with full windows alone). From batch 4 a step averages its requests.
-CONFIRM_STEPS = 6
-CONFIRM_Z = 3.0
+# From this batch on a look may confirm early (specpcg/speculative/rates.py, `CONFIRM_Z`).
 CONFIRM_MIN_BATCH = 4
 
 
@@ -136,84 +117,10 @@ CONFIRM_MIN_BATCH = 4
 REDECIDE_EVERY = 8
 
 
-def _ratio(steps) -> float:
-    """Tokens over seconds of (tokens, seconds) steps."""
-    seconds = sum(s for _, s in steps)
-    return sum(t for t, _ in steps) / seconds if seconds > 0 else 0.0
-
-
-@dataclass
-class _Rate:
-    """A side's last WINDOW recorded steps. Its rate is their tokens over their seconds (a ratio
-    of sums, not an average of per-step ratios: see the module docstring), the seconds without
-    outlying slow steps (OUTLIER_FACTOR). The sums are kept until the window changes: a batch with
-    nothing waiting asks for them once per request and step (`finish_seconds`), on the host's
-    critical path."""
-    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    steps: int = 0
-    _sums: Optional[tuple] = field(default=None, repr=False, compare=False)
-
-    def add(self, per_req: float, seconds: float) -> None:
-        self.recent.append((per_req, seconds))
-        self.steps += 1
-        self._sums = None
-
-    def _totals(self) -> tuple:
-        """(tokens, seconds, steps) over the window; seconds as steps times the mean step
-        without outliers (OUTLIER_FACTOR), so a rare slow step does not decide the side."""
-        if self._sums is None:
-            n, times = len(self.recent), sorted(s for _, s in self.recent)
-            slow = sum(s > OUTLIER_FACTOR * times[n // 2] for s in times) if n >= 3 else 0
-            kept = times[:n - min(slow, -(-n // TRIM_DIV))]
-            seconds = sum(kept) * n / len(kept) if kept else 0.0
-            self._sums = (sum(t for t, _ in self.recent), seconds, n)
-        return self._sums
-
-    @property
-    def tok_s(self) -> float:
-        """Tokens per second per request."""
-        tokens, seconds, _ = self._totals()
-        return tokens / seconds if seconds > 0 else 0.0
-
-    def clearly_slower(self, rate: float) -> bool:
-        """Whether this side's recorded steps (at least CONFIRM_STEPS) run slower than `rate`
-        (tokens per second per request: the chosen side's) by more than their spread explains:
-        per step, its tokens less those `rate` emits in its seconds, CONFIRM_Z standard errors
-        below zero."""
-        n = len(self.recent)
-        if n < CONFIRM_STEPS or rate <= 0:
-            return False
-        gains = [t - rate * s for t, s in self.recent]
-        mean = sum(gains) / n
-        var = sum((g - mean) ** 2 for g in gains) / (n - 1)
-        return mean + CONFIRM_Z * (var / n) ** 0.5 < 0
-
-    def restart_if_changed(self, last: int) -> None:
-        """After a look: when its `last` steps ran CHANGE_FACTOR times slower or faster than the
-        window says, the side's speed has changed (other prompts), and only they are kept."""
-        if len(self.recent) <= last:
-            return
-        look = list(self.recent)[-last:]
-        if not self.tok_s / CHANGE_FACTOR <= _ratio(look) <= CHANGE_FACTOR * self.tok_s:
-            self.recent, self._sums = deque(look, maxlen=WINDOW), None
-
-    @property
-    def step_s(self) -> float:
-        """Seconds per step."""
-        _, seconds, n = self._totals()
-        return seconds / n if n else 0.0
-
-    @property
-    def per_req(self) -> float:
-        """Tokens per request per step (a speculative step's accept length)."""
-        tokens, _, n = self._totals()
-        return tokens / n if n else 0.0
-
-
 @dataclass
 class _Bucket:
-    spec: _Rate = field(default_factory=_Rate)
-    decode: _Rate = field(default_factory=_Rate)
+    spec: Rate = field(default_factory=Rate)
+    decode: Rate = field(default_factory=Rate)
     since_explore: int = 0
     explore_left: int = 0  # steps of a look still to run, on the side other than explored_from
     explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
@@ -229,7 +136,7 @@ class _Bucket:
     # of this bucket's step; None: not measured that way.
     shadow: Optional[float] = None
 
-    def side(self, spec: bool) -> _Rate:
+    def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
         return self.spec if spec else self.decode
 
@@ -360,7 +267,7 @@ class AdaptiveSpeculation:
             if b.explored_from is not None:  # did the look change the choice?
                 other = b.side(not choice)
                 # The wait grows only once the other side's window is full, or its steps lose
-                # beyond their spread (`_Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH): a
+                # beyond their spread (`Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH): a
                 # few noisy steps must not shut a side out for a thousand steps.
                 confirmed = choice == b.explored_from and (
                     len(other.recent) == WINDOW

@@ -9,6 +9,7 @@ prices a side's steps as the batch shrinks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 # A request's own accept length is shrunk toward the bucket's mean by this many verifies' worth:
 # a young request's few verifies would otherwise decide the batch's straggler by chance.
@@ -43,15 +44,18 @@ class Finish:
                 for rem, tokens, verifies in zip(self.remaining, self.spec_tokens, self.verifies)]
 
     @staticmethod
-    def of(reqs: list) -> "Finish":
-        """A request with shadow verifies (specpcg/speculative/shadow.py) is priced at its
+    def of(reqs: list, remaining: Optional[tuple] = None) -> "Finish":
+        """remaining: the tokens each request may still emit (default: its max_new_tokens
+        left). A request with shadow verifies (specpcg/speculative/shadow.py) is priced at its
         recent ones: they cover its plain steps too, where its real verifies cover only the
         looks, and they follow its acceptance along the answer."""
         counts = [(len(r.shadow_recent), r.shadow_tokens) if r.shadow_recent
                   else (r.spec_verify_ct, r.spec_verify_ct + r.spec_accepted_drafts)
                   for r in reqs]
+        if remaining is None:
+            remaining = tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs)
         return Finish(
-            remaining=tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs),
+            remaining=remaining,
             spec_tokens=tuple(t for _, t in counts),
             verifies=tuple(v for v, _ in counts))
 

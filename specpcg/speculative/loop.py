@@ -43,7 +43,7 @@ class SpecDecoder:
 
     def _verify(self, reqs: list, proposal):
         """One TARGET_VERIFY forward over every request's N nodes (root + drafts)."""
-        from specpcg.scheduler import make_batch
+        from specpcg.batch import make_batch
 
         draft_tokens = proposal.draft_tokens.to(self.device)
         tree = (self.verify_tree(draft_tokens) if proposal.parents is None

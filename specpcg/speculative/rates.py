@@ -1,0 +1,108 @@
+"""A side's measured speed for adaptive speculation (specpcg/speculative/adaptive.py): its
+last WINDOW recorded steps, as a ratio of sums with outlying slow steps left out, and the test
+that tells a look's steps are clearly slower than the chosen side's."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+WINDOW = 32  # recorded steps a side's rate is measured over
+# A look this many times off its side's window restarts that window: the speed has changed
+# (4x: a look of NGRAM's spans 1x-8x of its mean by chance alone, and a smaller factor let
+# lucky looks cost a losing draft 2-5% in simulation).
+CHANGE_FACTOR = 4.0
+# A side's step time leaves out steps over OUTLIER_FACTOR times the window's median, up to one
+# in TRIM_DIV: a hiccup of the host (a collection, another process, a first replay) lands on
+# whichever side ran then, and one 20x step among a side's three warm-up steps (22 step
+# times for 3 steps) made that side measure 7x slower until its window let the step go. Steps
+# within the factor all count: trimming every window's slowest eighth moved no hiccup-free
+# choice for the better in the noisy-acceptance test, only shifted both sides' times.
+OUTLIER_FACTOR = 2.0
+TRIM_DIV = 8
+# A look confirms the choice, and the wait before the next doubles (from the wait it followed,
+# LOOK_BUDGET's included), once the other side's window is full, or from batch
+# CONFIRM_MIN_BATCH on as soon as its recorded steps (CONFIRM_STEPS or more) lose by CONFIRM_Z
+# standard errors. Full windows alone (16 looks of 2 recorded steps) kept looking every 32
+# steps through a whole run: on the Llama-3-8B shape (H200, NGRAM, random weights) 35 of 384
+# steps speculated in every bucket, 0.98-0.99x no-spec. At batch 1 a step is one request's, and
+# an NGRAM-like side (half its verifies accept nothing) shows runs of equal steps whose spread
+# says nothing: the test shut out a speculation 1.5x faster in the noisy-acceptance test (1.05x
+# of plain, against 1.44x with full windows alone). From batch 4 a step averages its requests.
+CONFIRM_STEPS = 6
+CONFIRM_Z = 3.0
+
+
+def _ratio(steps) -> float:
+    """Tokens over seconds of (tokens, seconds) steps."""
+    seconds = sum(s for _, s in steps)
+    return sum(t for t, _ in steps) / seconds if seconds > 0 else 0.0
+
+
+@dataclass
+class Rate:
+    """A side's last WINDOW recorded steps. Its rate is their tokens over their seconds (a ratio
+    of sums, not an average of per-step ratios: see the module docstring), the seconds without
+    outlying slow steps (OUTLIER_FACTOR). The sums are kept until the window changes: a batch with
+    nothing waiting asks for them once per request and step (`finish_seconds`), on the host's
+    critical path."""
+    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    steps: int = 0
+    _sums: Optional[tuple] = field(default=None, repr=False, compare=False)
+
+    def add(self, per_req: float, seconds: float) -> None:
+        self.recent.append((per_req, seconds))
+        self.steps += 1
+        self._sums = None
+
+    def _totals(self) -> tuple:
+        """(tokens, seconds, steps) over the window; seconds as steps times the mean step
+        without outliers (OUTLIER_FACTOR), so a rare slow step does not decide the side."""
+        if self._sums is None:
+            n, times = len(self.recent), sorted(s for _, s in self.recent)
+            slow = sum(s > OUTLIER_FACTOR * times[n // 2] for s in times) if n >= 3 else 0
+            kept = times[:n - min(slow, -(-n // TRIM_DIV))]
+            seconds = sum(kept) * n / len(kept) if kept else 0.0
+            self._sums = (sum(t for t, _ in self.recent), seconds, n)
+        return self._sums
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens per second per request."""
+        tokens, seconds, _ = self._totals()
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def clearly_slower(self, rate: float) -> bool:
+        """Whether this side's recorded steps (at least CONFIRM_STEPS) run slower than `rate`
+        (tokens per second per request: the chosen side's) by more than their spread explains:
+        per step, its tokens less those `rate` emits in its seconds, CONFIRM_Z standard errors
+        below zero."""
+        n = len(self.recent)
+        if n < CONFIRM_STEPS or rate <= 0:
+            return False
+        gains = [t - rate * s for t, s in self.recent]
+        mean = sum(gains) / n
+        var = sum((g - mean) ** 2 for g in gains) / (n - 1)
+        return mean + CONFIRM_Z * (var / n) ** 0.5 < 0
+
+    def restart_if_changed(self, last: int) -> None:
+        """After a look: when its `last` steps ran CHANGE_FACTOR times slower or faster than the
+        window says, the side's speed has changed (other prompts), and only they are kept."""
+        if len(self.recent) <= last:
+            return
+        look = list(self.recent)[-last:]
+        if not self.tok_s / CHANGE_FACTOR <= _ratio(look) <= CHANGE_FACTOR * self.tok_s:
+            self.recent, self._sums = deque(look, maxlen=WINDOW), None
+
+    @property
+    def step_s(self) -> float:
+        """Seconds per step."""
+        _, seconds, n = self._totals()
+        return seconds / n if n else 0.0
+
+    @property
+    def per_req(self) -> float:
+        """Tokens per request per step (a speculative step's accept length)."""
+        tokens, _, n = self._totals()
+        return tokens / n if n else 0.0
