@@ -131,6 +131,35 @@ def test_plain_steps_between_speculative_ones_hand_the_head_every_state(world, a
     _check_no_leak(engine)
 
 
+class Stretches(AdaptiveSpeculation):
+    """One speculative step, then `plain` plain ones, by turns."""
+
+    def __init__(self, plain: int):
+        super().__init__()
+        self.plain, self.turn = plain, -1
+
+    def use_spec(self, batch_size: int, finish=None) -> bool:
+        self.turn += 1
+        return self.turn % (self.plain + 1) == 0
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_stretches_of_plain_steps_hand_the_head_every_state(world, algo):
+    """Plain steps over an unchanged batch are logged whole and handed to the requests when the
+    batch changes (requests finish mid-stretch here: lengths 10, 12, ...) or speculation
+    resumes: every draft is still accepted, and some stretches spanned several steps."""
+    engine = _engine(world.exact, algo, world.heads[algo], **SETTINGS["chain"])
+    engine.scheduler.adaptive = Stretches(4)
+    draft, logged = engine.draft, []
+    hand_over = draft._hand_over
+    draft._hand_over = lambda: logged.append(len(draft._plain.steps) if draft._plain else 0) \
+        or hand_over()
+    for out in _exact_outputs_all_accepted(world, engine):
+        assert out["meta_info"]["plain_decode_tokens"] >= 4
+    assert max(logged) >= 3, logged
+    _check_no_leak(engine)
+
+
 @pytest.mark.parametrize("algo", ALGOS + ("NGRAM",))
 def test_alternating_steps_keep_the_greedy_tokens(world, plain, algo):  # noqa: F811
     head = world.heads.get(algo)
