@@ -75,7 +75,9 @@ estimate ran 1.06 / 1.10 / 1.01 / 0.99x no-spec at batch 1 / 4 / 16 / 64 and rat
 1.05 / 1.13 / 1.12 / 0.98x, with pinned speculation at 1.04 / 1.17 / 1.15 / 1.04x. Where it
 still loses, in simulation (sim_adaptive.py --shadow): a batch of equal-length requests whose
 acceptance differs widely, with nothing waiting (0.87 / 0.79 of the faster side at batch 16 /
-64); `shadow_rates_only = False` with shorter windows is the measured-in-simulation option.
+64). `shadow_rates_only = False` with 8-verify windows won that cell in simulation, yet on the
+H200's chat prompts it ran 1.10 / 1.08 / 1.08 / 0.91x no-spec where rates alone ran 1.05 /
+1.15 / 1.13 / 1.00x (180be28, one call): it stays an option.
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
