@@ -279,7 +279,10 @@ class AdaptiveSpeculation:
                                    else EXPLORE_EVERY)
                 b.explored_from = None
             b.since_explore += 1
-            if b.since_explore >= b.look_every(choice):  # look again
+            # look_every is never below explore_every: the cheap test first spares the window
+            # sums look_wait reads on most steps (the host's work between two steps).
+            if (b.since_explore >= b.explore_every
+                    and b.since_explore >= b.look_every(choice)):  # look again
                 b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
