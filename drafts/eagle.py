@@ -151,14 +151,14 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self._plain.steps.append(hidden.clone())
 
     def _hand_over(self) -> None:
-        """Gives the plain steps' logged rows to their requests: before anything reads or
-        replaces a request's pending rows."""
+        """Gives the plain steps' logged rows to their requests, before anything reads a
+        request's pending rows (propose, overlap_ready, device_path). commit and resolved
+        replace them only after one of those ran in the same step, with no plain step between."""
         if self._plain is not None:
             self._plain.hand_over()
             self._plain = None
 
     def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
-        self._hand_over()
         for i, (req, m) in enumerate(zip(reqs, accept_lens)):
             st = self._reqs[req.rid]
             self.kv_cache.truncate(st.req_pool_idx, st.num_cached)  # drop the draft steps' KV
@@ -306,7 +306,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
     def resolved(self, req, prefix: int, hidden_paths: torch.Tensor, row: int, m: int) -> None:
         """Host bookkeeping of an overlapped step whose verify started at `prefix` and
         accepted m drafts: its round caught up to prefix, and its path is pending."""
-        self._hand_over()
         st = self._reqs[req.rid]
         st.num_cached = prefix
         st.pending, st.verified = [hidden_paths[row, :m + 1]], (hidden_paths, row)

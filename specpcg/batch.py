@@ -22,25 +22,24 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
         slots += kv_cache.slots_of(r.req_pool_idx)[s - n:s]
     num_tokens, bs = len(flat_ids), len(reqs)
     positions = runs([s - n for s, n in zip(seq_lens, ext_lens)], ext_lens)
-    per_request = [[r.req_pool_idx for r in reqs], seq_lens, ext_lens]
-    # Every part starts 16 bytes in (an even number of int64s): Triton specializes a pointer
-    # argument on 16-byte alignment, so a part at an odd offset compiled a second variant of
-    # each kernel reading it the first time a batch of an odd token count came (a 0.12 s stall
-    # inside a speculative step on an H200, benchmarks/probe_jit.py).
-    t_pad, b_pad = num_tokens + (num_tokens & 1), bs + (bs & 1)
-    host = np.zeros(3 * t_pad + 3 * b_pad, dtype=np.int64)
-    for i, part in enumerate((flat_ids, positions, slots)):
-        host[i * t_pad:i * t_pad + num_tokens] = part
-    for i, part in enumerate(per_request):
-        start = 3 * t_pad + i * b_pad
-        host[start:start + bs] = part
-    packed = to_device(torch.from_numpy(host), device)
-    tokens = packed[:3 * t_pad].view(3, t_pad)[:, :num_tokens]
-    rows = packed[3 * t_pad:].view(3, b_pad)[:, :bs]
+    # A batch of more tokens than requests (prefill, verify, a draft's catch-up) starts every
+    # part 16 bytes in (an even number of int64s): Triton specializes a pointer argument on
+    # 16-byte alignment, and a part at an odd offset compiled a second variant of each kernel
+    # reading it the first time an odd token count came (a 0.12 s stall inside a speculative
+    # step on an H200, benchmarks/probe_jit.py). A decode-shaped batch keeps its parts back to
+    # back, the [4, bs] block the graph runner loads with one copy into its own buffers:
+    # padding there cost 12 us of host time a step at odd batch sizes (2-core CPU).
+    pad = num_tokens != bs
+    pad_t, pad_b = [0] * (pad and num_tokens & 1), [0] * (pad and bs & 1)
+    packed = to_device(torch.from_numpy(np.concatenate([
+        np.asarray(flat_ids + pad_t, dtype=np.int64), positions,
+        np.asarray(pad_t + slots + pad_t + [r.req_pool_idx for r in reqs] + pad_b + seq_lens
+                   + pad_b + ext_lens + pad_b, dtype=np.int64)])), device)
+    parts = packed.split([num_tokens + len(pad_t)] * 3 + [bs + len(pad_b)] * 3)
+    if pad_t or pad_b:  # each part without its padding
+        parts = [p[:n] for p, n in zip(parts, [num_tokens] * 3 + [bs] * 3)]
     return ForwardBatch(
-        forward_mode=mode, input_ids=tokens[0], positions=tokens[1], out_cache_loc=tokens[2],
-        req_pool_indices=rows[0], seq_lens=rows[1], extend_seq_lens=rows[2],
+        forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],
+        req_pool_indices=parts[3], seq_lens=parts[4], extend_seq_lens=parts[5],
         seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens, rows_pending=rows_pending,
-        # A decode's ids, positions, slots and request rows in one [4, bs] view (the graph
-        # runner loads them with one copy): there t_pad == b_pad.
-        index_rows=packed[:4 * t_pad].view(4, t_pad)[:, :bs] if num_tokens == bs else None)
+        index_rows=None if pad else packed[:4 * bs].view(4, bs))
