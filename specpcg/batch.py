@@ -28,7 +28,7 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
     # reading it the first time an odd token count came (a 0.12 s stall inside a speculative
     # step on an H200, benchmarks/probe_jit.py). A decode-shaped batch keeps its parts back to
     # back, the [4, bs] block the graph runner loads with one copy into its own buffers:
-    # padding there cost 12 us of host time a step at odd batch sizes (2-core CPU).
+    # cutting the padding off each part would add host time to every decode step at odd sizes.
     pad = num_tokens != bs
     pad_t, pad_b = [0] * (pad and num_tokens & 1), [0] * (pad and bs & 1)
     packed = to_device(torch.from_numpy(np.concatenate([
