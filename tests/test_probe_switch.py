@@ -1,0 +1,31 @@
+"""benchmarks/probe_switch.py: the scripted choices and the summary's split of calls by
+whether they followed a switch of side."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import probe_switch  # noqa: E402
+
+
+def test_choices_follow_the_script_whatever_is_measured():
+    engine = SimpleNamespace(scheduler=SimpleNamespace(adaptive=SimpleNamespace()))
+    probe_switch.script_choices(engine, plain=3, spec=2)
+    picks = [engine.scheduler.adaptive.use_spec(16) for _ in range(10)]
+    assert picks == [False] * 3 + [True] * 2 + [False] * 3 + [True] * 2
+
+
+def test_summary_splits_the_first_call_of_each_side_after_a_switch():
+    log = [{"kind": "plain", "s": 0.001}, {"kind": "plain", "s": 0.001},
+           {"kind": "phase", "phase": "propose", "s": 0.004},
+           {"kind": "sync", "s": 0.010}, {"kind": "spec", "s": 0.002},
+           {"kind": "plain", "s": 0.003}, {"kind": "plain", "s": 0.001}]
+    got = probe_switch.summarize(log)
+    assert got["plain"] == {"calls": 3, "mean_ms": pytest.approx(1.0)}
+    assert got["sync after switch"] == {"calls": 1, "mean_ms": pytest.approx(10.0)}
+    assert got["spec"] == {"calls": 1, "mean_ms": pytest.approx(2.0)}  # same side as sync
+    assert got["plain after switch"] == {"calls": 1, "mean_ms": pytest.approx(3.0)}
+    assert got["phase propose"]["calls"] == 1
