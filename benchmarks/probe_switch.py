@@ -1,16 +1,20 @@
 """Where a switch from plain decoding to speculation spends its time.
 
-An adaptive engine's look at speculation starts with one synchronous speculative step: the
-draft first catches up on every position the plain steps passed, then drafts, verifies and
-reads its accept lengths back before the overlapped pipeline can refill. On an H200 such a call
-took 7-30 ms at batch 1-64 against steps of 1-2 ms (`probe_jit.py --draft`, e6fbb0f), and
-the looks it opens cost a weakly trained EAGLE3 head 7-12% of no-spec at batch 4-64.
+Up to e6fbb0f an adaptive engine's look at speculation started with one synchronous speculative
+step: the draft first caught up on every position the plain steps passed, then drafted,
+verified and read its accept lengths back before the overlapped pipeline could refill. On an
+H200 such a call took 7-30 ms at batch 1-64 against steps of 1-2 ms (`probe_jit.py --draft`,
+e6fbb0f), and the looks it opened cost a weakly trained EAGLE3 head 7-12% of no-spec at batch
+4-64. Since, a head (and STANDALONE) catches up first, eagerly, and the look's first step is an
+overlapped one (`catch_up_to_paths`); with no overlapped step possible (sampling, logprobs, a
+request waiting) the synchronous step remains.
 
 This probe scripts the engine's choice instead of measuring it: --plain K plain steps, then
 --spec S speculative ones, over and over, through one batch per size. Each scheduler call is
 timed as the engine runs it (one line per call: kind, batch, seconds, whether it followed a
-switch); with --phases, the parts of every synchronous speculative step (the draft's hand-over
-and catch-up, its proposal, the verify forward, the accept, the commit) are timed too, each
+switch); with --phases, the draft's catch-up before an overlapped step and the parts of every
+synchronous speculative step (the draft's hand-over and catch-up, its proposal, the verify
+forward, the accept, the commit) are timed too, each
 between two device synchronizations (which stalls the overlapped pipeline, so run without it
 for the calls' own times). The summary line per batch size: mean seconds of each call kind,
 after a switch and steady, and the phases' means.
@@ -75,7 +79,8 @@ def instrument(engine, phases: bool) -> list:
     if phases:
         sync = lambda: _sync(engine.device)  # noqa: E731
         draft, loop = s.spec.draft, s.spec
-        parts = [(draft, "_hand_over"), (draft, "_eager_catch_up"), (draft, "propose"),
+        parts = [(draft, "_hand_over"), (draft, "catch_up_to_paths"),
+                 (draft, "_eager_catch_up"), (draft, "propose"),
                  (loop, "_verify"), (loop, "_commit"), (loop_module, "accept")]
         for obj, name in parts:
             if hasattr(obj, name):
@@ -160,8 +165,8 @@ def unwrap(engine) -> None:
     s = engine.scheduler
     for obj in (s, s.spec, s.spec.draft):
         for name in list(vars(obj)):
-            if name in CALLS or name in ("_hand_over", "_eager_catch_up", "propose",
-                                         "_verify", "_commit"):
+            if name in CALLS or name in ("_hand_over", "catch_up_to_paths", "_eager_catch_up",
+                                         "propose", "_verify", "_commit"):
                 del vars(obj)[name]
     loop_module.accept = accept
 

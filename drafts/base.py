@@ -28,6 +28,12 @@ class DraftWorker:
     # sets it provides step_round, overlap_ready, device_path, draft_rows, resolved and trim.
     supports_overlap = False
 
+    def catch_up_to_paths(self, reqs: list) -> bool:
+        """Where overlap_ready is False: brings the draft to a state an overlapped step can
+        start from (each request's catch-up one verify's path), doing the rest of the catch-up
+        now; False where it cannot (the synchronous step then runs)."""
+        return False
+
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError
 

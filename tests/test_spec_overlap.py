@@ -240,3 +240,40 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
     assert hist[(1, 1)] > 0 and hist[(2, 2)] > 0
     assert sum(n for (d, m), n in hist.items() if m < d) > 0
     _check_no_leak(engine)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("algo", ALGOS + ("STANDALONE",))
+def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo):  # noqa: F811
+    """One speculative step, then 3 plain ones, by turns: each speculative step after plain
+    ones is queued as an overlapped step (a head first catches up on the plain steps' rows,
+    bar the last, which the step's graph takes as a one-row path; STANDALONE on their tokens,
+    bar the root), where it ran synchronously before. The tokens stay no-spec's, and on the
+    exact target every verify still accepts all its drafts: the catch-up fed the draft every
+    position, in place."""
+    from tests.eagle_world import _exact_outputs_all_accepted
+    from tests.test_adaptive_engine import Stretches
+
+    draft = world.exact if algo == "STANDALONE" else world.heads[algo]
+    for target in (world.noisy, world.exact):
+        engine = _engine(target, algo, draft, attention_backend="triton")
+        engine.scheduler.adaptive = Stretches(3)
+        overlapped, sync = _count_steps_of(engine)
+        if target is world.noisy:
+            outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+            assert [o["output_ids"] for o in outs] == plain.batch
+        else:
+            outs = _exact_outputs_all_accepted(world, engine)
+        assert all(o["meta_info"]["plain_decode_tokens"] > 0 for o in outs)
+        # The first speculative step after the prefill may run synchronously; none after.
+        assert len(sync) <= 1 and len(overlapped) >= 3, (len(sync), len(overlapped))
+        _check_no_leak(engine)
+
+
+def _count_steps_of(engine) -> tuple:
+    """(overlapped steps, synchronous speculative steps) the engine runs, as lists."""
+    s, overlapped, sync = engine.scheduler, [], []
+    ov_step, loop_step = s.spec_overlap.step, s.spec.step
+    s.spec_overlap.step = lambda: overlapped.append(1) or ov_step()
+    s.spec.step = lambda reqs: sync.append(1) or loop_step(reqs)
+    return overlapped, sync

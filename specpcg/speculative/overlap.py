@@ -16,7 +16,8 @@ Used for greedy chains of drafts that support it (heads with round graphs, and N
 matches on the device) on an attention backend that plans from device tensors; the scheduler
 falls back to the synchronous step (specpcg/speculative/loop.py) whenever the host must look
 first: a request waiting for prefill, sampling or logprobs, a catch-up that is not one verify's
-path, too few free KV slots.
+path and that the draft cannot bring to one (`catch_up_to_paths`: a head catches up on the
+rows of the plain steps before it, bar the last), too few free KV slots.
 """
 
 from __future__ import annotations
@@ -74,13 +75,19 @@ class SpecOverlap:
         limit = min(s.kv_cache.req_pool.max_context_len, self.draft.overlap_context_len)
         if any(r.num_cached + 3 * n + self.reach > limit for r in reqs):  # _shortfall's reach
             return False
+        prev = self.inflight
+        # With no step in flight (after plain steps or a synchronous one) the draft first
+        # catches up as far as a graph's catch-up starts from; the slots it takes for that
+        # count before the shortfall.
+        if prev is None and not (self.draft.overlap_ready(reqs)
+                                 or self.draft.catch_up_to_paths(reqs)):
+            return False
         target, draft = self._shortage = self._shortfall(reqs)
         if (sum(target[1]) > s.kv_cache.free_slots
                 or (draft[0] and sum(draft[1]) > self.draft.kv_cache.free_slots)):
             return False
-        prev = self.inflight
         if prev is None:
-            return self.draft.overlap_ready(reqs)
+            return True
         carried = {id(r) for r in prev.reqs}
         return all(id(r) in carried for r in reqs)
 
