@@ -243,7 +243,7 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
 
 
 @needs_interpreter
-@pytest.mark.parametrize("algo", ALGOS + ("STANDALONE",))
+@pytest.mark.parametrize("algo", ALGOS + ("STANDALONE", "EAGLE3-tree"))
 def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo):  # noqa: F811
     """One speculative step, then 3 plain ones, by turns: each speculative step after plain
     ones is queued as an overlapped step (a head first catches up on the plain steps' rows,
@@ -254,9 +254,11 @@ def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo):  
     from tests.eagle_world import _exact_outputs_all_accepted
     from tests.test_adaptive_engine import Stretches
 
+    algo, _, shape = algo.partition("-")
+    kw = {k: v for k, v in TREE.items() if k != "attention_backend"} if shape else {}
     draft = world.exact if algo == "STANDALONE" else world.heads[algo]
     for target in (world.noisy, world.exact):
-        engine = _engine(target, algo, draft, attention_backend="triton")
+        engine = _engine(target, algo, draft, attention_backend="triton", **kw)
         engine.scheduler.adaptive = Stretches(3)
         overlapped, sync = _count_steps_of(engine)
         if target is world.noisy:
