@@ -28,11 +28,15 @@ class DraftWorker:
     # sets it provides step_round, overlap_ready, device_path, draft_rows, resolved and trim.
     supports_overlap = False
 
-    def catch_up_to_paths(self, reqs: list) -> bool:
-        """Where overlap_ready is False: brings the draft to a state an overlapped step can
-        start from (each request's catch-up one verify's path), doing the rest of the catch-up
-        now; False where it cannot (the synchronous step then runs)."""
+    def can_catch_up_to_paths(self, reqs: list) -> bool:
+        """Where overlap_ready is False: whether catch_up_to_paths can bring the draft to a
+        state an overlapped step starts from, once the step in flight (if any) is read."""
         return False
+
+    def catch_up_to_paths(self, reqs: list) -> None:
+        """Does the part of the catch-up an overlapped step's graph does not: afterwards each
+        request's catch-up is one verify's path (overlap_ready)."""
+        raise NotImplementedError
 
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError

@@ -285,21 +285,26 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self._hand_over()
         return self._catch_up_plan(reqs, [self._state(r) for r in reqs]) is not None
 
-    def catch_up_to_paths(self, reqs: list) -> bool:
+    def can_catch_up_to_paths(self, reqs: list) -> bool:
+        """Every request has a pending row (plain steps and prefills leave them), and the
+        head's cache the slots for all but the last."""
+        self._hand_over()
+        states = [self._state(r) for r in reqs]
+        if not all(st.pending for st in states):
+            return False
+        rows = sum(p.shape[0] for st in states for p in st.pending)
+        return rows - len(states) <= self.kv_cache.free_slots
+
+    def catch_up_to_paths(self, reqs: list) -> None:
         """Catches up eagerly on all but each request's last pending row, and keeps that row
         as a one-row verify path: what an overlapped step's graph catches up on. After plain
         steps, speculation then resumes with an overlapped step where it ran one synchronous
         step first, whose host read and drained pipeline made it cost 7-30 ms against 1-2 ms
-        steps (H200, batch 1-64, e6fbb0f). False (the synchronous step then runs) where a
-        request has no pending row or the head's cache lacks the slots."""
+        steps (H200, batch 1-64, e6fbb0f)."""
         self._hand_over()
         states = [self._state(r) for r in reqs]
-        rows = [torch.cat(st.pending) if st.pending else None for st in states]
-        if any(r is None for r in rows):
-            return False
+        rows = [torch.cat(st.pending) for st in states]
         lead = [(req, st, r[:-1]) for req, st, r in zip(reqs, states, rows) if r.shape[0] > 1]
-        if sum(r.shape[0] for _, _, r in lead) > self.kv_cache.free_slots:
-            return False
         for _, st, r in lead:
             st.pending = [r]
         if lead:
@@ -308,7 +313,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
         last[:, 0] = torch.stack([r[-1] for r in rows])
         for i, st in enumerate(states):
             st.pending, st.verified = [last[i, :1]], (last, i)
-        return True
 
     def device_path(self, reqs: list):
         """The requests' pending catch-up (one verify's path each) as a DevicePath."""

@@ -166,23 +166,23 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         """Whether every request's catch-up is one verify's path (what a commit leaves)."""
         return all(self._as_verify(r) is not None for r in reqs)
 
-    def catch_up_to_paths(self, reqs: list) -> bool:
-        """Feeds each request's tokens up to the target's KV (req.num_cached: with a plain step
-        in flight, its input token too), so that its catch-up is the root alone once every
-        token resolved is appended (_as_verify's m = 0): speculation then resumes with an
-        overlapped step, not a synchronous one (drafts/eagle.py, the same for heads). False
-        where the draft is ahead of the target or its cache lacks the slots."""
+    def can_catch_up_to_paths(self, reqs: list) -> bool:
+        """The draft is not ahead of the target, and its cache has the slots."""
         states = [self._state(r) for r in reqs]
-        if any(st.num_cached > r.num_cached or r.num_cached not in (r.seq_len - 1, r.seq_len)
-               for r, st in zip(reqs, states)):
+        if any(st.num_cached > r.num_cached for r, st in zip(reqs, states)):
             return False
+        need = sum(r.num_cached - st.num_cached for r, st in zip(reqs, states))
+        return need <= self.kv_cache.free_slots
+
+    def catch_up_to_paths(self, reqs: list) -> None:
+        """Feeds each request's tokens up to the target's KV (all but the root), so that its
+        catch-up is the root alone (_as_verify's m = 0): speculation then resumes with an
+        overlapped step, not a synchronous one (drafts/eagle.py, the same for heads)."""
+        states = [self._state(r) for r in reqs]
         lead = [(st, r.ids_slice(st.num_cached, r.num_cached)) for r, st in zip(reqs, states)
                 if st.num_cached < r.num_cached]
-        if sum(len(ids) for _, ids in lead) > self.kv_cache.free_slots:
-            return False
         if lead:
             self._forward(ForwardMode.DRAFT_EXTEND, [st for st, _ in lead], [i for _, i in lead])
-        return True
 
     def device_path(self, reqs: list):
         """Each request's pending catch-up as a verify's path (_as_verify)."""

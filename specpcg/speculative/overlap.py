@@ -17,7 +17,7 @@ matches on the device) on an attention backend that plans from device tensors; t
 falls back to the synchronous step (specpcg/speculative/loop.py) whenever the host must look
 first: a request waiting for prefill, sampling or logprobs, a catch-up that is not one verify's
 path and that the draft cannot bring to one (`catch_up_to_paths`: a head catches up on the
-rows of the plain steps before it, bar the last), too few free KV slots.
+rows of the plain steps before it, bar the last, when the step starts), too few free KV slots.
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ class SpecOverlap:
         if any(r.num_cached + 3 * n + self.reach > limit for r in reqs):  # _shortfall's reach
             return False
         prev = self.inflight
-        # With no step in flight (after plain steps or a synchronous one) the draft first
-        # catches up as far as a graph's catch-up starts from; the slots it takes for that
-        # count before the shortfall.
+        # With no step in flight (after plain steps or a synchronous one) the draft may first
+        # have to catch up as far as a graph's catch-up starts from (step does it); the slots
+        # that takes are inside the shortfall, which counts from what the draft holds now.
         if prev is None and not (self.draft.overlap_ready(reqs)
-                                 or self.draft.catch_up_to_paths(reqs)):
+                                 or self.draft.can_catch_up_to_paths(reqs)):
             return False
         target, draft = self._shortage = self._shortfall(reqs)
         if (sum(target[1]) > s.kv_cache.free_slots
@@ -125,6 +125,10 @@ class SpecOverlap:
         it. Returns (the requests that finished there, the tokens it emitted)."""
         s, prev, start = self.s, self.inflight, time.perf_counter()
         reqs = list(s.running)
+        if prev is None and not self.draft.overlap_ready(reqs):
+            # Inside the scheduler's fault boundary, after the step in flight was read.
+            self.draft.catch_up_to_paths(reqs)
+            self._shortage = self._shortfall(reqs)
         self._reserve(reqs)
         bs = self.graphs.bucket(len(reqs))
         self._arrange(prev, reqs, bs)
