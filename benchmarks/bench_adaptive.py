@@ -118,6 +118,29 @@ def untrained_drafts(algos: list, model_path) -> dict:
     return out
 
 
+def add_probe_args(p) -> None:
+    """Options of a probe that runs one engine with a draft (probe_jit.py, probe_switch.py)."""
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--algorithm", default="EAGLE3")
+    p.add_argument("--draft", default=None)
+    p.add_argument("--untrained", action="store_true", help="a random head (bench_adaptive's)")
+    p.add_argument("--setting", default="3,1,4")
+
+
+def probe_engine(args, system: str, most: int):
+    """(engine, draft) for add_probe_args' options: `system`'s engine (engine_kwargs) sized for
+    batches of up to `most` requests, with an untrained draft where --untrained asks."""
+    from specpcg import Engine
+
+    draft = args.draft
+    if args.untrained:
+        draft = untrained_drafts([args.algorithm], args.model_path)[args.algorithm]
+    engine = Engine(model_path=args.model_path, show_progress=False, max_running_requests=most,
+                    cuda_graph_max_bs=most, **engine_kwargs(system, args.algorithm, draft,
+                                                            common.parse_setting(args.setting)))
+    return engine, draft
+
+
 STANDALONE_LAYERS = 4
 UNTRAINED = "(untrained)"  # after the algorithm's name in a line's "algorithm"
 

@@ -59,12 +59,10 @@ def watch_steps(engine, events: list, slow_s: float) -> None:
 
 
 def main(argv=None) -> None:
+    from bench_adaptive import add_probe_args, probe_engine, prompts_for
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-path", default=None)
-    p.add_argument("--algorithm", default="EAGLE3")
-    p.add_argument("--draft", default=None)
-    p.add_argument("--untrained", action="store_true", help="a random head (bench_adaptive's)")
-    p.add_argument("--setting", default="3,1,4")
+    add_probe_args(p)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     p.add_argument("--rounds", type=int, default=3, help="batches of each size")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -72,17 +70,8 @@ def main(argv=None) -> None:
     p.add_argument("--pinned", action="store_true", help="speculate at every step")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    from bench_adaptive import engine_kwargs, prompts_for, untrained_drafts
-    from specpcg import Engine
-
-    draft = args.draft
-    if args.untrained:
-        draft = untrained_drafts([args.algorithm], args.model_path)[args.algorithm]
     most = max(args.batches)
-    engine = Engine(model_path=args.model_path, show_progress=False, max_running_requests=most,
-                    cuda_graph_max_bs=most, **engine_kwargs(
-                        "pinned" if args.pinned else "adaptive", args.algorithm, draft,
-                        common.parse_setting(args.setting)))
+    engine, _ = probe_engine(args, "pinned" if args.pinned else "adaptive", most)
     events: list = []
     watch_compiles(events)
     watch_steps(engine, events, args.slow_ms / 1e3)

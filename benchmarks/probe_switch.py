@@ -107,12 +107,11 @@ def summarize(log: list) -> dict:
 
 
 def main(argv=None) -> None:
+    from bench_accept import close
+    from bench_adaptive import add_probe_args, probe_engine, prompts_for
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-path", default=None)
-    p.add_argument("--algorithm", default="EAGLE3")
-    p.add_argument("--draft", default=None)
-    p.add_argument("--untrained", action="store_true", help="a random head (bench_adaptive's)")
-    p.add_argument("--setting", default="3,1,4")
+    add_probe_args(p)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--plain", type=int, default=64, help="plain steps before each look")
     p.add_argument("--spec", type=int, default=3, help="speculative steps of each look")
@@ -121,18 +120,9 @@ def main(argv=None) -> None:
                    help="time a synchronous step's parts between device synchronizations")
     p.add_argument("--out", default=None, help="append JSON lines: each call, then the summary")
     args = p.parse_args(argv)
-    from bench_accept import close
-    from bench_adaptive import engine_kwargs, prompts_for, untrained_drafts
-    from specpcg import Engine
-
-    draft = args.draft
-    if args.untrained:
-        draft = untrained_drafts([args.algorithm], args.model_path)[args.algorithm]
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
     most = max(args.batches)
-    engine = Engine(model_path=args.model_path, show_progress=False, max_running_requests=most,
-                    cuda_graph_max_bs=most, **engine_kwargs("adaptive", args.algorithm, draft,
-                                                            common.parse_setting(args.setting)))
+    engine, draft = probe_engine(args, "adaptive", most)
     script_choices(engine, args.plain, args.spec)
     out = open(args.out, "a") if args.out else None
     for bs in args.batches:

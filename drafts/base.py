@@ -30,7 +30,8 @@ class DraftWorker:
 
     def can_catch_up_to_paths(self, reqs: list) -> bool:
         """Where overlap_ready is False: whether catch_up_to_paths can bring the draft to a
-        state an overlapped step starts from, once the step in flight (if any) is read."""
+        state an overlapped step starts from, once the step in flight (if any) is read. The
+        slots it takes are the overlapped step's own shortfall's (SpecOverlap.usable)."""
         return False
 
     def catch_up_to_paths(self, reqs: list) -> None:

@@ -286,14 +286,9 @@ class HeadDraft(RoundDrafting, DraftWorker):
         return self._catch_up_plan(reqs, [self._state(r) for r in reqs]) is not None
 
     def can_catch_up_to_paths(self, reqs: list) -> bool:
-        """Every request has a pending row (plain steps and prefills leave them), and the
-        head's cache the slots for all but the last."""
+        """Every request has a pending row (plain steps and prefills leave them)."""
         self._hand_over()
-        states = [self._state(r) for r in reqs]
-        if not all(st.pending for st in states):
-            return False
-        rows = sum(p.shape[0] for st in states for p in st.pending)
-        return rows - len(states) <= self.kv_cache.free_slots
+        return all(self._state(r).pending for r in reqs)
 
     def catch_up_to_paths(self, reqs: list) -> None:
         """Catches up eagerly on all but each request's last pending row, and keeps that row

@@ -167,12 +167,8 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         return all(self._as_verify(r) is not None for r in reqs)
 
     def can_catch_up_to_paths(self, reqs: list) -> bool:
-        """The draft is not ahead of the target, and its cache has the slots."""
-        states = [self._state(r) for r in reqs]
-        if any(st.num_cached > r.num_cached for r, st in zip(reqs, states)):
-            return False
-        need = sum(r.num_cached - st.num_cached for r, st in zip(reqs, states))
-        return need <= self.kv_cache.free_slots
+        """The draft is not ahead of the target."""
+        return all(self._state(r).num_cached <= r.num_cached for r in reqs)
 
     def catch_up_to_paths(self, reqs: list) -> None:
         """Feeds each request's tokens up to the target's KV (all but the root), so that its
