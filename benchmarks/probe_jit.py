@@ -96,7 +96,8 @@ def main(argv=None) -> None:
                   [(e["kernel"], e["s"]) for e in line["compiles"]][:12],
                   "slow:", [(e["call"], e["s"], e["compiles_inside"]) for e in line["slow_calls"]],
                   flush=True)
-    common.append_jsonl(args.out, lines)
+    if args.out:
+        common.append_jsonl(args.out, lines)
 
 
 if __name__ == "__main__":
