@@ -28,6 +28,7 @@ from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.tree_round import step_children
+from drafts.resume import ResumeCatchUp
 from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -87,6 +88,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self.kv_cache = self.runner = self.router = self.graphs = None
         self.round = None  # DraftGraphRunner: a round's catch-up, then its steps, a graph each
         self.tree_round = None  # drafts.tree_round.TreeRound: a tree round's steps
+        self.resume = None  # drafts.resume.ResumeCatchUp: catching up after plain steps
         self._reqs: dict = {}  # rid -> _HeadReq
         self._plain: Optional[_PlainLog] = None  # plain steps' rows not yet handed over
 
@@ -117,6 +119,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
                     self.runner, self.graphs, ctx.config, 1, width, width=spec.num_draft_tokens,
                     round_slots=spec.topk * (spec.num_steps - 1),
                     add_kinds=lambda rnd: self._add_tree(rnd, spec))
+            self.resume = ResumeCatchUp.build(self.runner, self.graphs, ctx.config,
+                                              self.round.width, width)
 
     def _add_tree(self, rnd, spec) -> None:
         from drafts.tree_round import TreeRound
@@ -128,7 +132,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
         return {"name": self.name, "aux_layer_ids": list(self.head_spec.aux_layer_ids),
                 "needs_hidden": self.needs_hidden.name, "target_aux_layers": list(self.aux_layers),
                 **(self.graphs.info() if self.graphs else {}),
-                "round_graphs": self.round.info() if self.round else None}
+                "round_graphs": self.round.info() if self.round else None,
+                "resume_graphs": self.resume.info() if self.resume else None}
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self, req) -> _HeadReq:
@@ -291,18 +296,27 @@ class HeadDraft(RoundDrafting, DraftWorker):
         return all(self._state(r).pending for r in reqs)
 
     def catch_up_to_paths(self, reqs: list) -> None:
-        """Catches up eagerly on all but each request's last pending row, and keeps that row
-        as a one-row verify path: what an overlapped step's graph catches up on. After plain
+        """Catches up on all but each request's last pending row, and keeps that row as a
+        one-row verify path: what an overlapped step's graph catches up on. After plain
         steps, speculation then resumes with an overlapped step where it ran one synchronous
         step first, whose host read and drained pipeline made it cost 7-30 ms against 1-2 ms
-        steps (H200, batch 1-64, e6fbb0f)."""
+        steps (H200, batch 1-64, e6fbb0f). The catch-up replays graphs where it is short
+        enough (drafts/resume.py), else it runs eagerly."""
         self._hand_over()
         states = [self._state(r) for r in reqs]
         rows = [torch.cat(st.pending) for st in states]
         lead = [(req, st, r[:-1]) for req, st, r in zip(reqs, states, rows) if r.shape[0] > 1]
-        for _, st, r in lead:
-            st.pending = [r]
-        if lead:
+        if lead and self.resume is not None and self.resume.fits([r.shape[0] for *_, r in lead]):
+            self.resume.run(
+                self.kv_cache, self.router, [st.req_pool_idx for _, st, _ in lead],
+                [st.num_cached for _, st, _ in lead],
+                [req.ids_slice(st.num_cached + 1, st.num_cached + 1 + r.shape[0])
+                 for req, st, r in lead], [r for *_, r in lead])
+            for _, st, r in lead:
+                st.num_cached += r.shape[0]
+        elif lead:
+            for _, st, r in lead:
+                st.pending = [r]
             self._eager_catch_up([req for req, _, _ in lead], [st for _, st, _ in lead])
         last = rows[0].new_zeros(len(reqs), self.round.width, rows[0].shape[-1])
         last[:, 0] = torch.stack([r[-1] for r in rows])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from drafts.base import DraftWorker, Proposal
+from drafts.resume import ResumeCatchUp
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import ForwardMode
@@ -53,6 +54,7 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         self.sharded_path, self.shards = sharded_path, 1
         self.kv_cache = self.runner = self.router = self.graphs = None
         self.round = None  # DraftGraphRunner: a chain round's catch-up and steps, a graph each
+        self.resume = None  # drafts.resume.ResumeCatchUp: catching up after plain steps
         self._reqs: dict = {}  # rid -> _DraftReq
 
     @property
@@ -73,11 +75,14 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
             # The catch-up feeds at most the last draft and the bonus token.
             self.round = build_round_runner(self.runner, self.graphs, ctx.config,
                                             ctx.spec.num_steps, width=2)
+            self.resume = ResumeCatchUp.build(self.runner, self.graphs, ctx.config,
+                                              ctx.spec.num_steps + 1)
 
     def info(self) -> dict:
         return {"name": self.name, "tensor_parallel_shards": self.shards,
                 **(self.graphs.info() if self.graphs else {}),
-                "round_graphs": self.round.info() if self.round else None}
+                "round_graphs": self.round.info() if self.round else None,
+                "resume_graphs": self.resume.info() if self.resume else None}
 
     def _state(self, req) -> _DraftReq:
         st = self._reqs.get(req.rid)
@@ -177,7 +182,12 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         states = [self._state(r) for r in reqs]
         lead = [(st, r.ids_slice(st.num_cached, r.num_cached)) for r, st in zip(reqs, states)
                 if st.num_cached < r.num_cached]
-        if lead:
+        if lead and self.resume is not None and self.resume.fits([len(i) for _, i in lead]):
+            self.resume.run(self.kv_cache, self.router, [st.req_pool_idx for st, _ in lead],
+                            [st.num_cached for st, _ in lead], [i for _, i in lead])
+            for st, ids in lead:
+                st.num_cached += len(ids)
+        elif lead:
             self._forward(ForwardMode.DRAFT_EXTEND, [st for st, _ in lead], [i for _, i in lead])
 
     def device_path(self, reqs: list):

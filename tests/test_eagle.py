@@ -174,10 +174,13 @@ class _Recorder:
     with its request, position, token, raw target hidden (before EAGLE3's fc), the hidden the
     head was handed and what it returned; checks each chain DECODE step is handed the previous
     forward's output hidden of its request, and that at every catch-up neither the target nor
-    the draft holds a KV slot past its committed tokens (rejected drafts and draft steps freed)."""
+    the draft holds a KV slot past its committed tokens (rejected drafts and draft steps freed).
+    reserves_ahead: overlapped steps hold slots ahead by design (SpecOverlap._shortfall), so
+    those two checks are off."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, reserves_ahead: bool = False):
         self.engine, self.draft, head = engine, engine.draft, engine.draft.model
+        self.reserves_ahead = reserves_ahead
         self.rows, self.raw, self.last_out, self.num_decode_checked = [], None, {}, 0
         forward, project = head.forward, head.project_target_hidden
 
@@ -197,18 +200,19 @@ class _Recorder:
         pool_to_rid = {st.req_pool_idx: rid for rid, st in self.draft._reqs.items()}
         mode, row = batch.forward_mode, 0
         catch_up = mode == ForwardMode.DRAFT_EXTEND and batch.tree_mask is None
-        if catch_up:
+        if catch_up and not self.reserves_ahead:
             for req in self.engine.scheduler.running:
                 assert len(self.engine.kv_cache.slots_of(req.req_pool_idx)) == req.num_cached
+        # The device lengths: an overlapped step's bodies plan with the widest on the host.
         for pool_idx, n, seq_len in zip(batch.req_pool_indices.tolist(),
-                                        batch.extend_seq_lens_cpu, batch.seq_lens_cpu):
+                                        batch.extend_seq_lens.tolist(), batch.seq_lens.tolist()):
             rid, rows = pool_to_rid[pool_idx], slice(row, row + n)
             row += batch.req_row_stride or n  # a round graph's catch-up: request i at i*stride
             if catch_up:
                 held = len(self.draft.kv_cache.slots_of(pool_idx))
                 # A round allocates its steps' slots (chain or tree) with the catch-up's.
                 chain = self.draft.round.buf.steps if batch.req_row_stride else 0
-                assert held in (seq_len, seq_len + chain), (held, seq_len)
+                assert self.reserves_ahead or held in (seq_len, seq_len + chain), (held, seq_len)
                 assert self.raw is not None and self.raw.shape[0] == batch.num_tokens
                 for i in range(rows.start, rows.stop):
                     self.rows.append(dict(rid=rid, pos=int(positions[i]), id=int(input_ids[i]),
@@ -249,20 +253,10 @@ def _dense_attention(num_heads, num_kv_heads, head_dim):
     return attention
 
 
-@pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("algo", ALGOS)
-def test_head_is_handed_the_target_states_of_each_position(world, plain, algo, setting,
-                                                           monkeypatch):
-    """Every target position reaches the head once, in order, as (token p + 1, the target's own
-    state at p: final normed hidden, or EAGLE3's aux layers concatenated in layer order), equal
-    to an independent full-sequence forward of the target; the head's outputs equal one dense
-    forward of the head over the whole sequence (its paged KV, truncation after draft steps and
-    catch-ups are right). Prompts are prefilled in chunks of 16 tokens."""
-    engine = _engine(world.noisy, algo, world.heads[algo], chunked_prefill_size=16,
-                     **SETTINGS[setting])
-    recorder = _Recorder(engine)
-    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
-    assert [o["output_ids"] for o in outs] == plain.batch
+def _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch) -> None:
+    """Each request's recorded catch-up rows: every position once, in order, handed the
+    target's own states and token, and the head's outputs those of one dense forward of the
+    head over the whole sequence."""
     head, spec = engine.draft.model, engine.draft.head_spec
     mc = head.config
     for prompt, out in zip(world.prompts, outs):
@@ -293,8 +287,50 @@ def test_head_is_handed_the_target_states_of_each_position(world, plain, algo, s
                                    atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(torch.stack([r["nxt"] for r in rows]), want_nxt,
                                    atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_head_is_handed_the_target_states_of_each_position(world, plain, algo, setting,
+                                                           monkeypatch):
+    """Every target position reaches the head once, in order, as (token p + 1, the target's own
+    state at p: final normed hidden, or EAGLE3's aux layers concatenated in layer order), equal
+    to an independent full-sequence forward of the target; the head's outputs equal one dense
+    forward of the head over the whole sequence (its paged KV, truncation after draft steps and
+    catch-ups are right). Prompts are prefilled in chunks of 16 tokens."""
+    engine = _engine(world.noisy, algo, world.heads[algo], chunked_prefill_size=16,
+                     **SETTINGS[setting])
+    recorder = _Recorder(engine)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert [o["output_ids"] for o in outs] == plain.batch
+    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
     if setting == "chain":
         assert recorder.num_decode_checked > 0
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_head_resumes_every_position_after_plain_steps(world, plain, algo, monkeypatch):  # noqa: F811
+    """Adaptive speculation, one speculative step after every 3 plain ones: before each
+    speculative step the head catches up on the plain steps' positions through its resume
+    runners (drafts/resume.py; here their bodies, what the graphs replay). Every position still
+    reaches the head once, in order, and its outputs are a dense forward's: the runners wrote
+    its KV where an eager catch-up would."""
+    if not HAS_CPU_TRITON:
+        pytest.skip("needs triton and the interpreter (TRITON_INTERPRET=1)")
+    from tests.test_adaptive_engine import Stretches
+
+    engine = _engine(world.noisy, algo, world.heads[algo], attention_backend="triton",
+                     disable_adaptive_speculation=False)
+    engine.scheduler.adaptive = Stretches(3)
+    replays = []
+    for rnd in engine.draft.resume.runners:
+        monkeypatch.setattr(rnd, "catch_up", lambda *a, run=rnd.catch_up: replays.append(a[0])
+                            or run(*a))
+    recorder = _Recorder(engine, reserves_ahead=True)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert [o["output_ids"] for o in outs] == plain.batch
+    assert len(replays) >= 3
+    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
 
 
 # ---- 1b. the default model on GSM8K prompts ---------------------------------------------------

@@ -243,14 +243,16 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
 
 
 @needs_interpreter
+@pytest.mark.parametrize("resume", ["graphs", "eager"])
 @pytest.mark.parametrize("algo", ALGOS + ("STANDALONE", "EAGLE3-tree"))
-def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo):  # noqa: F811
+def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo, resume):  # noqa: F811
     """One speculative step, then 3 plain ones, by turns: each speculative step after plain
     ones is queued as an overlapped step (a head first catches up on the plain steps' rows,
     bar the last, which the step's graph takes as a one-row path; STANDALONE on their tokens,
-    bar the root), where it ran synchronously before. The tokens stay no-spec's, and on the
-    exact target every verify still accepts all its drafts: the catch-up fed the draft every
-    position, in place."""
+    bar the root), where it ran synchronously before. That catch-up runs on the resume
+    runners' bodies (drafts/resume.py: what their graphs replay) or, without them, eagerly.
+    The tokens stay no-spec's, and on the exact target every verify still accepts all its
+    drafts: the catch-up fed the draft every position, in place."""
     from tests.eagle_world import _exact_outputs_all_accepted
     from tests.test_adaptive_engine import Stretches
 
@@ -258,8 +260,10 @@ def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo):  
     kw = {k: v for k, v in TREE.items() if k != "attention_backend"} if shape else {}
     draft = world.exact if algo == "STANDALONE" else world.heads[algo]
     for target in (world.noisy, world.exact):
-        engine = _engine(target, algo, draft, attention_backend="triton", **kw)
+        engine = _engine(target, algo, draft, attention_backend="triton",
+                         disable_adaptive_speculation=False, **kw)
         engine.scheduler.adaptive = Stretches(3)
+        replays = _count_resume_replays(engine, resume == "graphs")
         overlapped, sync = _count_steps_of(engine)
         if target is world.noisy:
             outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
@@ -269,7 +273,33 @@ def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo):  
         assert all(o["meta_info"]["plain_decode_tokens"] > 0 for o in outs)
         # The first speculative step after the prefill may run synchronously; none after.
         assert len(sync) <= 1 and len(overlapped) >= 3, (len(sync), len(overlapped))
+        if resume == "graphs":  # every look after 3 plain steps (the prompts: maybe eager)
+            assert len(replays) >= len(overlapped) - 1, (len(replays), len(overlapped))
         _check_no_leak(engine)
+    if algo == "STANDALONE":  # the noisy target drafting for itself: its KV decides
+        engine = _engine(world.noisy, algo, world.noisy, attention_backend="triton",
+                         disable_adaptive_speculation=False)
+        engine.scheduler.adaptive = Stretches(3)
+        _count_resume_replays(engine, resume == "graphs")
+        outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+        assert [o["output_ids"] for o in outs] == plain.batch
+        steps = engine.spec.num_steps
+        for out in outs:
+            hist = out["meta_info"]["spec_accept_histogram"]
+            assert hist[steps] == sum(hist) > 0, hist
+
+
+def _count_resume_replays(engine, keep: bool) -> list:
+    """The resume runners' replays, as a list (keep=False: the draft has none, so its
+    catch-ups run eagerly)."""
+    draft, replays = engine.scheduler.spec.draft, []
+    if not keep:
+        draft.resume = None
+        return replays
+    for rnd in draft.resume.runners:
+        run = rnd.catch_up
+        rnd.catch_up = lambda *a, run=run: replays.append(a[0]) or run(*a)
+    return replays
 
 
 def _count_steps_of(engine) -> tuple:

@@ -1,0 +1,100 @@
+"""A draft's catch-up on the positions plain decode steps passed, as graph replays.
+
+When adaptive speculation goes back to speculating after plain steps, the draft first catches
+up on every position those steps decoded (`catch_up_to_paths`), all but the last, which the
+overlapped step's own graph takes. As one eager DRAFT_EXTEND that cost 2.5-5.8 ms on an H200
+(a trained EAGLE3 head at batch 1-64, b91a5f5, `probe_switch.py --phases`) against plain
+steps of 0.7-1.6 ms: the host launching and planning one forward while the GPU waits. Here
+each request's rows go through a captured catch-up graph (the round runner's catch-up body,
+specpcg/graphs/draft_runner.py) `width` rows at a time, inputs built on the device from one
+host copy; up to MAX_CHUNKS replays. Longer catch-ups (a new request's prompt) stay eager,
+where one forward takes any length.
+
+Two widths per batch bucket: twice the verify's (the warm-up's windows of a few plain steps)
+and the first look's window (adaptive.EXPLORE_EVERY plain steps plus a verify's path), so the
+first looks take one replay and a short one pads few rows.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from specpcg.transfer import to_device
+
+MAX_CHUNKS = 4  # replays per catch-up before one eager forward is cheaper
+
+
+class ResumeCatchUp:
+    def __init__(self, runners: list):
+        self.runners = sorted(runners, key=lambda r: r.width)  # DraftGraphRunners, steps = 0
+
+    @classmethod
+    def build(cls, runner, graphs, cfg, round_width: int, target_hidden_size: int = 0):
+        """Catch-up-only round runners (captured with the draft's decode graphs) at the two
+        widths; None where adaptive speculation is off (speculation never pauses)."""
+        from drafts.wiring import build_round_runner
+        from specpcg.speculative.adaptive import EXPLORE_EVERY
+
+        if cfg.disable_adaptive_speculation:
+            return None
+        widths = sorted({2 * round_width, EXPLORE_EVERY + round_width})
+        return cls([build_round_runner(runner, graphs, cfg, 1, target_hidden_size, width=w)
+                    for w in widths])
+
+    def fits(self, counts: list) -> bool:
+        """Whether catching up `counts` positions per request takes at most MAX_CHUNKS
+        replays."""
+        return bool(counts) and max(counts) <= MAX_CHUNKS * self.runners[-1].width
+
+    def run(self, kv_cache, router, rows: list, first_pos: list, ids: list,
+            hidden: Optional[list] = None) -> None:
+        """Feeds request i the tokens ids[i] at positions first_pos[i].. of KV row rows[i]
+        (with hidden[i], [len(ids[i]), H'] target rows, for a head), allocating their slots.
+        The outputs are dropped: the step that follows catches up on the last position."""
+        done = [0] * len(rows)
+        left = [i for i, x in enumerate(ids) if x]
+        while left:
+            most = max(len(ids[i]) - done[i] for i in left)
+            rnd = next((r for r in self.runners if r.width >= most), self.runners[-1])
+            take = [min(rnd.width, len(ids[i]) - done[i]) for i in left]
+            part = [(rows[i], first_pos[i] + done[i], ids[i][done[i]:done[i] + k],
+                     None if hidden is None else hidden[i][done[i]:done[i] + k])
+                    for i, k in zip(left, take)]
+            _replay(rnd, kv_cache, part)
+            router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason)
+            for i, k in zip(left, take):
+                done[i] += k
+            left = [i for i in left if done[i] < len(ids[i])]
+
+    def info(self) -> dict:
+        return {"widths": [r.width for r in self.runners], "max_chunks": MAX_CHUNKS}
+
+
+def _replay(rnd, kv_cache, part: list) -> None:
+    """One catch-up of each (row, first position, ids, hidden rows) in `part`, each at most
+    rnd.width long: its slots allocated, its inputs loaded from one host copy."""
+    from specpcg.speculative.overlap import DevicePath
+
+    n, w = len(part), rnd.width
+    bs = rnd.bucket(n)
+    counts = [len(x) for _, _, x, _ in part]
+    kv_cache.extend_many([row for row, _, _, _ in part], counts)
+    # Rows, first positions, lengths, roots (unused), the [n, w] ids, then where each hidden
+    # row goes in the [n * w] buffer: contiguous pieces of one host copy (the loading kernel
+    # reads its [n] inputs at unit stride).
+    host = [row for row, _, _, _ in part] + [pos for _, pos, _, _ in part] + counts + [0] * n
+    host += [v for _, _, x, _ in part for v in (*x, *[0] * (w - len(x)))]
+    host += [i * w + j for i, k in enumerate(counts) for j in range(k)]
+    ints = to_device(host, kv_cache.req_pool.req_to_token.device)
+    rows, first, lens, roots = ints[:4 * n].view(4, n)
+    path = DevicePath(first_pos=first, lens=lens, roots=roots,
+                      ids=ints[4 * n:n * (4 + w)].view(n, w), hidden=None)
+    rnd.load_on_device(bs, rows, path)
+    if rnd.is_head:
+        flat = torch.cat([h for _, _, _, h in part])
+        rnd.buf.target_hidden[:n * w].index_copy_(0, ints[n * (4 + w):], flat)
+    pad = bs - n
+    rnd.catch_up(bs, [pos + k for (_, pos, _, _), k in zip(part, counts)] + [1] * pad,
+                 counts + [1] * pad)
