@@ -45,8 +45,9 @@ class ResumeCatchUp:
 
     def fits(self, counts: list) -> bool:
         """Whether catching up `counts` positions per request takes at most MAX_CHUNKS
-        replays."""
-        return bool(counts) and max(counts) <= MAX_CHUNKS * self.runners[-1].width
+        replays of a captured batch size."""
+        return (bool(counts) and max(counts) <= MAX_CHUNKS * self.runners[-1].width
+                and self.runners[-1].bucket(len(counts)) is not None)
 
     def run(self, kv_cache, router, rows: list, first_pos: list, ids: list,
             hidden: Optional[list] = None) -> None:
