@@ -18,6 +18,7 @@ After verify the head's KV is cut back to the catch-up's end: the draft steps' K
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -28,7 +29,7 @@ from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.tree_round import step_children
-from drafts.resume import ResumeCatchUp
+from drafts.resume import HiddenRows, ResumeCatchUp
 from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -304,22 +305,30 @@ class HeadDraft(RoundDrafting, DraftWorker):
         enough (drafts/resume.py), else it runs eagerly."""
         self._hand_over()
         states = [self._state(r) for r in reqs]
-        rows = [torch.cat(st.pending) for st in states]
-        lead = [(req, st, r[:-1]) for req, st, r in zip(reqs, states, rows) if r.shape[0] > 1]
-        if lead and self.resume is not None and self.resume.fits([r.shape[0] for *_, r in lead]):
+        # Every pending row of the batch in one tensor (the last plain log's rows are views of
+        # one stacked tensor, a verify's path views its output): one concatenation, where a
+        # request at a time cost host time at batch 64 with the device idle (drafts/resume.py).
+        pieces = [p for st in states for p in st.pending]
+        flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        counts = [sum(p.shape[0] for p in st.pending) for st in states]
+        ends = list(itertools.accumulate(counts))
+        lead = [(req, st, end - n, n - 1) for req, st, end, n in zip(reqs, states, ends, counts)
+                if n > 1]
+        if lead and self.resume is not None and self.resume.fits([n for *_, n in lead]):
             self.resume.run(
-                self.kv_cache, self.router, [st.req_pool_idx for _, st, _ in lead],
-                [st.num_cached for _, st, _ in lead],
-                [req.ids_slice(st.num_cached + 1, st.num_cached + 1 + r.shape[0])
-                 for req, st, r in lead], [r for *_, r in lead])
-            for _, st, r in lead:
-                st.num_cached += r.shape[0]
+                self.kv_cache, self.router, [st.req_pool_idx for _, st, _, _ in lead],
+                [st.num_cached for _, st, _, _ in lead],
+                [req.ids_slice(st.num_cached + 1, st.num_cached + 1 + n)
+                 for req, st, _, n in lead],
+                HiddenRows(flat, [start for *_, start, _ in lead]))
+            for _, st, _, n in lead:
+                st.num_cached += n
         elif lead:
-            for _, st, r in lead:
-                st.pending = [r]
-            self._eager_catch_up([req for req, _, _ in lead], [st for _, st, _ in lead])
-        last = rows[0].new_zeros(len(reqs), self.round.width, rows[0].shape[-1])
-        last[:, 0] = torch.stack([r[-1] for r in rows])
+            for _, st, start, n in lead:
+                st.pending = [flat[start:start + n]]
+            self._eager_catch_up([req for req, *_ in lead], [st for _, st, _, _ in lead])
+        last = flat.new_zeros(len(reqs), self.round.width, flat.shape[-1])
+        last[:, 0] = flat.index_select(0, to_device([end - 1 for end in ends], flat.device))
         for i, st in enumerate(states):
             st.pending, st.verified = [last[i, :1]], (last, i)
 

@@ -17,13 +17,22 @@ first looks take one replay and a short one pads few rows.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from specpcg.transfer import to_device
 
 MAX_CHUNKS = 4  # replays per catch-up before one eager forward is cheaper
+
+
+class HiddenRows(NamedTuple):
+    """A head's target rows for a catch-up: request i's rows are flat[starts[i]:], as many as
+    its ids. One tensor for the batch, so a replay gathers its rows in one indexed copy: per
+    request slices and a concatenation cost a catch-up at batch 64 about 2 ms of host time
+    while the device waited (H200, b91a5f5, `probe_switch.py --phases`)."""
+    flat: torch.Tensor  # [rows, H']
+    starts: list
 
 
 class ResumeCatchUp:
@@ -50,10 +59,10 @@ class ResumeCatchUp:
                 and self.runners[-1].bucket(len(counts)) is not None)
 
     def run(self, kv_cache, router, rows: list, first_pos: list, ids: list,
-            hidden: Optional[list] = None) -> None:
+            hidden: Optional[HiddenRows] = None) -> None:
         """Feeds request i the tokens ids[i] at positions first_pos[i].. of KV row rows[i]
-        (with hidden[i], [len(ids[i]), H'] target rows, for a head), allocating their slots.
-        The outputs are dropped: the step that follows catches up on the last position."""
+        (with their target rows from `hidden`, for a head), allocating their slots. The
+        outputs are dropped: the step that follows catches up on the last position."""
         done = [0] * len(rows)
         left = [i for i, x in enumerate(ids) if x]
         while left:
@@ -61,9 +70,9 @@ class ResumeCatchUp:
             rnd = next((r for r in self.runners if r.width >= most), self.runners[-1])
             take = [min(rnd.width, len(ids[i]) - done[i]) for i in left]
             part = [(rows[i], first_pos[i] + done[i], ids[i][done[i]:done[i] + k],
-                     None if hidden is None else hidden[i][done[i]:done[i] + k])
+                     None if hidden is None else hidden.starts[i] + done[i])
                     for i, k in zip(left, take)]
-            _replay(rnd, kv_cache, part)
+            _replay(rnd, kv_cache, part, None if hidden is None else hidden.flat)
             router.count("DRAFT_EXTEND", rnd.runner_name, rnd.eager_reason)
             for i, k in zip(left, take):
                 done[i] += k
@@ -73,9 +82,9 @@ class ResumeCatchUp:
         return {"widths": [r.width for r in self.runners], "max_chunks": MAX_CHUNKS}
 
 
-def _replay(rnd, kv_cache, part: list) -> None:
-    """One catch-up of each (row, first position, ids, hidden rows) in `part`, each at most
-    rnd.width long: its slots allocated, its inputs loaded from one host copy."""
+def _replay(rnd, kv_cache, part: list, flat: Optional[torch.Tensor]) -> None:
+    """One catch-up of each (row, first position, ids, first row in `flat`) in `part`, each
+    at most rnd.width long: its slots allocated, its inputs loaded from one host copy."""
     from specpcg.speculative.overlap import DevicePath
 
     n, w = len(part), rnd.width
@@ -83,19 +92,22 @@ def _replay(rnd, kv_cache, part: list) -> None:
     counts = [len(x) for _, _, x, _ in part]
     kv_cache.extend_many([row for row, _, _, _ in part], counts)
     # Rows, first positions, lengths, roots (unused), the [n, w] ids, then where each hidden
-    # row goes in the [n * w] buffer: contiguous pieces of one host copy (the loading kernel
-    # reads its [n] inputs at unit stride).
+    # row goes in the [n * w] buffer and where it comes from in `flat`: contiguous pieces of
+    # one host copy (the loading kernel reads its [n] inputs at unit stride).
     host = [row for row, _, _, _ in part] + [pos for _, pos, _, _ in part] + counts + [0] * n
     host += [v for _, _, x, _ in part for v in (*x, *[0] * (w - len(x)))]
-    host += [i * w + j for i, k in enumerate(counts) for j in range(k)]
+    if flat is not None:
+        host += [i * w + j for i, k in enumerate(counts) for j in range(k)]
+        host += [src + j for (_, _, _, src), k in zip(part, counts) for j in range(k)]
     ints = to_device(host, kv_cache.req_pool.req_to_token.device)
     rows, first, lens, roots = ints[:4 * n].view(4, n)
     path = DevicePath(first_pos=first, lens=lens, roots=roots,
                       ids=ints[4 * n:n * (4 + w)].view(n, w), hidden=None)
     rnd.load_on_device(bs, rows, path)
-    if rnd.is_head:
-        flat = torch.cat([h for _, _, _, h in part])
-        rnd.buf.target_hidden[:n * w].index_copy_(0, ints[n * (4 + w):], flat)
+    if flat is not None:
+        moved = sum(counts)
+        dst = ints[n * (4 + w):n * (4 + w) + moved]
+        rnd.buf.target_hidden.index_copy_(0, dst, flat.index_select(0, ints[-moved:]))
     pad = bs - n
     rnd.catch_up(bs, [pos + k for (_, pos, _, _), k in zip(part, counts)] + [1] * pad,
                  counts + [1] * pad)

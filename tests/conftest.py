@@ -2,9 +2,16 @@
 interpreter's nested calls are made cheaper (see `_patch_language_once_per_helper`)."""
 
 import os
+import platform
+import sys
 
-import pytest
-import torch
+# pytest run without scripts/test.sh: numpy's OpenBLAS reads its kernel choice when it loads
+# (scripts/test.sh says why the tests need this one).
+if "numpy" not in sys.modules and platform.machine() == "x86_64":
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Nehalem")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import torch
+
 import drafts.resume as resume
 
 
@@ -27,19 +29,49 @@ def _resume(max_bs=4):
 
 def test_chunks_take_the_narrowest_width_that_fits_and_continue_where_they_stopped(monkeypatch):
     calls = []
-    monkeypatch.setattr(resume, "_replay", lambda rnd, kv, part: calls.append((rnd.width, part)))
+    monkeypatch.setattr(resume, "_replay",
+                        lambda rnd, kv, part, flat: calls.append((rnd.width, part, flat)))
     rr, router = _resume(), _Router()
     ids = [list(range(100, 140)), [7, 8, 9], []]
-    hidden = [list(range(40)), ["a", "b", "c"], []]
-    rr.run(None, router, [5, 6, 9], [10, 20, 30], ids, hidden)
+    flat = torch.zeros(50, 2)
+    rr.run(None, router, [5, 6, 9], [10, 20, 30], ids, resume.HiddenRows(flat, [3, 45, 50]))
     # 40 rows need the wide runner twice (36, then 4 on the narrow one); the 3-row request
-    # rides the first replay; the empty one never appears.
-    assert [w for w, _ in calls] == [36, 8]
+    # rides the first replay; the empty one never appears. Each piece's target rows start
+    # where its request's start, moved on by what earlier replays took.
+    assert [w for w, _, _ in calls] == [36, 8]
+    assert all(f is flat for _, _, f in calls)
     first, second = calls[0][1], calls[1][1]
-    assert [(row, pos, len(x)) for row, pos, x, _ in first] == [(5, 10, 36), (6, 20, 3)]
-    assert first[0][2] == ids[0][:36] and first[0][3] == hidden[0][:36]
-    assert second == [(5, 46, ids[0][36:], hidden[0][36:])]
+    assert first == [(5, 10, ids[0][:36], 3), (6, 20, [7, 8, 9], 45)]
+    assert second == [(5, 46, ids[0][36:], 3 + 36)]
     assert len(router.counts) == 2
+
+
+class _Buf(SimpleNamespace):
+    pass
+
+
+def test_a_replay_moves_each_pieces_target_rows_into_its_slots(monkeypatch):
+    """_replay's one host copy: every piece's rows land at (its index * width + j) of the
+    runner's hidden buffer, from its own rows of `flat`, and the ids and lengths load as
+    given; nothing else in the buffer moves."""
+    loaded = {}
+    rnd = SimpleNamespace(width=4, bucket=lambda n: 4,
+                          buf=_Buf(target_hidden=torch.full((16, 2), -1.0)),
+                          load_on_device=lambda bs, rows, path: loaded.update(
+                              bs=bs, rows=rows.tolist(), ids=path.ids.tolist(),
+                              lens=path.lens.tolist(), first=path.first_pos.tolist()),
+                          catch_up=lambda bs, ends, lens: loaded.update(ends=ends))
+    kv = SimpleNamespace(extend_many=lambda rows, counts: loaded.update(extended=counts),
+                         req_pool=SimpleNamespace(req_to_token=torch.zeros(1)))
+    flat = torch.arange(20.0).view(10, 2)
+    resume._replay(rnd, kv, [(7, 30, [1, 2, 3], 5), (8, 40, [9], 0)], flat)
+    assert loaded["rows"] == [7, 8] and loaded["first"] == [30, 40] and loaded["lens"] == [3, 1]
+    assert loaded["ids"] == [[1, 2, 3, 0], [9, 0, 0, 0]] and loaded["extended"] == [3, 1]
+    assert loaded["ends"] == [33, 41, 1, 1]
+    want = torch.full((16, 2), -1.0)
+    want[0:3] = flat[5:8]
+    want[4] = flat[0]
+    assert torch.equal(rnd.buf.target_hidden, want)
 
 
 def test_fits_caps_replays_and_batch_size():
