@@ -53,8 +53,10 @@ def random_head_dir(algo: str, model_path: str) -> str:
     from specpcg.models.loader import load_checkpoint
 
     cfg, _ = load_checkpoint(model_path)
-    head, spec = random_head(algo, cfg, "cpu", torch.float32,
-                             draft_vocab_size=8192 if algo == "EAGLE3" else 0)
+    # EAGLE3's own smaller vocabulary, as trained heads have (a tiny test model's is smaller
+    # than 8,192: half of it there).
+    draft_vocab = min(8192, cfg.vocab_size // 2) if algo == "EAGLE3" else 0
+    head, spec = random_head(algo, cfg, "cpu", torch.float32, draft_vocab_size=draft_vocab)
     return save_head(head, spec, cfg, tempfile.mkdtemp(prefix=f"random-{algo}-"))
 
 
