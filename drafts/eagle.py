@@ -18,7 +18,6 @@ After verify the head's KV is cut back to the catch-up's end: the draft steps' K
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -29,7 +28,7 @@ from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.tree_round import step_children
-from drafts.resume import HiddenRows, ResumeCatchUp
+from drafts.resume import HiddenRows, ResumeCatchUp, gather_rows
 from drafts.wiring import build_round_runner, wire_draft_model
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -305,13 +304,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         enough (drafts/resume.py), else it runs eagerly."""
         self._hand_over()
         states = [self._state(r) for r in reqs]
-        # Every pending row of the batch in one tensor (the last plain log's rows are views of
-        # one stacked tensor, a verify's path views its output): one concatenation, where a
-        # request at a time cost host time at batch 64 with the device idle (drafts/resume.py).
-        pieces = [p for st in states for p in st.pending]
-        flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        counts = [sum(p.shape[0] for p in st.pending) for st in states]
-        ends = list(itertools.accumulate(counts))
+        flat, ends, counts = gather_rows([st.pending for st in states])
         lead = [(req, st, end - n, n - 1) for req, st, end, n in zip(reqs, states, ends, counts)
                 if n > 1]
         if lead and self.resume is not None and self.resume.fits([n for *_, n in lead]):

@@ -17,6 +17,7 @@ first looks take one replay and a short one pads few rows.
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple, Optional
 
 import torch
@@ -33,6 +34,16 @@ class HiddenRows(NamedTuple):
     while the device waited (H200, b91a5f5, `probe_switch.py --phases`)."""
     flat: torch.Tensor  # [rows, H']
     starts: list
+
+
+def gather_rows(pending: list) -> tuple:
+    """(flat, ends, counts) of requests' lists of row tensors: all rows in one tensor (one
+    concatenation, where a request at a time cost host time at batch 64 with the device
+    idle), request i's rows ending at ends[i], counts[i] of them."""
+    pieces = [p for rows in pending for p in rows]
+    flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    counts = [sum(p.shape[0] for p in rows) for rows in pending]
+    return flat, list(itertools.accumulate(counts)), counts
 
 
 class ResumeCatchUp:
