@@ -4,9 +4,11 @@ each engine's GPU memory its own).
 
 Per system and batch size, one untimed batch, then one batch with every scheduler call logged:
 its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step in
-flight), the running batch, the wall seconds and the tokens it appended; and every step the
+flight), the running batch, the wall seconds, the tokens it appended and the fewest and most
+outputs a running request holds after it; and every step the
 adaptive controller recorded (side, tokens, seconds). The summary line per system and batch
-sums each kind's calls and sets the controller's recorded rates beside the calls' real ones:
+sums each kind's calls, lists each request's accept length, and sets the controller's
+recorded rates beside the calls' real ones:
 a side whose recorded steps run faster than its calls do is over-measured.
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
@@ -45,8 +47,12 @@ def instrument(engine) -> list:
         def timed_call(*a, **k):
             bs, before, t0 = len(s.running), appended(), time.perf_counter()
             out = fn(*a, **k)
+            lens = [len(r.output_ids) for r in s.running] or [0]
+            # The running batch's spread of outputs: how far speculation's leaders run ahead of
+            # the request that ends the batch.
             log.append({"kind": kind, "bs": bs, "s": time.perf_counter() - t0,
-                        "tokens": appended() - before})
+                        "tokens": appended() - before, "out_min": min(lens),
+                        "out_max": max(lens)})
             return out
         setattr(obj, name, timed_call)
 
@@ -142,6 +148,8 @@ def main(argv=None) -> None:
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
                     "batch": bs, **summary(log, wall, tokens),
+                    "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
+                                             for o in outs),
                     **common.machine_info(engine.device)}
             print(json.dumps(line), flush=True)
             if out:
