@@ -47,9 +47,57 @@ SPEC_RATE = {1: 1460, 2: 1280, 4: 1353, 8: 1441, 16: 1213, 32: 1000, 64: 779}
 PLAIN_RATE = {1: 932, 2: 868, 4: 876, 8: 855, 16: 836, 32: 700, 64: 626}
 
 
+# --calibrate: step seconds per (speculative?, bucket) and the requests' accept chances,
+# measured on a GPU (`calibrate`); None: the H100 rates above and a normal spread of chances.
+STEP_S = None
+ALPHAS = None
+
+
 def step_seconds(spec: bool, batch: int) -> float:
     key = bucket_of(batch)
+    if STEP_S is not None:
+        known = [k for s, k in STEP_S if s == spec]
+        return STEP_S[(spec, min(known, key=lambda k: abs(k.bit_length() - key.bit_length())))]
     return MEAN_ACCEPT / SPEC_RATE[key] if spec else 1.0 / PLAIN_RATE[key]
+
+
+def alpha_of(accept_length: float) -> float:
+    """The accept chance per draft token that gives a chain of DRAFT_TOKENS this mean accept
+    length (1 + a + ... + a^(DRAFT_TOKENS - 1)), by bisection."""
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if sum(mid ** k for k in range(DRAFT_TOKENS)) < accept_length:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def calibrate(path: str) -> tuple:
+    """(step seconds per (speculative?, bucket), accept chances) from a probe_adaptive_steps.py
+    log: the median call of each side per bucket of the batch it ran (speculative calls of the
+    pinned system, plain ones of no-spec), and one chance per request of the pinned system's
+    largest batch, from its accept length. Calls that emitted nothing (a launch) are left out."""
+    import json
+    import statistics
+
+    calls, lengths = {}, []
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    for r in rows:
+        side = {("pinned", "spec"): True, ("no-spec", "plain"): False}.get(
+            (r.get("system"), r.get("kind")))
+        if side is not None and r["bs"] > 0 and r["tokens"] > 0:
+            calls.setdefault((side, bucket_of(r["bs"])), []).append(r["s"])
+    pinned = [r for r in rows if r.get("probe") and r["system"] == "pinned"]
+    if pinned:
+        lengths = max(pinned, key=lambda r: r["batch"])["accept_lengths"]
+    if not lengths or not any(s for s, _ in calls) or not any(not s for s, _ in calls):
+        raise ValueError(f"--calibrate {path!r}: needs the pinned and no-spec systems' calls "
+                         f"and the pinned system's accept lengths (probe_adaptive_steps.py)")
+    return ({k: statistics.median(v) for k, v in calls.items()},
+            [alpha_of(x) for x in lengths])
 
 
 @dataclass
@@ -109,7 +157,8 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     either side takes factor times as long (the host stalled: a collection, another process);
     growth: acceptance rises along each output (`_alpha_at`); shadow: the controller gets
     shadow verifies, each request keeping its last `shadow` (0: none; module docstring)."""
-    running = [SimRequest(min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
+    running = [SimRequest(rng.choice(ALPHAS) if ALPHAS is not None
+                          else min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
                for _ in range(batch)]
     seconds, last = 0.0, None
     while running:
@@ -136,6 +185,10 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
             if shadow:
                 ctrl.shadow(accept_length(running))
         seconds += step
+        if policy == "adaptive":
+            for r in running:
+                if r.out >= new_tokens:
+                    ctrl.finished(r)
         running = [r for r in running if r.out < new_tokens]
     return seconds
 
@@ -222,8 +275,15 @@ def main(argv=None) -> None:
                    help="shadow verifies priced by the finish estimate over each request's last N")
     p.add_argument("--look-budget", type=float, default=None,
                    help="the controller's LOOK_BUDGET for this run (default: the engine's)")
+    p.add_argument("--calibrate", default=None, metavar="JSONL",
+                   help="step times and accept chances from a probe_adaptive_steps.py log "
+                        "(pinned and no-spec systems); --alphas and --spreads are then unused")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
+    global STEP_S, ALPHAS
+    if args.calibrate:
+        STEP_S, ALPHAS = calibrate(args.calibrate)
+        args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
     if args.look_budget is not None:
         adaptive.LOOK_BUDGET = args.look_budget
     lines = []
@@ -234,7 +294,7 @@ def main(argv=None) -> None:
                       "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,
-                      "look_budget": adaptive.LOOK_BUDGET,
+                      "look_budget": adaptive.LOOK_BUDGET, "calibrated": args.calibrate,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
                       "seed0_batches_s": {p: t[p + "_seed0"] for p in

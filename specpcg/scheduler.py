@@ -376,6 +376,8 @@ class Scheduler:
                 req.finished_at = now
                 self._release(req)
                 finished.append(req)
+                if self.adaptive is not None:  # its accept length, for the finish estimate
+                    self.adaptive.finished(req)
             elif id(req) not in running_ids:
                 self.running.append(req)
         self.running = [r for r in self.running if not r.finished]

@@ -385,3 +385,44 @@ def test_a_rare_slow_step_does_not_decide_the_side():
     picks = _run(ctrl, 16, spec_rate=900, decode_rate=1000, steps=EXPLORE_EVERY)
     assert picks[WARMUP_STEPS:].count(False) >= EXPLORE_EVERY - 2 * WARMUP_STEPS, picks
     assert ctrl.info()["16"]["decode_tok_s_per_req"] == pytest.approx(1000 / 16)
+
+
+def test_young_requests_take_finished_requests_quantiles_as_priors():
+    """A batch ends with its slowest request. With finished requests' accept lengths at hand,
+    young requests are priced at their quantiles, so a batch of 64 expects its straggler
+    (1.0 a verify for 2 in 64 here) before it shows, where the mean priced them all at 1.5."""
+    from specpcg.speculative.finish import MIN_ACCEPTS, priors
+
+    accepts = [1.5] * 62 + [1.0] * 2
+    young = Finish(remaining=(128,) * 64, spec_tokens=(0,) * 64, verifies=(0,) * 64)
+    assert young.spec_steps(1.5) == pytest.approx(128 / 1.5)
+    assert young.spec_steps(1.5, accepts) == pytest.approx(128.0)
+    assert young.spec_steps(1.5, accepts[:MIN_ACCEPTS - 1]) == pytest.approx(128 / 1.5)
+    assert priors(2, [1.0] * 8 + [2.0] * 8) == [1.0, 2.0]
+    assert priors(4, list(range(16))) == [2, 6, 10, 14]
+    # Its own verifies still count: 40 of them at 2.0 outweigh a prior of 1.0.
+    seasoned = Finish(remaining=(100,), spec_tokens=(80,), verifies=(40,))
+    assert seasoned.spec_steps(1.5, [1.0] * MIN_ACCEPTS) == pytest.approx(
+        100 / ((80 + PRIOR_VERIFIES) / (40 + PRIOR_VERIFIES)))
+
+
+def test_a_look_the_finish_estimate_rejects_confirms_the_choice():
+    """Nothing waits, both sides emit 1,000 tok/s per request, and a straggler (1.0 a verify)
+    makes plain steps end the batch sooner. A look whose finish estimate keeps plain steps by
+    the margin confirms them, so looks space out; confirmed only by rates, which tie, a look
+    came every EXPLORE_EVERY steps."""
+    ctrl = AdaptiveSpeculation()
+    straggler = Finish(remaining=(128,) * 16, spec_tokens=(30,) * 15 + (20,),
+                       verifies=(20,) * 16)
+    spec_steps = 0
+    for _ in range(640):
+        spec = ctrl.use_spec(16, straggler)
+        spec_steps += spec
+        ctrl.record(16, spec, 24 if spec else 16, 0.0015 if spec else 0.0010)
+    looks = (spec_steps - WARMUP_STEPS) / EXPLORE_STEPS
+    assert looks <= 6, spec_steps
+    b = ctrl._buckets[16]
+    b.last_finish = (0.104, 0.100)  # within SWITCH_MARGIN: no confirmation either way
+    assert not b.finish_keeps(False) and not b.finish_keeps(True)
+    b.last_finish = (0.2, 0.1)
+    assert b.finish_keeps(False) and not b.finish_keeps(True)

@@ -14,6 +14,7 @@ class _Recorder:
 
     def __init__(self, spec: bool):
         self.spec, self.records, self.interrupts, self.seconds = spec, [], 0, []
+        self.ended = []
 
     def use_spec(self, batch_size, finish=None):
         return self.spec
@@ -25,6 +26,9 @@ class _Recorder:
     def interrupt(self):
         self.interrupts += 1
         self.records.append("prefill")
+
+    def finished(self, req):
+        self.ended.append((req.rid, req.spec_verify_ct, req.spec_accepted_drafts))
 
 
 def steps_of(rec: _Recorder) -> list:
@@ -51,6 +55,19 @@ def test_the_scheduler_times_only_steps_that_resolved_tokens(world, spec):
     # (a plain step one token, a verify its accepted path), and those tokens are dropped.
     overshoot = len(world.prompts) * (engine.scheduler.spec.tokens_per_request if spec else 1)
     assert 0 < sum(t for _, _, t in steps) <= emitted + overshoot
+
+
+def test_every_finished_request_hands_its_verifies_to_the_controller(world):
+    """The finish estimate's priors are the accept lengths of requests that ended: each request
+    is handed over once, when it finishes, with the verifies its meta_info reports."""
+    engine = _engine(world.noisy, "EAGLE3", world.heads["EAGLE3"])
+    rec = engine.scheduler.adaptive = _Recorder(True)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+    assert sorted(rid for rid, _, _ in rec.ended) == sorted(o["meta_info"]["id"] for o in outs)
+    by_rid = {rid: (n, acc) for rid, n, acc in rec.ended}
+    for o in outs:
+        meta = o["meta_info"]
+        assert by_rid[meta["id"]] == (meta["spec_verify_ct"], meta["spec_accepted_drafts"])
 
 
 @pytest.mark.parametrize("spec", [False, True])

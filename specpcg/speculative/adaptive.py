@@ -90,7 +90,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from specpcg.speculative.finish import Finish, finish_seconds
+from specpcg.speculative.finish import KEPT_ACCEPTS, Finish, finish_seconds, finished_accept
 from specpcg.speculative.rates import WINDOW, Rate
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
@@ -187,14 +187,27 @@ class _Bucket:
         return min((switches + EXPLORE_STEPS * slower) / (LOOK_BUDGET * side.step_s),
                    EXPLORE_MAX_EVERY)
 
-    def prefer_spec(self, finish: Optional[Finish], step_s) -> bool:
+    def finish_keeps(self, spec: bool) -> bool:
+        """Whether the finish estimate made for this step keeps `spec`'s side by more than
+        SWITCH_MARGIN. NOTE: with nothing waiting the side is chosen by the batch's finish,
+        yet a look was confirmed only by per-request rates; where those tie and the straggler
+        decides (EAGLE3 on an H200: 1.8 ms speculative steps at batch 64 whose slowest request
+        accepts 1.01 tokens a verify), no look ever confirmed and one came every 32 steps:
+        5-7% of the time in `sim_adaptive.py --calibrate`."""
+        if self.last_finish is None:
+            return False
+        spec_time, plain_time = self.last_finish
+        mine, other = (spec_time, plain_time) if spec else (plain_time, spec_time)
+        return other > mine * (1 + SWITCH_MARGIN)
+
+    def prefer_spec(self, finish: Optional[Finish], step_s, accepts=()) -> bool:
         """The faster side (per request; with `finish`, the one that ends the batch sooner,
         a step of b requests taking step_s(spec, b) seconds); the
         side chosen last keeps its place unless the other is faster by SWITCH_MARGIN (each
         switch costs a slow step: see the module docstring)."""
         spec, plain = self.tok_s(True), self.tok_s(False)
         if finish is not None and self.spec.step_s > 0 and self.decode.step_s > 0:
-            spec_time = finish_seconds(finish.spec_steps_each(self.per_req(True)),
+            spec_time = finish_seconds(finish.spec_steps_each(self.per_req(True), accepts),
                                        _per_bucket(lambda b: step_s(True, b)))
             plain_time = finish_seconds(list(finish.remaining),
                                         _per_bucket(lambda b: step_s(False, b)))
@@ -241,6 +254,7 @@ class AdaptiveSpeculation:
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
+        self.accepts = deque(maxlen=KEPT_ACCEPTS)  # finished requests' (finish.priors)
         # With shadow verifies, choose on rates alone (module docstring); False prices them by
         # the finish estimate too, when nothing waits (bench_adaptive's adaptive-finish8).
         self.shadow_rates_only = True
@@ -265,6 +279,7 @@ class AdaptiveSpeculation:
         else:
             if b.explored_from is not None:  # a look just ended
                 b.side(not b.explored_from).restart_if_changed(EXPLORE_STEPS - 1)
+                b.last_finish = None  # set again if this choice estimates the finish
             choice = self._choose(b, finish)
             if b.explored_from is not None:  # did the look change the choice?
                 other = b.side(not choice)
@@ -273,7 +288,8 @@ class AdaptiveSpeculation:
                 # few noisy steps must not shut a side out for a thousand steps.
                 confirmed = choice == b.explored_from and (
                     len(other.recent) == WINDOW
-                    or (key >= CONFIRM_MIN_BATCH and other.clearly_slower(b.tok_s(choice))))
+                    or (key >= CONFIRM_MIN_BATCH and (other.clearly_slower(b.tok_s(choice))
+                                                      or b.finish_keeps(choice))))
                 waited = max(b.explore_every, int(b.look_wait(choice)))
                 b.explore_every = (min(2 * waited, EXPLORE_MAX_EVERY) if confirmed
                                    else EXPLORE_EVERY)
@@ -302,7 +318,8 @@ class AdaptiveSpeculation:
                 return b.spec_chosen
             b.since_finish = 1
             finish = finish() if callable(finish) else finish
-        return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b))
+        return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
+                             self.accepts)
 
     def _borrowed(self, key: int) -> bool:
         """The choice for a step that will not be measured (the one after a prefill): the side
@@ -349,6 +366,12 @@ class AdaptiveSpeculation:
         choice; None keeps the last one (too few verifies since the batch changed)."""
         if accept_length is not None:
             self._shadow = accept_length
+
+    def finished(self, req) -> None:
+        """A request ended: its accept length joins the finish estimate's priors."""
+        accept = finished_accept(req)
+        if accept is not None:
+            self.accepts.append(accept)
 
     def interrupt(self) -> None:
         """A prefill ran: the next decode step is not counted. A speculative one first lets the
