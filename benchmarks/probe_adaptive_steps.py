@@ -5,11 +5,10 @@ each engine's GPU memory its own).
 Per system and batch size, one untimed batch, then one batch with every scheduler call logged:
 its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step in
 flight), the running batch, the wall seconds, the tokens it appended and the fewest and most
-outputs a running request holds after it; and every step the
-adaptive controller recorded (side, tokens, seconds). The summary line per system and batch
-sums each kind's calls, lists each request's accept length, and sets the controller's
-recorded rates beside the calls' real ones:
-a side whose recorded steps run faster than its calls do is over-measured.
+outputs a running request holds after it; and every step the adaptive controller recorded
+(side, tokens, seconds). The summary line per system and batch sums each kind's calls, lists
+each request's accept length, and sets the controller's recorded rates beside the calls' real
+ones: a side whose recorded steps run faster than its calls do is over-measured.
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
         [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--out FILE]

@@ -80,7 +80,6 @@ def calibrate(path: str) -> tuple:
     pinned system, plain ones of no-spec), and one chance per request of the pinned system's
     largest batch, from its accept length. Calls that emitted nothing (a launch) are left out."""
     import json
-    import statistics
 
     calls, lengths = {}, []
     with open(path) as f:
@@ -96,7 +95,7 @@ def calibrate(path: str) -> tuple:
     if not lengths or not any(s for s, _ in calls) or not any(not s for s, _ in calls):
         raise ValueError(f"--calibrate {path!r}: needs the pinned and no-spec systems' calls "
                          f"and the pinned system's accept lengths (probe_adaptive_steps.py)")
-    return ({k: statistics.median(v) for k, v in calls.items()},
+    return ({k: common.median(v) for k, v in calls.items()},
             [alpha_of(x) for x in lengths])
 
 

@@ -27,11 +27,12 @@ def priors(n: int, accepts) -> list:
     `accepts` at n evenly spaced quantiles, in the batch's order. NOTE: a batch's end waits for
     its slowest request, and with the mean as every young request's prior a batch speculated
     until its straggler showed: at batch 64 on an H200 (EAGLE3, 9e54277) two of 64 chat
-    requests accepted 1.01 tokens a verify where the mean was 1.50, pinned speculation ran 127
-    steps for 128 tokens at 0.89x no-spec, and the estimate chose it for 14-29 of a batch's
-    first steps (`sim_adaptive.py --calibrate`). Ranked by their own verifies instead, the
-    request unlucky so far took the lowest quantile too, its bad luck counted twice: 0.92
-    against 0.95 of the faster side at batch 16 in simulation (accept chance 0.7, spread 0.1)."""
+    requests accepted 1.01 tokens a verify where the mean was 1.50, and pinned speculation ran
+    127 steps for 128 tokens at 0.90x no-spec; simulated with those requests
+    (`sim_adaptive.py --calibrate`), the estimate still speculated on 14-29 of a batch's
+    steps. Ranked by their own verifies instead, the request unlucky so far took the lowest
+    quantile too, its bad luck counted twice: 0.92 against 0.95 of the faster side at batch
+    16 in simulation (accept chance 0.7, spread 0.1)."""
     ranked = sorted(accepts)
     return [ranked[min(int((k + 0.5) * len(ranked) / n), len(ranked) - 1)] for k in range(n)]
 
