@@ -6,9 +6,11 @@ Per system and batch size, one untimed batch, then one batch with every schedule
 its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step in
 flight), the running batch, the wall seconds, the tokens it appended and the fewest and most
 outputs a running request holds after it; and every step the adaptive controller recorded
-(side, tokens, seconds). The summary line per system and batch sums each kind's calls, lists
-each request's accept length, and sets the controller's recorded rates beside the calls' real
-ones: a side whose recorded steps run faster than its calls do is over-measured.
+(side, tokens, seconds), every choice it made and every side it borrowed for a step after a
+prefill. The summary line per system and batch sums each kind's calls, lists each request's
+accept length, sets the controller's recorded rates beside the calls' real ones (a side whose
+recorded steps run faster than its calls do is over-measured), and sums the host's time outside
+the calls ("outside": before the first, between two, after the last, the largest gaps).
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
         [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--out FILE]
@@ -49,7 +51,7 @@ def instrument(engine) -> list:
             lens = [len(r.output_ids) for r in s.running] or [0]
             # The running batch's spread of outputs: how far speculation's leaders run ahead of
             # the request that ends the batch.
-            log.append({"kind": kind, "bs": bs, "s": time.perf_counter() - t0,
+            log.append({"kind": kind, "bs": bs, "t": t0, "s": time.perf_counter() - t0,
                         "tokens": appended() - before, "out_min": min(lens),
                         "out_max": max(lens)})
             return out
@@ -80,7 +82,29 @@ def instrument(engine) -> list:
                         "switch_s": b.switch_cost})
             return spec
         s.adaptive._choose = chosen
+        borrowed = s.adaptive._borrowed
+
+        def borrowed_logged(key):
+            spec = borrowed(key)
+            log.append({"kind": "borrowed", "bs": len(s.running), "spec": spec,
+                        "buckets": {k: b.spec_chosen for k, b in s.adaptive._buckets.items()}})
+            return spec
+        s.adaptive._borrowed = borrowed_logged
     return log
+
+
+def gaps(log: list, start: float, end: float) -> dict:
+    """The host's time outside the timed calls: before the first, between two (summed, and the
+    largest few with the call after them), after the last."""
+    calls = [e for e in log if "t" in e]
+    if not calls:
+        return {}
+    between = [(b["t"] - a["t"] - a["s"], i + 1) for i, (a, b) in enumerate(zip(calls, calls[1:]))]
+    largest = sorted(between, reverse=True)[:5]
+    return {"before_first_s": round(calls[0]["t"] - start, 5),
+            "between_s": round(sum(g for g, _ in between), 5),
+            "after_last_s": round(end - calls[-1]["t"] - calls[-1]["s"], 5),
+            "largest": [[round(g, 5), i, calls[i]["kind"]] for g, i in largest]}
 
 
 def summary(log: list, wall: float, tokens: int) -> dict:
@@ -89,7 +113,7 @@ def summary(log: list, wall: float, tokens: int) -> dict:
     kinds = defaultdict(lambda: {"calls": 0, "s": 0.0, "tokens": 0})
     rec = defaultdict(lambda: {"steps": 0, "s": 0.0, "per_req": 0.0})
     for e in log:
-        if e["kind"] == "choose":
+        if e["kind"] in ("choose", "borrowed"):
             continue
         if e["kind"] == "record":
             r = rec["spec" if e["spec"] else "plain"]
@@ -143,10 +167,11 @@ def main(argv=None) -> None:
             log = instrument(engine)
             t0 = time.perf_counter()
             outs = engine.generate(input_ids=prompts, sampling_params=params)
-            wall = time.perf_counter() - t0
+            end = time.perf_counter()
+            wall = end - t0
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
-                    "batch": bs, **summary(log, wall, tokens),
+                    "batch": bs, **summary(log, wall, tokens), "outside": gaps(log, t0, end),
                     "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
                                              for o in outs),
                     **common.machine_info(engine.device)}
@@ -161,7 +186,7 @@ def main(argv=None) -> None:
                 if ov is not None:
                     ov.__dict__.pop("flush", None)
             if engine.scheduler.adaptive is not None:
-                for name in ("record", "_choose"):
+                for name in ("record", "_choose", "_borrowed"):
                     engine.scheduler.adaptive.__dict__.pop(name, None)
         # NOTE: shutdown alone left the next engine no memory for its KV cache (H100, 7f5f586).
         close(engine)

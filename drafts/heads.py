@@ -29,7 +29,7 @@ from torch import nn
 
 from kernels.topk import argmax_rows, topk_rows
 from specpcg.models.config import ModelConfig
-from specpcg.models.layers import RMSNorm, RotaryEmbedding
+from specpcg.models.layers import BucketedLinear, RMSNorm, RotaryEmbedding
 from specpcg.models.llama import LlamaAttention, LlamaDecoderLayer
 
 HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
@@ -129,7 +129,7 @@ class EagleHead(DraftHead):
     def __init__(self, spec: HeadSpec):
         super().__init__(spec)
         cfg = spec.layer_cfg
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=spec.fc_bias)
+        self.fc = BucketedLinear(2 * cfg.hidden_size, cfg.hidden_size, bias=spec.fc_bias)
         self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, 0, self.rotary)])
         del self.layers[0].input_layernorm  # EAGLE's first layer has no input norm
         if spec.has_head:
@@ -149,11 +149,11 @@ class Eagle3Head(DraftHead):
         super().__init__(spec)
         cfg = spec.layer_cfg
         hidden = cfg.hidden_size
-        self.fc = nn.Linear(len(spec.aux_layer_ids) * hidden, hidden, bias=False)
+        self.fc = BucketedLinear(len(spec.aux_layer_ids) * hidden, hidden, bias=False)
         self.midlayer = LlamaDecoderLayer(cfg, 0, self.rotary)
         # The mid layer's attention reads [embedding; hidden]: q/k/v take 2H inputs.
         attn: LlamaAttention = self.midlayer.self_attn
-        attn.qkv_proj = nn.Linear(2 * hidden, attn.qkv_proj.out_features,
+        attn.qkv_proj = BucketedLinear(2 * hidden, attn.qkv_proj.out_features,
                                   bias=cfg.attention_bias)
         self.midlayer.hidden_norm = RMSNorm(hidden, cfg.rms_norm_eps)
         self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
@@ -186,7 +186,7 @@ class NextNHead(DraftHead):
         cfg = spec.layer_cfg
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.eh_proj = BucketedLinear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layer = LlamaDecoderLayer(cfg, 0, self.rotary)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

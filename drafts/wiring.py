@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kernels.gemv import warm_row_buckets
 from specpcg.attention import create_attention_backend
 from specpcg.core import CaptureHiddenMode
 from specpcg.graphs.setup import build_graphs
 from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
 from specpcg.model_runner import ModelRunner
+from specpcg.models.layers import BucketedLinear
 from specpcg.router import ForwardRouter
+
+WARM_CHUNKS = 4  # row buckets are warmed up to this many prefill chunks' tokens
 
 
 def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots: int = 0,
@@ -40,6 +44,12 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
                           draft=True)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
+    if str(ctx.device).startswith("cuda"):
+        # The draft's eager catch-ups pad their rows to buckets (kernels/gemv.bucketed_rows):
+        # each bucket's first GEMM is paid here, not by a request. A catch-up after a prefill
+        # covers every prompt it admitted, a few chunks' worth.
+        warm_row_buckets([m.weight for m in draft.model.modules()
+                          if isinstance(m, BucketedLinear)], WARM_CHUNKS * cfg.chunked_prefill_size)
     return kv_cache, runner, router, graphs
 
 

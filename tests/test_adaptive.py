@@ -4,8 +4,8 @@ engine)."""
 import pytest
 
 from specpcg.speculative.adaptive import (CONFIRM_MIN_BATCH, EXPLORE_EVERY, EXPLORE_STEPS,
-                                          LOOK_BUDGET, REDECIDE_EVERY, WARMUP_STEPS,
-                                          AdaptiveSpeculation, bucket_of)
+                                          LOOK_BUDGET, REDECIDE_EVERY, TAIL_TOKENS,
+                                          WARMUP_STEPS, AdaptiveSpeculation, bucket_of)
 from specpcg.speculative.rates import CONFIRM_STEPS, WINDOW
 from specpcg.speculative.finish import PRIOR_VERIFIES, Finish, finish_seconds
 
@@ -39,6 +39,29 @@ def _bursts(picks: list, side: bool) -> list:
         else:
             i += 1
     return runs
+
+
+def _tail(n: int, left: int) -> Finish:
+    return Finish(remaining=(left,) * n, spec_tokens=(20,) * n, verifies=(10,) * n)
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+def test_a_batch_tail_stays_on_its_side_in_a_bucket_not_measured(waiting):
+    """A batch of 4 running plain steps shrinks to 2 for its last steps: with nothing waiting
+    bucket 2 is not warmed up there (its first speculative step would make the draft catch up
+    on the whole batch for a step or two); with requests waiting, or further from the end, it
+    is, speculation first."""
+    ctrl = AdaptiveSpeculation()
+    picks = _run(ctrl, 4, spec_rate=500, decode_rate=1000, steps=2 * WARMUP_STEPS + 4)
+    assert picks[-1] is False
+    finish = None if waiting else _tail(2, TAIL_TOKENS)
+    tail = []
+    for _ in range(3):
+        tail.append(ctrl.use_spec(2, finish))
+        ctrl.record(2, tail[-1], 2, 0.001)
+    assert tail == ([True] * 3 if waiting else [False] * 3)
+    # Far from the end the bucket warms up as usual (a fresh bucket: 8).
+    assert ctrl.use_spec(8, _tail(8, TAIL_TOKENS + 1)) is True
 
 
 @pytest.mark.parametrize("bs", [1, 16])

@@ -69,9 +69,18 @@ class RotaryEmbedding(nn.Module):
                                            if q.dim() == 3 else self.head_dim)
 
 
-class Linear(nn.Linear):
+class BucketedLinear(nn.Linear):
+    """nn.Linear whose calls inside kernels.gemv.bucketed_rows (a draft's eager catch-up) run at
+    a bucketed row count, one cuBLAS has met before (`warm_row_buckets`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gemv.bucketed_linear(x, self.weight, self.bias)
+
+
+class Linear(BucketedLinear):
     """nn.Linear whose one-row calls on CUDA (a batch-1 decode) take the GEMV kernel
-    (kernels/gemv.py), which reads the weight faster than cuBLAS's tiles there."""
+    (kernels/gemv.py), which reads the weight faster than cuBLAS's tiles there; other calls
+    are BucketedLinear's."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gemv.linear(x, self.weight, self.bias)
