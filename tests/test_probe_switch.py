@@ -29,3 +29,33 @@ def test_summary_splits_the_first_call_of_each_side_after_a_switch():
     assert got["spec"] == {"calls": 1, "mean_ms": pytest.approx(2.0)}  # same side as sync
     assert got["plain after switch"] == {"calls": 1, "mean_ms": pytest.approx(3.0)}
     assert got["phase propose"]["calls"] == 1
+
+
+class _Draft:
+    """A draft whose path catch-up runs an eager one inside (as HeadDraft's may)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def catch_up_to_paths(self, reqs):
+        self.calls.append("paths")
+        self._eager_catch_up(reqs, [])
+
+    def _eager_catch_up(self, reqs, states):
+        self.calls.append("eager")
+        return sum(range(1000))
+
+
+def test_catchup_probe_times_both_profiles_the_outer_and_unwraps():
+    import probe_catchup
+    import pstats
+
+    draft = _Draft()
+    times, prof = probe_catchup.profile_catch_ups(
+        draft, lambda: (draft.catch_up_to_paths([1]), draft._eager_catch_up([1], [])))
+    assert [name for name, _ in times] == ["_eager_catch_up", "catch_up_to_paths",
+                                           "_eager_catch_up"]
+    assert all(ms >= 0 for _, ms in times) and draft.calls == ["paths", "eager", "eager"]
+    assert not {"catch_up_to_paths", "_eager_catch_up"} & set(vars(draft))  # unwrapped
+    called = {fn for (_, _, fn) in pstats.Stats(prof).stats}
+    assert "catch_up_to_paths" in called and "_eager_catch_up" in called

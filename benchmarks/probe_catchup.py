@@ -1,0 +1,103 @@
+"""Where a draft's catch-up after many plain steps spends its time (GPU).
+
+An adaptive engine is scripted to run --plain plain steps, then 3 speculative ones (probe_switch's
+`script_choices`), so each look's draft first catches up on every position the plain steps
+passed: past the resume graphs' reach (drafts/resume.py), one eager DRAFT_EXTEND forward. Its
+`catch_up_to_paths` and `_eager_catch_up` are timed between device synchronizations, and cProfile
+records the outermost call. Per batch size: one JSON line (milliseconds per call), then the
+profile's top functions by own time and by cumulative time.
+
+    python benchmarks/probe_catchup.py --draft DIR [--batches 4 64] [--plain 100] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import common
+
+common.add_repo_to_path()
+
+TIMED = ("catch_up_to_paths", "_eager_catch_up")
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_catch_ups(draft, run) -> tuple:
+    """Runs run() with the draft's catch-ups timed and the outermost ones profiled; returns
+    ([(name, ms)], cProfile.Profile)."""
+    prof, times, depth = cProfile.Profile(), [], [0]
+    for name in TIMED:
+        fn = getattr(draft, name)
+
+        def timed(*a, fn=fn, name=name, **k):
+            _sync()
+            t0 = time.perf_counter()
+            depth[0] += 1
+            if depth[0] == 1:
+                prof.enable()
+            try:
+                out = fn(*a, **k)
+                _sync()
+            finally:
+                if depth[0] == 1:
+                    prof.disable()
+                depth[0] -= 1
+            times.append((name, round(1000 * (time.perf_counter() - t0), 3)))
+            return out
+        setattr(draft, name, timed)
+    try:
+        run()
+    finally:
+        for name in TIMED:
+            vars(draft).pop(name, None)
+    return times, prof
+
+
+def main(argv=None) -> None:
+    from bench_accept import close
+    from bench_adaptive import add_probe_args, probe_engine, prompts_for
+    from probe_switch import script_choices
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_probe_args(p)
+    p.add_argument("--batches", type=int, nargs="+", default=[4, 64])
+    p.add_argument("--plain", type=int, default=100, help="plain steps before each look")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default=None, help="append each batch's JSON line")
+    args = p.parse_args(argv)
+    most = max(args.batches)
+    engine, _ = probe_engine(args, "adaptive", most)
+    script_choices(engine, args.plain, 3)
+    draft = engine.scheduler.spec.draft
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    for bs in args.batches:
+        prompts = prompts_for(engine, most, 128)[:bs]
+        engine.generate(input_ids=prompts, sampling_params=params)  # graphs, compiles
+        times, prof = profile_catch_ups(
+            draft, lambda: engine.generate(input_ids=prompts, sampling_params=params))
+        line = {"probe": "catchup", "batch": bs, "plain": args.plain, "ms": times,
+                **common.machine_info(engine.device)}
+        print(json.dumps(line), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(22)
+            print(text.getvalue())
+    close(engine)
+
+
+if __name__ == "__main__":
+    main()
