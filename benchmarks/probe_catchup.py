@@ -4,8 +4,8 @@ An adaptive engine is scripted to run --plain plain steps, then 3 speculative on
 `script_choices`), so each look's draft first catches up on every position the plain steps
 passed: past the resume graphs' reach (drafts/resume.py), one eager DRAFT_EXTEND forward. Its
 `catch_up_to_paths` and `_eager_catch_up` are timed between device synchronizations, and cProfile
-records the outermost call. Per batch size: one JSON line (milliseconds per call), then the
-profile's top functions by own time and by cumulative time.
+records the outermost call. Per batch size: one JSON line (milliseconds per call), then one
+each with the profile's top functions by own and by cumulative time, in microseconds.
 
     python benchmarks/probe_catchup.py --draft DIR [--batches 4 64] [--plain 100] [--out FILE]
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import json
 import pstats
 import time
@@ -64,6 +63,15 @@ def profile_catch_ups(draft, run) -> tuple:
     return times, prof
 
 
+def top(prof, order: str, n: int = 25) -> list:
+    """The profile's n largest functions by `order` ("tottime" or "cumtime"): [function,
+    calls, own us, cumulative us] (pstats' own print rounds to milliseconds)."""
+    rows = [(f"{file.rsplit('/', 1)[-1]}:{line}({fn})", calls, tt, ct)
+            for (file, line, fn), (_, calls, tt, ct, _) in pstats.Stats(prof).stats.items()]
+    rows.sort(key=lambda r: r[2] if order == "tottime" else r[3], reverse=True)
+    return [[name, calls, round(1e6 * tt, 1), round(1e6 * ct, 1)] for name, calls, tt, ct in rows[:n]]
+
+
 def main(argv=None) -> None:
     from bench_accept import close
     from bench_adaptive import add_probe_args, probe_engine, prompts_for
@@ -92,10 +100,8 @@ def main(argv=None) -> None:
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(line) + "\n")
-        for order in ("tottime", "cumulative"):
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(22)
-            print(text.getvalue())
+        for order in ("tottime", "cumtime"):
+            print(json.dumps({"batch": bs, "top_by": order, "us": top(prof, order)}))
     close(engine)
 
 

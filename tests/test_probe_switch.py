@@ -59,3 +59,6 @@ def test_catchup_probe_times_both_profiles_the_outer_and_unwraps():
     assert not {"catch_up_to_paths", "_eager_catch_up"} & set(vars(draft))  # unwrapped
     called = {fn for (_, _, fn) in pstats.Stats(prof).stats}
     assert "catch_up_to_paths" in called and "_eager_catch_up" in called
+    by_cum = probe_catchup.top(prof, "cumtime", n=3)
+    assert by_cum[0][0].endswith("(catch_up_to_paths)") and by_cum[0][1] == 1
+    assert by_cum[0][3] >= by_cum[1][3] >= by_cum[2][3]  # cumulative us, largest first
