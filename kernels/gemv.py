@@ -53,8 +53,8 @@ def linear_silu_mul_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
 # first cuBLAS call at a row count it has not met costs 0.2-5 ms of host time (H200, bf16, the
 # default model's EAGLE3 head: 4.5 ms at 777 rows, 0.1 ms on the next call at 777), and an eager
 # draft forward (a catch-up over new prompts, or over the positions plain steps passed) meets a
-# new row count nearly every time: the catch-up after 100 plain steps took 11 ms at batch 4,
-# 7 of them in two such GEMMs.
+# new row count nearly every time: the catch-up after 100 plain steps took 11.6 ms at batch 4,
+# 6 of them in two such GEMMs, and 4.1 ms with its rows padded (benchmarks/probe_catchup.py).
 _depth = 0
 
 
