@@ -284,6 +284,8 @@ class AdaptiveSpeculation:
         b = self._buckets.setdefault(key, _Bucket())
         if self._shadow is not None:
             b.shadow = self._shadow
+        if b.shadowed and self.shadow_rates_only:
+            finish = None  # rates alone (module docstring), at a batch's tail too
         if self._interrupted:  # not measured: it spends no warm-up step and no look
             choice = self._borrowed(key)
         elif b.spec.steps < WARMUP_STEPS or b.decode.steps < WARMUP_STEPS:
@@ -326,8 +328,6 @@ class AdaptiveSpeculation:
         """The bucket's side for this step: re-chosen on rates alone while requests wait or
         shadow verifies measure the draft (module docstring), else on the finish estimate after
         a look or every REDECIDE_EVERY steps, and the last choice in between."""
-        if b.shadowed and self.shadow_rates_only:
-            finish = None
         if finish is not None:
             due = (b.spec_chosen is None or b.explored_from is not None
                    or b.since_finish >= REDECIDE_EVERY)
