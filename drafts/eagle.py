@@ -29,8 +29,7 @@ from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
 from drafts.tree_round import step_children
 from drafts.resume import HiddenRows, ResumeCatchUp, gather_rows
-from drafts.wiring import build_round_runner, wire_draft_model
-from kernels.gemv import bucketed_rows
+from drafts.wiring import build_round_runner, eager_rows, wire_draft_model
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 
@@ -198,11 +197,10 @@ class HeadDraft(RoundDrafting, DraftWorker):
             assert len(ids) == rows.shape[0], "target hidden states and tokens out of step"
             new_ids.append(ids)
             hidden.append(rows)
-        starts = [_Row(s.req_pool_idx, s.num_cached) for s in states]
-        with bucketed_rows(self.runner.device.type == "cuda"):  # a new row count each time
+        at = [_Row(s.req_pool_idx, s.num_cached) for s in states]
+        with eager_rows(self.runner):
             hidden = self.model.project_target_hidden(torch.cat(hidden))
-            out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, starts, new_ids,
-                                                  hidden))
+            out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, at, new_ids, hidden))
         for st, ids in zip(states, new_ids):
             st.num_cached += len(ids)
         return out.hidden_states if head_rows else out.logits, out.aux_hidden_states[0]

@@ -15,8 +15,7 @@ import torch
 from drafts.base import DraftWorker, Proposal
 from drafts.resume import ResumeCatchUp
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
-from drafts.wiring import build_round_runner, wire_draft_model
-from kernels.gemv import bucketed_rows
+from drafts.wiring import build_round_runner, eager_rows, wire_draft_model
 from specpcg.core import ForwardMode
 from specpcg.sampler import target_probs
 from specpcg.transfer import to_device
@@ -114,7 +113,7 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
 
     def _eager_catch_up(self, reqs: list, states: list):
         new_ids = [r.ids_slice(st.num_cached) for r, st in zip(reqs, states)]
-        with bucketed_rows(self.runner.device.type == "cuda"):  # a new row count each time
+        with eager_rows(self.runner):
             return self._forward(ForwardMode.DRAFT_EXTEND, states, new_ids), None
 
     def _caught_up(self, st: _DraftReq, num_tokens: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernels.gemv import warm_row_buckets
+from kernels.gemv import bucketed_rows, warm_row_buckets
 from specpcg.attention import create_attention_backend
 from specpcg.core import CaptureHiddenMode
 from specpcg.graphs.setup import build_graphs
@@ -44,13 +44,19 @@ def wire_draft_model(draft, ctx, hidden_mode=CaptureHiddenMode.NULL, extra_slots
                           draft=True)
     reasons = {**graphs.disabled_reasons(), "piecewise": "drafts never build piecewise graphs"}
     router = ForwardRouter(runner, None, graphs.decode, reasons)
-    if str(ctx.device).startswith("cuda"):
+    if runner.device.type == "cuda":
         # The draft's eager catch-ups pad their rows to buckets (kernels/gemv.bucketed_rows):
         # each bucket's first GEMM is paid here, not by a request. A catch-up after a prefill
         # covers every prompt it admitted, a few chunks' worth.
         warm_row_buckets([m.weight for m in draft.model.modules()
                           if isinstance(m, BucketedLinear)], WARM_CHUNKS * cfg.chunked_prefill_size)
     return kv_cache, runner, router, graphs
+
+
+def eager_rows(runner):
+    """The context of a draft's eager catch-up: on CUDA its GEMMs pad their rows to buckets
+    (kernels/gemv.bucketed_rows), which wire_draft_model warmed: a new row count each time."""
+    return bucketed_rows(runner.device.type == "cuda")
 
 
 def build_round_runner(runner, graphs, cfg, num_steps: int, target_hidden_size: int = 0,

@@ -90,7 +90,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from specpcg.speculative.finish import KEPT_ACCEPTS, Finish, finish_seconds, finished_accept
+from specpcg.speculative.finish import (KEPT_ACCEPTS, Finish, ends_within, finish_seconds,
+                                        finished_accept)
 from specpcg.speculative.rates import WINDOW, Rate
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
@@ -111,12 +112,9 @@ LOOK_BUDGET = 0.03
 # From this batch on a look may confirm early (specpcg/speculative/rates.py, `CONFIRM_Z`).
 CONFIRM_MIN_BATCH = 4
 # With nothing waiting and at most this many tokens left to any request, a bucket not measured
-# yet is not warmed up: the batch's last steps stay on the side of the step before. A batch
-# shrinks through buckets it never ran full (4 requests finishing: sizes 3, 2, 1) and meets
-# them only for its last steps, so their warm-up never ended and began with a speculative step
-# whose draft caught up, eagerly, on every position the plain steps had passed: about 10 ms at
-# the end of each batch where its steps took 1 ms (H200, EAGLE3 and NEXTN at batch 4,
-# bench_adaptive: buckets 2 and 8 had run 1-4 speculative steps and no plain one).
+# yet is not warmed up (its batch stays on its side): a shrinking batch meets such buckets only
+# at its end, where each warm-up's first speculative step caught the draft up on the whole batch:
+# ~10 ms a batch against 1 ms steps (H200, EAGLE3 and NEXTN at batch 4: buckets 2 and 8).
 TAIL_TOKENS = 16
 
 
@@ -249,15 +247,6 @@ def _per_bucket(step_s):
     return ask
 
 
-def _ends_soon(finish) -> bool:
-    """Whether the running batch, with nothing waiting (a Finish or a function making one),
-    ends within TAIL_TOKENS tokens of every request."""
-    if finish is None:
-        return False
-    finish = finish() if callable(finish) else finish
-    return max(finish.remaining, default=0) <= TAIL_TOKENS
-
-
 def bucket_of(batch_size: int) -> int:
     """The smallest power of two >= batch_size."""
     return 1 << max(batch_size - 1, 0).bit_length()
@@ -289,7 +278,7 @@ class AdaptiveSpeculation:
         if self._interrupted:  # not measured: it spends no warm-up step and no look
             choice = self._borrowed(key)
         elif b.spec.steps < WARMUP_STEPS or b.decode.steps < WARMUP_STEPS:
-            if self._last_spec is not None and _ends_soon(finish):
+            if self._last_spec is not None and ends_within(finish, TAIL_TOKENS):
                 choice = self._last_spec  # a batch's tail (TAIL_TOKENS): no warm-up
             else:
                 choice = b.spec.steps < WARMUP_STEPS  # speculation's steps first

@@ -84,6 +84,15 @@ class Finish:
             verifies=tuple(v for v, _ in counts))
 
 
+def ends_within(finish, tokens: int) -> bool:
+    """Whether a running batch ends within `tokens` tokens of every request. finish: a Finish
+    or a function making one (nothing waits), or None (requests wait: it does not end)."""
+    if finish is None:
+        return False
+    finish = finish() if callable(finish) else finish
+    return max(finish.remaining, default=0) <= tokens
+
+
 def finished_accept(req) -> Optional[float]:
     """A finished request's accept length for `priors` (its verifies' tokens per verify), or
     None with fewer than MIN_VERIFIES verifies."""
