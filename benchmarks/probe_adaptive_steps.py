@@ -79,7 +79,8 @@ def instrument(engine) -> list:
                         "waiting": len(s.waiting), "finish_s": b.last_finish,
                         "rates": [b.spec.tok_s, b.decode.tok_s],
                         "step_s": [b.spec.step_s, b.decode.step_s],
-                        "switch_s": b.switch_cost})
+                        "switch_s": [b.switches.cost(True), b.switches.cost(False)],
+                        "accepts": len(s.adaptive.accepts)})
             return spec
         s.adaptive._choose = chosen
         borrowed = s.adaptive._borrowed

@@ -9,7 +9,12 @@ A line per (acceptance, spread, batch): simulated seconds of pinned speculation,
 decoding and of adaptive, and adaptive's speed against the faster pinned side. A switch of side
 costs SWITCH_STEPS plain steps more, unrecorded, as on a GPU (the per-call log of
 probe_adaptive_steps.py: each switch drains the overlapped pipeline and leaves a call that only
-launches its step); prefills are left out, so it checks the decisions, not the engine. --alphas
+launches its step); prefills are left out, so it checks the decisions, not the engine. With
+--catch-up A B a switch into speculation costs instead what a draft's catch-up does: A ms and B
+us per position it missed (each request's plain steps since its last speculative one, and its
+PROMPT_LEN-token prompt at its batch's first speculative step), as `probe_catchup.py` measures
+it (H200, EAGLE3 at 57098ca: 4.1 ms after 100 plain steps at batch 4, 8.2 ms at batch 64: about
+3.8 ms and 0.7 us); a switch out of it still costs SWITCH_STEPS plain steps. --alphas
 sets the mean chance that a draft token is accepted: 0.05 is an untrained draft, where
 speculating never pays. --shadow gives the controller shadow verifies as NGRAM's engine does
 (specpcg/speculative/shadow.py): each request's new tokens are covered by verifies drawn at its
@@ -20,7 +25,7 @@ finish estimate when nothing waits, over each request's last N shadow verifies.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
-        [--shadow-finish N]
+        [--shadow-finish N] [--catch-up A_MS B_US]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from specpcg.speculative.finish import Finish  # noqa: E402
 from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
+PROMPT_LEN = 100  # --catch-up: the positions a request's draft misses before its first step
 DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
 MEAN_ACCEPT = 2.6  # tokens a verify at the rates below (NEXTN's chat accept length)
 # Per-request tok/s by bucket: speculative steps and plain ones (H100, dae63fc).
@@ -51,6 +57,7 @@ PLAIN_RATE = {1: 932, 2: 868, 4: 876, 8: 855, 16: 836, 32: 700, 64: 626}
 # measured on a GPU (`calibrate`); None: the H100 rates above and a normal spread of chances.
 STEP_S = None
 ALPHAS = None
+CATCH_UP = None  # --catch-up: (seconds, seconds per position) of a switch into speculation
 
 
 def step_seconds(spec: bool, batch: int) -> float:
@@ -111,6 +118,7 @@ class SimRequest:
     shadow_tokens: int = 0
     shadow_verifies: int = 0
     unjudged: int = 0
+    behind: int = PROMPT_LEN  # positions its draft has not caught up on (--catch-up)
 
 
 def _shadow(rng: random.Random, r: SimRequest, got: int, new_tokens: int, growth: bool,
@@ -139,6 +147,17 @@ def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
     return ctrl.use_spec(len(running), finish)
 
 
+def switch_seconds(spec: bool, last, running: list) -> float:
+    """What the step's switch of side adds (last: the side of the step before, None at a
+    batch's first step): module docstring."""
+    if CATCH_UP is None:
+        return (SWITCH_STEPS * step_seconds(False, len(running))
+                if last is not None and spec != last else 0.0)
+    if spec and last is not True:
+        return CATCH_UP[0] + CATCH_UP[1] * sum(r.behind for r in running)
+    return SWITCH_STEPS * step_seconds(False, len(running)) if last and not spec else 0.0
+
+
 def _alpha_at(r: SimRequest, new_tokens: int, growth: bool) -> float:
     """A request's accept chance at its next token: its own, or with `growth` rising from 0
     at its first output token to twice its own at its last (capped): NGRAM's drafts are copies
@@ -163,8 +182,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     while running:
         spec = _choose(policy, ctrl, running, new_tokens)
         step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
-        if last is not None and spec != last:
-            step += SWITCH_STEPS * step_seconds(False, len(running))
+        step += switch_seconds(spec, last, running)
         last = spec
         if rng.random() < hiccup[0]:
             step *= hiccup[1]
@@ -174,6 +192,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
                       new_tokens - r.out)
             r.out += got
             emitted += got
+            r.behind = 0 if spec else r.behind + 1
             if spec:
                 r.spec_verify_ct += 1
                 r.spec_accepted_drafts += got - 1
@@ -277,9 +296,13 @@ def main(argv=None) -> None:
     p.add_argument("--calibrate", default=None, metavar="JSONL",
                    help="step times and accept chances from a probe_adaptive_steps.py log "
                         "(pinned and no-spec systems); --alphas and --spreads are then unused")
+    p.add_argument("--catch-up", type=float, nargs=2, default=None, metavar=("A_MS", "B_US"),
+                   help="a switch into speculation costs A ms and B us per missed position")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
-    global STEP_S, ALPHAS
+    global STEP_S, ALPHAS, CATCH_UP
+    if args.catch_up:
+        CATCH_UP = (args.catch_up[0] / 1e3, args.catch_up[1] / 1e6)
     if args.calibrate:
         STEP_S, ALPHAS = calibrate(args.calibrate)
         args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
@@ -290,7 +313,8 @@ def main(argv=None) -> None:
         t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
                      growth=args.growth, shadow=args.shadow, shadow_finish=args.shadow_finish)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
-                      "switch_steps": SWITCH_STEPS, "hiccup": args.hiccup, "growth": args.growth,
+                      "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
+                      "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,
                       "look_budget": adaptive.LOOK_BUDGET, "calibrated": args.calibrate,

@@ -189,17 +189,17 @@ class HeadDraft(RoundDrafting, DraftWorker):
         """DRAFT_EXTEND over each request's positions with fresh target hidden states;
         returns the last position's logits [bs, V] (head_rows: the head's output rows [bs, H]
         instead, what a tree's root children come from) and output hidden state [bs, H]."""
-        new_ids, hidden = [], []
-        for req, st in zip(reqs, states):
-            rows = torch.cat(st.pending)
+        # One concatenation (one per request: 1.4 ms of host at batch 64, H200, probe_catchup.py)
+        flat, _, counts = gather_rows([st.pending for st in states])
+        new_ids = []
+        for req, st, n in zip(reqs, states, counts):
             st.pending, st.verified = [], None
-            ids = req.ids_slice(st.num_cached + 1, st.num_cached + 1 + rows.shape[0])
-            assert len(ids) == rows.shape[0], "target hidden states and tokens out of step"
+            ids = req.ids_slice(st.num_cached + 1, st.num_cached + 1 + n)
+            assert len(ids) == n, "target hidden states and tokens out of step"
             new_ids.append(ids)
-            hidden.append(rows)
         at = [_Row(s.req_pool_idx, s.num_cached) for s in states]
         with eager_rows(self.runner):
-            hidden = self.model.project_target_hidden(torch.cat(hidden))
+            hidden = self.model.project_target_hidden(flat)
             out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, at, new_ids, hidden))
         for st, ids in zip(states, new_ids):
             st.num_cached += len(ids)

@@ -16,16 +16,11 @@ side in use keeps its place unless the other is SWITCH_MARGIN faster.
 
 Only steady-state steps count: the first step after a switch of side, and the first after a
 prefill, are not recorded; nor is an overlapped plain call that only launched its step. A step
-after a prefill, never measured, takes the nearest bucket's choice (`_borrowed`). A
-speculative step after a plain one first waits for the plain step still in flight (overlap
-scheduling) and lets the draft catch up on the hidden states it missed; a plain step after a
-speculative one starts with an empty pipeline. Counting those switches made speculation at
-batch 1 look 0.57x as fast as it runs (H100, EAGLE3: 563 tok/s measured against 995 pinned), so
-the engine chose plain decoding where speculating was 1.6x faster. Counting the step after a
-prefill (its draft catching up on whole prompts) made EAGLE3 at batch 16 measure its
-speculative steps at 748 tokens per second per request and its plain ones at 806, so it ran
-plain steps at 0.83x no-spec where pinned speculation ran 1.31x (H100, 4a5cc11,
-`probe_adaptive.py`).
+after a prefill, never measured, takes the nearest bucket's choice (`_borrowed`). A switch
+costs what switches.py says, kept per direction. Counting those switches made speculation at
+batch 1 look 0.57x as fast as it runs (H100, EAGLE3: 563 tok/s measured against 995 pinned);
+counting the step after a prefill (its draft catching up on whole prompts) made EAGLE3 at batch
+16 run plain steps at 0.83x no-spec where pinned speculation ran 1.31x (H100, 4a5cc11).
 
 Rates are per request (tokens per second per running request): a bucket spans batch sizes a
 factor of two apart, and as requests finish a batch shrinks through it, so the side measured
@@ -69,15 +64,13 @@ with enough of them prices a speculative step at their accept length and its own
 seconds, and looks only to keep those seconds current (`look_every`). Such a draft chooses on
 rates alone, with or without requests waiting: the finish estimate's straggler is the request
 whose recent verifies accepted least, and with every request's acceptance measured at every
-step, that minimum of noisy accept lengths kept speculation out where it paid. On an H200
-(default model, held-out chat, NGRAM (7, 1, 8), one run of `bench_adaptive`) the finish
-estimate ran 1.06 / 1.10 / 1.01 / 0.99x no-spec at batch 1 / 4 / 16 / 64 and rates alone
-1.05 / 1.13 / 1.12 / 0.98x, with pinned speculation at 1.04 / 1.17 / 1.15 / 1.04x. Where it
-still loses, in simulation (sim_adaptive.py --shadow): a batch of equal-length requests whose
-acceptance differs widely, with nothing waiting (0.87 / 0.79 of the faster side at batch 16 /
-64). `shadow_rates_only = False` with 8-verify windows won that cell in simulation, yet on the
-H200's chat prompts it ran 1.10 / 1.08 / 1.08 / 0.91x no-spec where rates alone ran 1.05 /
-1.15 / 1.13 / 1.00x (180be28, one call): it stays an option.
+step, that minimum of noisy accept lengths kept speculation out where it paid (H200, NGRAM
+(7, 1, 8) on chat: the finish estimate 1.06 / 1.10 / 1.01 / 0.99x no-spec at batch 1 / 4 / 16 /
+64, rates alone 1.05 / 1.13 / 1.12 / 0.98x, pinned 1.04 / 1.17 / 1.15 / 1.04x). Where it still
+loses, in simulation (sim_adaptive.py --shadow): equal-length requests whose acceptance differs
+widely, nothing waiting (0.87 / 0.79 of the faster side at batch 16 / 64).
+`shadow_rates_only = False` won that cell in simulation, yet ran 1.10 / 1.08 / 1.08 / 0.91x
+no-spec on the H200's chat prompts where rates alone ran 1.05 / 1.15 / 1.13 / 1.00x (180be28).
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
@@ -93,6 +86,7 @@ from typing import Optional
 from specpcg.speculative.finish import (KEPT_ACCEPTS, Finish, ends_within, finish_seconds,
                                         finished_accept)
 from specpcg.speculative.rates import WINDOW, Rate
+from specpcg.speculative.switches import SwitchCosts
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
@@ -102,22 +96,18 @@ EXPLORE_MAX_EVERY = 1024
 # on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec with
 # its two rates 7% apart and about half of its steps on each side).
 SWITCH_MARGIN = 0.05
-# Looks cost at most this share of the time: a switch back to speculation lets the draft catch
-# up, eagerly, on every position it missed, and a switch to plain steps drains the overlapped
-# pipeline. With a look every 32 steps, EAGLE3 (7, 1, 8) ran adaptive at 0.85 / 0.77x no-spec
-# at batch 16 / 64 where pinned speculation ran 0.94 / 0.90x (H100, 73d57f9, bench_adaptive);
-# with this budget, 0.87 / 0.87x against 0.98 / 0.89x (53c19ec). 1% won 1-4% in simulation
-# (sim_adaptive.py), failed the noisy-side test (test_adaptive.py), gained nothing on an H200.
+# Looks cost at most this share of the time (their switches: switches.py). With a look every 32
+# steps, EAGLE3 (7, 1, 8) ran adaptive at 0.85 / 0.77x no-spec at batch 16 / 64 where pinned
+# ran 0.94 / 0.90x (H100, 73d57f9); with this budget, 0.87 / 0.87x against 0.98 / 0.89x
+# (53c19ec). 1% won 1-4% in simulation, failed the noisy-side test, gained nothing on an H200.
 LOOK_BUDGET = 0.03
 # From this batch on a look may confirm early (specpcg/speculative/rates.py, `CONFIRM_Z`).
 CONFIRM_MIN_BATCH = 4
 # With nothing waiting and at most this many tokens left to any request, a bucket not measured
-# yet is not warmed up (its batch stays on its side): a shrinking batch meets such buckets only
-# at its end, where each warm-up's first speculative step caught the draft up on the whole batch:
-# ~10 ms a batch against 1 ms steps (H200, EAGLE3 and NEXTN at batch 4: buckets 2 and 8).
+# yet is not warmed up (its batch stays on its side): a shrinking batch meets it only at its end,
+# where a warm-up's first speculative step caught the draft up on the whole batch (~10 ms
+# against 1 ms steps: H200, EAGLE3 and NEXTN at batch 4, buckets 2 and 8).
 TAIL_TOKENS = 16
-
-
 # With nothing waiting, the side is re-chosen on the finish estimate every this many steps (and
 # after every look), not every step: the estimate walks every running request, about 80 us a
 # step at batch 64 on a 2-core CPU, while a step of the default model at batch 64 lasts about
@@ -135,8 +125,8 @@ class _Bucket:
     explored_from: Optional[bool] = None  # the choice before the look in progress or just run
     spec_chosen: Optional[bool] = None  # the side chosen last (not counting looks)
     since_finish: int = REDECIDE_EVERY  # steps since the last choice on a finish estimate
-    # Seconds a switch step took beyond the steady step after it, the last few.
-    switch_s: deque = field(default_factory=lambda: deque(maxlen=8))
+    # Seconds a switch step took beyond the steady step after it, by direction (switches.py).
+    switches: SwitchCosts = field(default_factory=SwitchCosts)
     # (speculative, plain) seconds to finish the batch at the last choice that estimated them,
     # the switch included (probe_adaptive_steps.py logs them).
     last_finish: Optional[tuple] = None
@@ -175,11 +165,6 @@ class _Bucket:
             return EXPLORE_MAX_EVERY
         return max(self.explore_every, self.look_wait(spec))
 
-    @property
-    def switch_cost(self) -> float:
-        """Seconds a switch costs, as measured lately (0 before any)."""
-        return sum(self.switch_s) / len(self.switch_s) if self.switch_s else 0.0
-
     def look_wait(self, spec: bool) -> float:
         """Steps of the chosen (`spec`) side between two looks so that a look costs at most
         LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
@@ -188,41 +173,43 @@ class _Bucket:
         rate = self.tok_s(spec)
         if side.step_s <= 0 or rate <= 0:
             return 0.0
-        switches = 2 * self.switch_cost
+        switches = self.switches.both()
         slower = max(other.step_s - self.per_req(not spec) / rate, 0.0) if other.recent else 0.0
         return min((switches + EXPLORE_STEPS * slower) / (LOOK_BUDGET * side.step_s),
                    EXPLORE_MAX_EVERY)
 
     def finish_keeps(self, spec: bool) -> bool:
         """Whether the finish estimate made for this step keeps `spec`'s side by more than
-        SWITCH_MARGIN. NOTE: with nothing waiting the side is chosen by the batch's finish,
-        yet a look was confirmed only by per-request rates; where those tie and the straggler
-        decides (EAGLE3 on an H200: 1.8 ms speculative steps at batch 64 whose slowest request
-        accepts 1.01 tokens a verify), no look ever confirmed and one came every 32 steps: at
-        batch 16 in `sim_adaptive.py --calibrate`, 0.949 of the faster side, 0.972 with this."""
+        SWITCH_MARGIN. NOTE: a look was confirmed only by per-request rates; where those tie and
+        the straggler decides the finish (EAGLE3 at batch 64 on an H200), no look confirmed and
+        one came every 32 steps: 0.949 of the faster side at batch 16 in simulation, 0.972."""
         if self.last_finish is None:
             return False
         spec_time, plain_time = self.last_finish
         mine, other = (spec_time, plain_time) if spec else (plain_time, spec_time)
         return other > mine * (1 + SWITCH_MARGIN)
 
-    def prefer_spec(self, finish: Optional[Finish], step_s, accepts=()) -> bool:
+    def prefer_spec(self, finish: Optional[Finish], step_s, accepts=(),
+                    current: Optional[bool] = None) -> bool:
         """The faster side (per request; with `finish`, the one that ends the batch sooner,
-        a step of b requests taking step_s(spec, b) seconds); the
-        side chosen last keeps its place unless the other is faster by SWITCH_MARGIN (each
-        switch costs a slow step: see the module docstring)."""
+        a step of b requests taking step_s(spec, b) seconds); the side running now (`current`,
+        else the side chosen last) keeps its place unless the other is faster by SWITCH_MARGIN
+        (each switch costs a slow step, switches.py). NOTE: a batch shrinking into a bucket
+        that last chose the other side compared from that side: its switch went unpriced."""
+        if current is not None and self.spec_chosen is not None:  # not its first choice
+            self.spec_chosen = current
         spec, plain = self.tok_s(True), self.tok_s(False)
         if finish is not None and self.spec.step_s > 0 and self.decode.step_s > 0:
             spec_time = finish_seconds(finish.spec_steps_each(self.per_req(True), accepts),
                                        _per_bucket(lambda b: step_s(True, b)))
             plain_time = finish_seconds(list(finish.remaining),
                                         _per_bucket(lambda b: step_s(False, b)))
-            # Going over to the other side costs a switch (measured): near the batch's end, or
-            # where the two sides finish alike, flipping back and forth cost more than it won.
+            # Going over costs a switch: near the end, flipping cost more than it won.
             if self.spec_chosen is not None:
-                plain_time, spec_time = ((plain_time + self.switch_cost, spec_time)
-                                         if self.spec_chosen
-                                         else (plain_time, spec_time + self.switch_cost))
+                into = not self.spec_chosen
+                plain_time, spec_time = ((plain_time, spec_time + self.switches.cost(into))
+                                         if into else
+                                         (plain_time + self.switches.cost(into), spec_time))
             self.last_finish = (spec_time, plain_time)
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
@@ -260,6 +247,9 @@ class AdaptiveSpeculation:
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
+        self._switches = SwitchCosts()  # every bucket's, for a bucket yet to switch
+        # The last step's side and bucket; whether this step's batch came from another bucket.
+        self._last_choice, self._last_key, self._arrived = None, None, False
         self.accepts = deque(maxlen=KEPT_ACCEPTS)  # finished requests' (finish.priors)
         # With shadow verifies, choose on rates alone (module docstring); False prices them by
         # the finish estimate too, when nothing waits (bench_adaptive's adaptive-finish8).
@@ -270,7 +260,8 @@ class AdaptiveSpeculation:
         given when no request is waiting (module docstring): a Finish, or a function that makes
         one, called only on the steps that re-choose (REDECIDE_EVERY)."""
         key = bucket_of(batch_size)
-        b = self._buckets.setdefault(key, _Bucket())
+        b = self._bucket(key)
+        self._arrived = self._last_key not in (None, key)
         if self._shadow is not None:
             b.shadow = self._shadow
         if b.shadowed and self.shadow_rates_only:
@@ -311,6 +302,7 @@ class AdaptiveSpeculation:
                 b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
+        self._last_choice, self._last_key = choice, key
         return choice
 
     def _choose(self, b: "_Bucket", finish) -> bool:
@@ -318,15 +310,23 @@ class AdaptiveSpeculation:
         shadow verifies measure the draft (module docstring), else on the finish estimate after
         a look or every REDECIDE_EVERY steps, and the last choice in between."""
         if finish is not None:
+            # ... and where the batch arrives on the other side (from another bucket).
             due = (b.spec_chosen is None or b.explored_from is not None
-                   or b.since_finish >= REDECIDE_EVERY)
+                   or b.since_finish >= REDECIDE_EVERY or self._arrived)
             if not due:
                 b.since_finish += 1
                 return b.spec_chosen
             b.since_finish = 1
             finish = finish() if callable(finish) else finish
+        # The side running now, unless a look just ended (then the side before the look).
+        current = self._last_choice if b.explored_from is None else None
         return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
-                             self.accepts)
+                             self.accepts, current)
+
+    def _bucket(self, key: int) -> "_Bucket":
+        if key not in self._buckets:  # (setdefault would build a bucket every step)
+            self._buckets[key] = _Bucket(switches=SwitchCosts(self._switches))
+        return self._buckets[key]
 
     def _borrowed(self, key: int) -> bool:
         """The choice for a step that will not be measured (the one after a prefill): the side
@@ -357,14 +357,14 @@ class AdaptiveSpeculation:
         if seconds <= 0 or interrupted or batch_size <= 0:
             return
         key = bucket_of(batch_size)
-        b = self._buckets.setdefault(key, _Bucket())
+        b = self._bucket(key)
         pending, self._switch = self._switch, (key, spec, seconds) if switched else None
         if switched:
             return
         if pending is not None and pending[:2] == (key, spec):
             # What the switch cost beyond the steady step after it (look_wait): against that
             # step, not the side's window, which a change of speed leaves stale.
-            b.switch_s.append(max(pending[2] - seconds, 0.0))
+            b.switches.add(spec, pending[2] - seconds)
         b.side(spec).add(tokens / batch_size, seconds)
 
     def shadow(self, accept_length: Optional[float]) -> None:
