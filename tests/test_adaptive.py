@@ -400,6 +400,40 @@ def test_simulated_batches_run_near_the_faster_pinned_side(spread, batch):
     assert min(t["spec"], t["plain"]) / t["adaptive"] > 0.9, t
 
 
+def test_simulated_catch_up_prices_a_switch_into_speculation_by_missed_positions(monkeypatch):
+    """sim_adaptive.py --catch-up A B: a switch into speculation (and a batch's first
+    speculative step, whose draft has the prompts to catch up on) costs A plus B per position
+    the running requests' drafts missed; a switch out costs SWITCH_STEPS plain steps; staying
+    costs nothing. Speculative steps leave nothing behind, plain ones one position each."""
+    import random
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import sim_adaptive as sim
+
+    monkeypatch.setattr(sim, "CATCH_UP", (0.004, 1e-6))
+    running = [sim.SimRequest(0.7, behind=10), sim.SimRequest(0.7, behind=30)]
+    assert sim.switch_seconds(True, False, running) == pytest.approx(0.004 + 40e-6)
+    assert sim.switch_seconds(True, None, running) == pytest.approx(0.004 + 40e-6)
+    assert sim.switch_seconds(True, True, running) == 0.0
+    assert sim.switch_seconds(False, False, running) == 0.0
+    assert sim.switch_seconds(False, True, running) == pytest.approx(
+        sim.SWITCH_STEPS * sim.step_seconds(False, 2))
+    fresh = [sim.SimRequest(0.7) for _ in range(2)]  # prompts not caught up on yet
+    assert sim.switch_seconds(True, None, fresh) == pytest.approx(
+        0.004 + 2 * sim.PROMPT_LEN * 1e-6)
+    # Pinned speculation pays one catch-up, its first step's, over both prompts.
+    pinned = sim.run_batch("spec", None, random.Random(0), 2, 0.0, new_tokens=8)
+    monkeypatch.setattr(sim, "CATCH_UP", (0.0, 0.0))
+    free = sim.run_batch("spec", None, random.Random(0), 2, 0.0, new_tokens=8)
+    assert pinned - free == pytest.approx(0.004 + 2 * sim.PROMPT_LEN * 1e-6)
+    monkeypatch.setattr(sim, "CATCH_UP", None)  # one plain step per switch, either way
+    assert sim.switch_seconds(True, False, running) == pytest.approx(
+        sim.SWITCH_STEPS * sim.step_seconds(False, 2))
+    assert sim.switch_seconds(True, None, running) == 0.0
+
+
 def test_a_rare_slow_step_does_not_decide_the_side():
     """One 20x step among plain decoding's warm-up steps (a host hiccup) must not make the
     faster side lose: step times leave out outlying slow steps."""
