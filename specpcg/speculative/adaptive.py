@@ -307,10 +307,9 @@ class AdaptiveSpeculation:
 
     def _choose(self, b: "_Bucket", finish) -> bool:
         """The bucket's side for this step: re-chosen on rates alone while requests wait or
-        shadow verifies measure the draft (module docstring), else on the finish estimate after
-        a look or every REDECIDE_EVERY steps, and the last choice in between."""
+        shadow verifies measure the draft, else on the finish estimate after a look, on a
+        batch's arrival and every REDECIDE_EVERY steps, and the last choice in between."""
         if finish is not None:
-            # ... and where the batch arrives on the other side (from another bucket).
             due = (b.spec_chosen is None or b.explored_from is not None
                    or b.since_finish >= REDECIDE_EVERY or self._arrived)
             if not due:
@@ -318,8 +317,9 @@ class AdaptiveSpeculation:
                 return b.spec_chosen
             b.since_finish = 1
             finish = finish() if callable(finish) else finish
-        # The side running now, unless a look just ended (then the side before the look).
-        current = self._last_choice if b.explored_from is None else None
+        # A finish estimate prices a switch from the side running now (not after a look); rates
+        # keep the bucket's choice (the other lost 0.6-1.8% in 5 of 27 simulated NGRAM cells).
+        current = self._last_choice if b.explored_from is None and finish is not None else None
         return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
                              self.accepts, current)
 
