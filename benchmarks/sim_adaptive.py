@@ -25,7 +25,7 @@ finish estimate when nothing waits, over each request's last N shadow verifies.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
-        [--shadow-finish N] [--catch-up A_MS B_US]
+        [--shadow-finish N] [--catch-up A_MS B_US] [--sequence]
 """
 
 from __future__ import annotations
@@ -237,6 +237,23 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
     return out
 
 
+def simulate_sequence(sizes: list, spread: float, seeds: int, mean_alpha: float = 0.7,
+                      timed: int = 2) -> dict:
+    """--sequence: batch sizes in order on one controller per seed, as bench_adaptive runs one
+    engine (one untimed batch of each size, then `timed` timed ones): {size: {policy: timed
+    seconds over all seeds}}. Priors and switch costs carry over from the sizes before."""
+    out = {b: dict.fromkeys(("spec", "plain", "adaptive"), 0.0) for b in sizes}
+    for policy in ("spec", "plain", "adaptive"):
+        for seed in range(seeds):
+            ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
+            for b in sizes:
+                for i in range(1 + timed):
+                    seconds = run_batch(policy, ctrl, rng, b, spread, mean_alpha=mean_alpha)
+                    ctrl.interrupt()
+                    out[b][policy] += seconds if i else 0.0
+    return out
+
+
 def _hiccup(record: dict) -> str:
     prob, factor = record.get("hiccup", (0.0, 1.0))
     return f"{prob:.0%} {factor:g}x" if prob > 0 else "none"
@@ -245,7 +262,7 @@ def _hiccup(record: dict) -> str:
 def _last_run(records: list) -> list:
     """The lines of the last run: its commit and look budget."""
     key = lambda r: (r.get("git"), r.get("look_budget"), r.get("growth"),  # noqa: E731
-                     r.get("shadow", False), r.get("shadow_finish", 0))
+                     r.get("shadow", False), r.get("shadow_finish", 0), r.get("sequence", False))
     return [r for r in records if key(r) == key(records[-1])] if records else []
 
 
@@ -298,6 +315,9 @@ def main(argv=None) -> None:
                         "(pinned and no-spec systems); --alphas and --spreads are then unused")
     p.add_argument("--catch-up", type=float, nargs=2, default=None, metavar=("A_MS", "B_US"),
                    help="a switch into speculation costs A ms and B us per missed position")
+    p.add_argument("--sequence", action="store_true",
+                   help="--batches in order on one controller, one untimed and two timed "
+                        "batches each (bench_adaptive's engine)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
     global STEP_S, ALPHAS, CATCH_UP
@@ -308,11 +328,20 @@ def main(argv=None) -> None:
         args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
     if args.look_budget is not None:
         adaptive.LOOK_BUDGET = args.look_budget
-    lines = []
+    lines, sequences = [], {}
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
-        t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
-                     growth=args.growth, shadow=args.shadow, shadow_finish=args.shadow_finish)
+        if args.sequence:
+            if (alpha, spread) not in sequences:
+                sequences[alpha, spread] = simulate_sequence(args.batches, spread, args.seeds,
+                                                             alpha)
+            t = {**sequences[alpha, spread][batch], **{p + "_seed0": None for p in
+                                                     ("spec", "plain", "adaptive")}}
+        else:
+            t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
+                         growth=args.growth, shadow=args.shadow,
+                         shadow_finish=args.shadow_finish)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
+                      "sequence": args.sequence,
                       "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),

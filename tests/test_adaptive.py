@@ -434,6 +434,23 @@ def test_simulated_catch_up_prices_a_switch_into_speculation_by_missed_positions
     assert sim.switch_seconds(True, None, running) == 0.0
 
 
+def test_a_simulated_bench_sequence_carries_the_controller_across_sizes():
+    """sim_adaptive.py --sequence: the sizes in order on one controller per seed, one untimed
+    batch then two timed ones each; every size is timed for every policy, and adaptive runs
+    near the faster pinned side at each."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from sim_adaptive import simulate_sequence
+
+    out = simulate_sequence([4, 16], 0.0, seeds=2)
+    assert sorted(out) == [4, 16]
+    for t in out.values():
+        assert all(t[p] > 0 for p in ("spec", "plain", "adaptive"))
+        assert min(t["spec"], t["plain"]) / t["adaptive"] > 0.85, t
+
+
 def test_a_rare_slow_step_does_not_decide_the_side():
     """One 20x step among plain decoding's warm-up steps (a host hiccup) must not make the
     faster side lose: step times leave out outlying slow steps."""
@@ -530,3 +547,21 @@ def test_switch_costs_are_kept_per_direction_and_fall_back_to_every_bucket():
     for _ in range(KEPT):
         here.add(True, 0.001)
     assert here.cost(True) == pytest.approx(0.001)  # the last KEPT only
+
+
+def test_requests_that_ran_mostly_plain_steps_still_teach_the_priors():
+    """A batch that chose plain steps speculated only in its warm-up and looks (3 steps each):
+    its requests' accept lengths still join the priors, so the next young batch expects its
+    straggler. NOTE: counted only from 8 verifies, such requests never did, and a batch of 64
+    after batches that ran plain priced every request at the bucket's mean (finish.py)."""
+    from types import SimpleNamespace
+
+    from specpcg.speculative.finish import MIN_ACCEPTS
+
+    ctrl = AdaptiveSpeculation()
+    for _ in range(MIN_ACCEPTS):  # a warm-up's three verifies, nothing accepted
+        ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=0))
+    ctrl.finished(SimpleNamespace(spec_verify_ct=2, spec_accepted_drafts=6))  # too few
+    assert list(ctrl.accepts) == [1.0] * MIN_ACCEPTS
+    young = Finish(remaining=(128,) * 16, spec_tokens=(0,) * 16, verifies=(0,) * 16)
+    assert young.spec_steps(2.0, ctrl.accepts) == pytest.approx(128.0)  # not 128 / 2.0
