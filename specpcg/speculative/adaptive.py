@@ -205,11 +205,10 @@ class _Bucket:
             plain_time = finish_seconds(list(finish.remaining),
                                         _per_bucket(lambda b: step_s(False, b)))
             # Going over costs a switch: near the end, flipping cost more than it won.
-            if self.spec_chosen is not None:
-                into = not self.spec_chosen
-                plain_time, spec_time = ((plain_time, spec_time + self.switches.cost(into))
-                                         if into else
-                                         (plain_time + self.switches.cost(into), spec_time))
+            if self.spec_chosen is True:  # the other side is switched into
+                plain_time += self.switches.cost(False)
+            elif self.spec_chosen is False:
+                spec_time += self.switches.cost(True)
             self.last_finish = (spec_time, plain_time)
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
