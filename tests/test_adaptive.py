@@ -330,7 +330,7 @@ def test_a_look_that_overturns_the_choice_resets_the_wait():
     ctrl = AdaptiveSpeculation()
     _run(ctrl, 8, spec_rate=300, decode_rate=900, steps=1500)  # plain wins; looks grow rare
     b = ctrl._buckets[8]
-    assert max(b.explore_every, b.look_wait(False)) > 4 * EXPLORE_EVERY
+    assert max(b.explore_every, b.look_wait(False, 8)) > 4 * EXPLORE_EVERY
     # Speculation turns 3x faster than plain: the next look finds it and the engine switches.
     picks = []
     while not picks or not picks[-1]:  # until the look at speculation starts
@@ -565,3 +565,74 @@ def test_requests_that_ran_mostly_plain_steps_still_teach_the_priors():
     assert list(ctrl.accepts) == [1.0] * MIN_ACCEPTS
     young = Finish(remaining=(128,) * 16, spec_tokens=(0,) * 16, verifies=(0,) * 16)
     assert young.spec_steps(2.0, ctrl.accepts) == pytest.approx(128.0)  # not 128 / 2.0
+
+
+def test_a_catch_up_fit_recovers_its_line_and_falls_back_on_too_little():
+    from specpcg.speculative.switches import CatchUpFit
+
+    line = CatchUpFit.of([(0.003 + 2e-6 * p, p) for p in (100, 400, 1600, 6400)])
+    assert line.fixed == pytest.approx(0.003) and line.per_position == pytest.approx(2e-6)
+    assert line.at(3000) == pytest.approx(0.009)
+    assert CatchUpFit.of([(0.004, 500), (0.006, 500)]) == (pytest.approx(0.005), 0.0)  # one size
+    assert CatchUpFit.of([(0.004, 100), (0.002, 900)]).per_position == 0.0  # falls: no slope
+    through_origin = CatchUpFit.of([(0.001, 100), (0.010, 200)])  # the line crosses 0 below 0
+    assert through_origin.fixed == 0.0 and through_origin.at(150) == pytest.approx(0.0055)
+    assert CatchUpFit.of([(0.004, None)]) == (0.0, 0.0)  # positions unknown: no fit
+
+
+def _plain_bucket(per_position: float):
+    """A bucket of 64 running plain steps of 1.5 ms, speculation 1.9 ms a step at accept length
+    1.2, whose catch-ups cost 3 ms plus `per_position` seconds a position."""
+    from specpcg.speculative.adaptive import _Bucket
+    from specpcg.speculative.switches import SwitchCosts
+
+    b = _Bucket(spec_chosen=False, switches=SwitchCosts(SwitchCosts()))
+    for _ in range(WINDOW):
+        b.spec.add(1.2, 0.0019)
+        b.decode.add(1.0, 0.0015)
+    for p in (640, 3200, 6400):
+        b.switches.add(True, 0.003 + per_position * p, p)
+        b.switches.add(False, 0.0005)
+    return b
+
+
+def test_a_look_from_plain_steps_waits_for_its_catch_up_to_fit_the_budget():
+    """From plain steps a look's catch-up covers every position its wait passed: where a step's
+    positions cost more than LOOK_BUDGET of the step, no wait is long enough; where they cost
+    less, the wait is longer than the fixed price alone would make it. NOTE: priced at the mean
+    of past catch-ups, a look at batch 64 after 94 plain steps cost 15.7 ms where 9.0 ms had
+    been planned (H200, EAGLE3 at 8386616), so looks cost about twice their budget."""
+    from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY
+
+    steep = _plain_bucket(2e-6)  # 128 us a step at batch 64, against a budget of 45 us
+    assert steep.look_wait(False, 64) == EXPLORE_MAX_EVERY
+    gentle = _plain_bucket(0.2e-6)  # 12.8 us a step
+    fixed = (0.003 + 0.0005 + EXPLORE_STEPS * (0.0019 - 1.2 * 0.0015)) / (LOOK_BUDGET * 0.0015)
+    assert fixed < gentle.look_wait(False, 64) < EXPLORE_MAX_EVERY
+    assert gentle.look_wait(False, 4) < gentle.look_wait(False, 64)  # fewer positions a step
+    # From speculation a look's catch-up covers only its own plain steps, whatever the wait.
+    assert steep.look_wait(True, 64) < EXPLORE_MAX_EVERY
+
+
+def test_the_finish_estimate_prices_a_switch_into_speculation_by_the_positions_behind():
+    """A batch running plain steps whose speculative steps would end it 6 ms sooner: after a
+    few plain steps the catch-up costs less than that and it switches; after many, the catch-up
+    over every position they passed costs more, and it stays plain."""
+    b = _plain_bucket(2e-6)
+    ends = Finish(remaining=(40,) * 8, spec_tokens=(60,) * 8, verifies=(20,) * 8)
+    step_s = lambda spec, size: 0.0019 if spec else 0.0015  # noqa: E731
+    # 40 plain steps: 60 ms; speculation at 3 tokens a verify: 14 steps, 26.6 ms.
+    assert b.prefer_spec(ends, step_s, behind=8 * 10)
+    b.spec_chosen = False
+    assert not b.prefer_spec(ends, step_s, behind=8 * 2500)  # 3 + 40 ms of catch-up
+
+
+def test_the_controller_counts_the_positions_plain_steps_leave_behind():
+    """A switch into speculation is recorded with the positions the plain steps since the last
+    speculative one passed (batch size times their count)."""
+    ctrl = AdaptiveSpeculation()
+    picks = _run(ctrl, 8, spec_rate=800, decode_rate=900, steps=400, switch_cost=1.5)
+    plain_runs = [n for start, n in _bursts(picks, False) if start + n < len(picks)]
+    samples = [p for _, p in ctrl._switches.kept[True]]
+    assert len(samples) >= 3 and samples == [8 * n for n in plain_runs][-len(samples):]
+    assert ctrl._buckets[8].switches.cost(True, 800) == pytest.approx(0.0625)  # flat: the mean

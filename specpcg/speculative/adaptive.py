@@ -37,18 +37,7 @@ steps nearly as slowly as a full one. So the engine compares the time to finish 
 (`Finish`): plain steps take max(remaining) steps; speculative ones max(remaining / accept
 length) of each request's own accept length so far. NGRAM at batch 64 (H100, 20d835f)
 measured 11% faster per request speculating, yet pinned speculation ran 0.81x no-spec.
-Each side's time to finish counts the batch shrinking as its requests finish
-(`finish_seconds`): a step of b requests costs what that side's steps measured in b's bucket.
-When it costed every step at the full batch's price, EAGLE3 at batch 16 ran 375 of its 418
-steps in bucket 16 plain, 70% of its tokens (H100, 02575f1: 1.04x no-spec), where speculating
-at every step ran 1.14x: the straggler's last steps run in a batch of a few requests, which
-speculates cheaply. On the GPU (H100, 8142307 and e676939, a wider EAGLE3 head, two
-runs of `bench_adaptive`) the estimate ranked the two sides as pinned runs measure them (its
-bucket-16 choice of plain steps where pinned speculation ran 0.81x no-spec), yet the adaptive
-engine ran 0.65-0.87x at batch 16 and 64, and without the estimate (rates alone, the
-`adaptive-rate` rows) 0.80-0.90x: neither reaches no-spec there, because a plain step in an
-engine with a draft runs slower than a no-spec engine's (EAGLE3's bucket 64: 249 against 292
-tok/s per request; its plain steps capture hidden states for the draft's catch-up).
+Each side's time to finish counts the batch shrinking as its requests finish (finish.py).
 
 A side's rate is the ratio of its tokens to its seconds over its last WINDOW steps. An
 average of per-step rates, as before, let a noisy side lose for good: NGRAM accepts nothing on
@@ -58,19 +47,8 @@ average, that controller ran 1.10x (1.02x at worst); with windows 1.39x (1.11x a
 For the same reason the wait between looks grows only once the other side's window is full,
 or, from batch CONFIRM_MIN_BATCH on, once its steps lose by more than their own spread.
 
-NGRAM needs no looks to know its accept length: shadow verifies (specpcg/speculative/shadow.py)
-judge what its draft would have accepted on the tokens plain steps emit anyway, so a bucket
-with enough of them prices a speculative step at their accept length and its own measured
-seconds, and looks only to keep those seconds current (`look_every`). Such a draft chooses on
-rates alone, with or without requests waiting: the finish estimate's straggler is the request
-whose recent verifies accepted least, and with every request's acceptance measured at every
-step, that minimum of noisy accept lengths kept speculation out where it paid (H200, NGRAM
-(7, 1, 8) on chat: the finish estimate 1.06 / 1.10 / 1.01 / 0.99x no-spec at batch 1 / 4 / 16 /
-64, rates alone 1.05 / 1.13 / 1.12 / 0.98x, pinned 1.04 / 1.17 / 1.15 / 1.04x). Where it still
-loses, in simulation (sim_adaptive.py --shadow): equal-length requests whose acceptance differs
-widely, nothing waiting (0.87 / 0.79 of the faster side at batch 16 / 64).
-`shadow_rates_only = False` won that cell in simulation, yet ran 1.10 / 1.08 / 1.08 / 0.91x
-no-spec on the H200's chat prompts where rates alone ran 1.05 / 1.15 / 1.13 / 1.00x (180be28).
+NGRAM needs no looks to know its accept length: shadow verifies price its speculative side
+(specpcg/speculative/shadow.py says how, and why on rates alone).
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
 choice changes speed only. A plain decode step still hands the target's hidden states to the
@@ -86,7 +64,7 @@ from typing import Optional
 from specpcg.speculative.finish import (KEPT_ACCEPTS, Finish, ends_within, finish_seconds,
                                         finished_accept)
 from specpcg.speculative.rates import WINDOW, Rate
-from specpcg.speculative.switches import SwitchCosts
+from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
@@ -159,23 +137,35 @@ class _Bucket:
             return self.per_req(True) / step if step > 0 else 0.0
         return self.side(spec).tok_s
 
-    def look_every(self, spec: bool) -> float:
+    def look_every(self, spec: bool, batch_size: int) -> float:
         """Steps of the chosen (`spec`) side between two looks at the other."""
         if self.shadowed:
             return EXPLORE_MAX_EVERY
-        return max(self.explore_every, self.look_wait(spec))
+        return max(self.explore_every, self.look_wait(spec, batch_size))
 
-    def look_wait(self, spec: bool) -> float:
+    def look_wait(self, spec: bool, batch_size: int) -> float:
         """Steps of the chosen (`spec`) side between two looks so that a look costs at most
         LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
-        the other side, each losing what that step's tokens would have cost on the chosen one."""
+        the other side, each losing what that step's tokens would have cost on the chosen one.
+        From plain steps the switch into speculation catches up on every position the wait
+        passed (switches.py): each step of the wait adds its share of the look's cost, and
+        where that share is past the budget no wait is long enough."""
         side, other = self.side(spec), self.side(not spec)
         rate = self.tok_s(spec)
         if side.step_s <= 0 or rate <= 0:
             return 0.0
-        switches = self.switches.both()
         slower = max(other.step_s - self.per_req(not spec) / rate, 0.0) if other.recent else 0.0
-        return min((switches + EXPLORE_STEPS * slower) / (LOOK_BUDGET * side.step_s),
+        fit, grows = self.switches.catch_up(), 0.0
+        if fit.per_position <= 0:  # not known by positions: the mean switch
+            into = self.switches.cost(True)
+        elif spec:  # back into speculation after the look's own plain steps
+            into = fit.at(EXPLORE_STEPS * batch_size)
+        else:
+            into, grows = fit.fixed, fit.per_position * batch_size
+        budget = LOOK_BUDGET * side.step_s - grows
+        if budget <= 0:
+            return EXPLORE_MAX_EVERY
+        return min((into + self.switches.cost(False) + EXPLORE_STEPS * slower) / budget,
                    EXPLORE_MAX_EVERY)
 
     def finish_keeps(self, spec: bool) -> bool:
@@ -190,12 +180,13 @@ class _Bucket:
         return other > mine * (1 + SWITCH_MARGIN)
 
     def prefer_spec(self, finish: Optional[Finish], step_s, accepts=(),
-                    current: Optional[bool] = None) -> bool:
+                    current: Optional[bool] = None, behind: Optional[int] = None) -> bool:
         """The faster side (per request; with `finish`, the one that ends the batch sooner,
         a step of b requests taking step_s(spec, b) seconds); the side running now (`current`,
         else the side chosen last) keeps its place unless the other is faster by SWITCH_MARGIN
-        (each switch costs a slow step, switches.py). NOTE: a batch shrinking into a bucket
-        that last chose the other side compared from that side: its switch went unpriced."""
+        (each switch costs a slow step, switches.py; into speculation, a catch-up over `behind`
+        positions). NOTE: a batch shrinking into a bucket that last chose the other side
+        compared from that side: its switch went unpriced."""
         if current is not None and self.spec_chosen is not None:  # not its first choice
             self.spec_chosen = current
         spec, plain = self.tok_s(True), self.tok_s(False)
@@ -208,7 +199,7 @@ class _Bucket:
             if self.spec_chosen is True:  # the other side is switched into
                 plain_time += self.switches.cost(False)
             elif self.spec_chosen is False:
-                spec_time += self.switches.cost(True)
+                spec_time += self.switches.cost(True, behind)
             self.last_finish = (spec_time, plain_time)
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
         if self.spec_chosen is None:
@@ -246,7 +237,10 @@ class AdaptiveSpeculation:
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
-        self._switches = SwitchCosts()  # every bucket's, for a bucket yet to switch
+        self._switches = SwitchCosts(keep=KEPT_EVERYWHERE)  # every bucket's (switches.py)
+        # Plain steps since the last speculative one, and the positions the draft's catch-up
+        # covers at the switch into speculation chosen last (switches.py).
+        self._plain_run, self._catch_up = 0, None
         # The last step's side and bucket; whether this step's batch came from another bucket.
         self._last_choice, self._last_key, self._arrived = None, None, False
         self.accepts = deque(maxlen=KEPT_ACCEPTS)  # finished requests' (finish.priors)
@@ -279,7 +273,7 @@ class AdaptiveSpeculation:
             if b.explored_from is not None:  # a look just ended
                 b.side(not b.explored_from).restart_if_changed(EXPLORE_STEPS - 1)
                 b.last_finish = None  # set again if this choice estimates the finish
-            choice = self._choose(b, finish)
+            choice = self._choose(b, finish, batch_size)
             if b.explored_from is not None:  # did the look change the choice?
                 other = b.side(not choice)
                 # The wait grows only once the other side's window is full, or its steps lose
@@ -289,7 +283,7 @@ class AdaptiveSpeculation:
                     len(other.recent) == WINDOW
                     or (key >= CONFIRM_MIN_BATCH and (other.clearly_slower(b.tok_s(choice))
                                                       or b.finish_keeps(choice))))
-                waited = max(b.explore_every, int(b.look_wait(choice)))
+                waited = max(b.explore_every, int(b.look_wait(choice, batch_size)))
                 b.explore_every = (min(2 * waited, EXPLORE_MAX_EVERY) if confirmed
                                    else EXPLORE_EVERY)
                 b.explored_from = None
@@ -297,14 +291,17 @@ class AdaptiveSpeculation:
             # look_every is never below explore_every: the cheap test first spares the window
             # sums look_wait reads on most steps (the host's work between two steps).
             if (b.since_explore >= b.explore_every
-                    and b.since_explore >= b.look_every(choice)):  # look again
+                    and b.since_explore >= b.look_every(choice, batch_size)):  # look again
                 b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
+        if choice and self._plain_run:
+            self._catch_up = self._plain_run * batch_size
+        self._plain_run = 0 if choice else self._plain_run + 1
         self._last_choice, self._last_key = choice, key
         return choice
 
-    def _choose(self, b: "_Bucket", finish) -> bool:
+    def _choose(self, b: "_Bucket", finish, batch_size: int) -> bool:
         """The bucket's side for this step: re-chosen on rates alone while requests wait or
         shadow verifies measure the draft, else on the finish estimate after a look, on a
         batch's arrival and every REDECIDE_EVERY steps, and the last choice in between."""
@@ -320,7 +317,7 @@ class AdaptiveSpeculation:
         # keep the bucket's choice (the other lost 0.6-1.8% in 5 of 27 simulated NGRAM cells).
         current = self._last_choice if b.explored_from is None and finish is not None else None
         return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
-                             self.accepts, current)
+                             self.accepts, current, self._plain_run * batch_size)
 
     def _bucket(self, key: int) -> "_Bucket":
         if key not in self._buckets:  # (setdefault would build a bucket every step)
@@ -357,13 +354,14 @@ class AdaptiveSpeculation:
             return
         key = bucket_of(batch_size)
         b = self._bucket(key)
-        pending, self._switch = self._switch, (key, spec, seconds) if switched else None
+        pending = self._switch
+        self._switch = (key, spec, seconds, self._catch_up if spec else None) if switched else None
         if switched:
             return
         if pending is not None and pending[:2] == (key, spec):
             # What the switch cost beyond the steady step after it (look_wait): against that
             # step, not the side's window, which a change of speed leaves stale.
-            b.switches.add(spec, pending[2] - seconds)
+            b.switches.add(spec, pending[2] - seconds, pending[3])
         b.side(spec).add(tokens / batch_size, seconds)
 
     def shadow(self, accept_length: Optional[float]) -> None:

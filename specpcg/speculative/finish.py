@@ -4,6 +4,19 @@ With none waiting, the running batch is all there is, and it ends with its slowe
 speculative step helps only as much as it advances that request (specpcg/speculative/adaptive.py
 says why and what it measured). `Finish` holds what each request still needs; `finish_seconds`
 prices a side's steps as the batch shrinks.
+
+Each side's time to finish counts the batch shrinking as its requests finish (`finish_seconds`):
+a step of b requests costs what that side's steps measured in b's bucket. When it costed every
+step at the full batch's price, EAGLE3 at batch 16 ran 375 of its 418 steps in bucket 16 plain,
+70% of its tokens (H100, 02575f1: 1.04x no-spec), where speculating at every step ran 1.14x: the
+straggler's last steps run in a batch of a few requests, which speculates cheaply. On the GPU
+(H100, 8142307 and e676939, a wider EAGLE3 head, two runs of `bench_adaptive`) the estimate
+ranked the two sides as pinned runs measure them (its bucket-16 choice of plain steps where
+pinned speculation ran 0.81x no-spec), yet the adaptive engine ran 0.65-0.87x at batch 16 and
+64, and without the estimate (rates alone, the `adaptive-rate` rows) 0.80-0.90x: neither reaches
+no-spec there, because a plain step in an engine with a draft runs slower than a no-spec
+engine's (EAGLE3's bucket 64: 249 against 292 tok/s per request; its plain steps capture hidden
+states for the draft's catch-up).
 """
 
 from __future__ import annotations
