@@ -175,12 +175,13 @@ class HeadDraft(RoundDrafting, DraftWorker):
         if st is not None:
             self.kv_cache.release(st.req_pool_idx)
 
-    def _batch(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST):
-        """Allocates the new tokens' slots and builds their batch (hidden states as input)."""
-        from specpcg.batch import make_batch
+    def _batch(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST,
+               rows_pending: bool = False):
+        """Allocates the new tokens' slots and builds their batch (hidden states as input);
+        rows_pending: req_to_token is written by the forward (`alloc_batch`)."""
+        from specpcg.batch import alloc_batch
 
-        self.kv_cache.extend_many([r.req_pool_idx for r in rows], [len(x) for x in new_ids])
-        batch = make_batch(self.kv_cache, mode, rows, new_ids, self.runner.device)
+        batch = alloc_batch(self.kv_cache, mode, rows, new_ids, self.runner.device, rows_pending)
         batch.input_hidden, batch.capture_hidden_mode = hidden, capture
         return batch
 
@@ -200,7 +201,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
         at = [_Row(s.req_pool_idx, s.num_cached) for s in states]
         with eager_rows(self.runner):
             hidden = self.model.project_target_hidden(flat)
-            out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, at, new_ids, hidden))
+            out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, at, new_ids, hidden,
+                                                  rows_pending=True))
         for st, ids in zip(states, new_ids):
             st.num_cached += len(ids)
         return out.hidden_states if head_rows else out.logits, out.aux_hidden_states[0]

@@ -91,10 +91,9 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         return st
 
     def _forward(self, mode, states, new_ids):
-        from specpcg.batch import make_batch
+        from specpcg.batch import alloc_batch
 
-        self.kv_cache.extend_many([s.req_pool_idx for s in states], [len(x) for x in new_ids])
-        batch = make_batch(self.kv_cache, mode, states, new_ids, self.runner.device)
+        batch = alloc_batch(self.kv_cache, mode, states, new_ids, self.runner.device)
         logits = self.router.forward(batch).logits
         for st, ids in zip(states, new_ids):
             st.num_cached += len(ids)

@@ -50,3 +50,32 @@ def test_a_decode_keeps_its_rows_in_one_view(bs):
                                 batch.req_pool_indices)):
         assert row.data_ptr() == part.data_ptr() and torch.equal(row, part)
         assert part.data_ptr() % 16 == 0 or bs % 2  # odd: back to back, not padded
+
+
+@pytest.mark.parametrize("lens", [[3], [5, 1, 7], [1, 1], [94, 94, 94, 94]])
+def test_a_batch_that_leaves_its_rows_to_the_forward_matches_one_written_on_the_host(lens):
+    """alloc_batch (a draft's catch-up) allocates without writing req_to_token; the forward's
+    write_rows then leaves the same rows, and the same batch, as extend_many's host write."""
+    from specpcg.batch import alloc_batch
+    from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+
+    def cache():
+        kv = KVCache(KVPool(2048, 1, 1, 4, torch.float32, "cpu"), ReqToTokenPool(8, 512, "cpu"))
+        idx = [kv.new_request() for _ in lens]
+        kv.extend_many(idx, [10 + i for i in range(len(lens))])  # prompts already held
+        return kv, [SimpleNamespace(req_pool_idx=r, num_cached=10 + i) for i, r in enumerate(idx)]
+
+    ids = [[100 + i + j for j in range(n)] for i, n in enumerate(lens)]
+    host, reqs = cache()
+    host.extend_many([r.req_pool_idx for r in reqs], lens)
+    written = make_batch(host, ForwardMode.DRAFT_EXTEND, reqs, ids, "cpu")
+    left, reqs = cache()
+    before = left.req_pool.req_to_token.clone()
+    batch = alloc_batch(left, ForwardMode.DRAFT_EXTEND, reqs, ids, "cpu")
+    assert batch.rows_pending and torch.equal(left.req_pool.req_to_token, before)
+    left.write_rows(batch)
+    assert not batch.rows_pending
+    assert torch.equal(left.req_pool.req_to_token, host.req_pool.req_to_token)
+    for name in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens",
+                 "extend_seq_lens"):
+        assert torch.equal(getattr(batch, name), getattr(written, name)), name
