@@ -235,7 +235,7 @@ class AdaptiveSpeculation:
         self.chosen: Counter = Counter()  # (bucket, "spec" | "decode") -> steps run
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
-        self._switch = None  # (bucket, side, seconds) of a switch step, until the step after it
+        self._switch = None  # (bucket, side, seconds, positions) of a switch step, until the next
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
         self._switches = SwitchCosts(keep=KEPT_EVERYWHERE)  # every bucket's (switches.py)
         # Plain steps since the last speculative one, and the positions the draft's catch-up
