@@ -176,9 +176,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
             self.kv_cache.release(st.req_pool_idx)
 
     def _batch(self, mode, rows: list, new_ids: list, hidden, capture=CaptureHiddenMode.LAST,
-               rows_pending: bool = False):
-        """Allocates the new tokens' slots and builds their batch (hidden states as input);
-        rows_pending: req_to_token is written by the forward (`alloc_batch`)."""
+               rows_pending: bool = True):
+        """The new tokens' slots and their batch, hidden states as input (`alloc_batch`)."""
         from specpcg.batch import alloc_batch
 
         batch = alloc_batch(self.kv_cache, mode, rows, new_ids, self.runner.device, rows_pending)
@@ -201,8 +200,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         at = [_Row(s.req_pool_idx, s.num_cached) for s in states]
         with eager_rows(self.runner):
             hidden = self.model.project_target_hidden(flat)
-            out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, at, new_ids, hidden,
-                                                  rows_pending=True))
+            out = self.router.forward(self._batch(ForwardMode.DRAFT_EXTEND, at, new_ids, hidden))
         for st, ids in zip(states, new_ids):
             st.num_cached += len(ids)
         return out.hidden_states if head_rows else out.logits, out.aux_hidden_states[0]
@@ -390,9 +388,9 @@ class HeadDraft(RoundDrafting, DraftWorker):
         hidden [bs, K, H]."""
         bs, k = tokens.shape
         rows = [_Row(st.req_pool_idx, st.num_cached + (s - 1) * k) for st in states]
-        # Placeholder ids build the batch; the branches stay on the device (no host sync).
+        # Placeholder ids (the branches stay on the device); branches share a position: rows now.
         batch = self._batch(ForwardMode.DRAFT_EXTEND, rows, [[0] * k] * bs,
-                            branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL)
+                            branch_hidden.reshape(bs * k, -1), CaptureHiddenMode.FULL, False)
         batch.input_ids = tokens.reshape(-1)
         base = to_device([st.num_cached for st in states], tokens.device)
         batch.positions = (base[:, None] + (s - 1)).expand(bs, k).reshape(-1).contiguous()

@@ -45,7 +45,6 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
         index_rows=None if pad else packed[:4 * bs].view(4, bs))
 
 
-
 def alloc_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
                 rows_pending: bool = True) -> ForwardBatch:
     """Slots for each request's new tokens, and their batch. With rows_pending the req_to_token
