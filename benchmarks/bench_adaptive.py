@@ -1,9 +1,9 @@
 """Adaptive speculation against no-spec and against speculating at every step, per batch size.
 
 For each algorithm (NGRAM, every --drafts ALGO=DIR, every --untrained ALGO: a draft that
-predicts badly, where speculating never pays) at each --batches size, engines decode the same
-greedy prompts in one run: no-spec (measured again per algorithm), speculative at every step
-(pinned), adaptive (the engine's default) and, with --systems, the extra ones below. Lines
+predicts badly, where speculating never pays) at each --batches size, engines alive side by
+side decode the same greedy prompts, their timed batches taking turns: no-spec, speculative at
+every step (pinned), adaptive (the engine's default) and, with --systems, the extra ones below. Lines
 carry tok/s, the speedup over no-spec, and how many steps the adaptive engine ran on each
 side. The goal: adaptive >= 1.0x no-spec at every size.
 
@@ -49,18 +49,26 @@ def prompts_for(engine, num: int, prompt_len: int) -> list:
     return repeated_id_prompts(num, prompt_len, 16, engine.model_config.vocab_size)
 
 
-def tok_s(engine, prompts: list, params: dict, repeats: int) -> tuple:
-    """(median tok/s of `repeats` timed batches, the last outputs), after one untimed batch of
-    the same size: a long-lived engine's steady state, its adaptive choices already measured
-    (one batch of 128 tokens at batch 1 lasts a fifth of a second on a GPU: too short alone)."""
-    engine.generate(input_ids=prompts, sampling_params=params)
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
-        dt = time.perf_counter() - t0
-        rates.append(sum(o["meta_info"]["completion_tokens"] for o in outs) / dt)
-    return common.median(rates), outs
+def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int) -> tuple:
+    """({system: median tok/s of `repeats` timed batches}, {system: the last outputs}).
+
+    Every engine first runs one untimed batch of the same size (a long-lived engine's steady
+    state, its adaptive choices already measured: one batch of 128 tokens at batch 1 lasts a
+    fifth of a second on a GPU, too short alone). Then the timed batches take turns, one per
+    engine per round, the order rotated each round: engines measured one after the other
+    drifted apart with the device (engines held to plain steps measured 0.95-1.02x of a
+    no-spec run minutes earlier; two H200 runs of one tree differed by up to 0.17x in a cell)."""
+    for engine in engines.values():
+        engine.generate(input_ids=prompts, sampling_params=params)
+    names, rates, outs = list(engines), {s: [] for s in engines}, {}
+    for r in range(repeats):
+        for system in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            outs[system] = engines[system].generate(input_ids=prompts, sampling_params=params)
+            dt = time.perf_counter() - t0
+            rates[system].append(sum(o["meta_info"]["completion_tokens"]
+                                     for o in outs[system]) / dt)
+    return rates, outs
 
 
 def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
@@ -145,48 +153,60 @@ STANDALONE_LAYERS = 4
 UNTRAINED = "(untrained)"  # after the algorithm's name in a line's "algorithm"
 
 
-def run_all(args) -> None:
+def build_engines(args, algo: str, draft, setting: tuple) -> dict:
+    """One engine per system, all alive at once (interleaved_rates). Engine k of n sizes its
+    weights and KV from 0.8 / (n - k) of the memory still free on a GPU, so each gets a like
+    share."""
     from specpcg import Engine
 
+    most, engines = max(args.batches), {}
+    for k, system in enumerate(args.systems):
+        engine = Engine(model_path=args.model_path, device=args.device,
+                        max_running_requests=most, cuda_graph_max_bs=most, show_progress=False,
+                        mem_fraction_static=0.8 / (len(args.systems) - k),
+                        **engine_kwargs(system, algo, draft, setting))
+        if system in HOLDS:
+            HOLDS[system](engine)
+        engines[system] = engine
+    return engines
+
+
+def run_all(args) -> None:
+    if args.systems[0] != "no-spec":
+        raise SystemExit(f"--systems must start with no-spec (the baseline), got {args.systems}")
     drafts = {} if args.skip_ngram else {"NGRAM": None}
     drafts.update(item.split("=", 1) for item in args.drafts)
     untrained = untrained_drafts(args.untrained, args.model_path)
     drafts.update({f"{algo} {UNTRAINED}": path for algo, path in untrained.items()})
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
-    most = max(args.batches)
     prompts = None
     for label, draft in drafts.items():
-        # no-spec again for each algorithm, just before its engines: its lines then compare
-        # engines run within a minute or two of each other, not with a baseline from the
-        # run's start (engines held to plain steps measured 0.95-1.02x of it in one run).
-        algo, lines, base = label.split()[0], [], {}
-        for system in args.systems:
-            engine = Engine(model_path=args.model_path, device=args.device,
-                            max_running_requests=most, cuda_graph_max_bs=most,
-                            show_progress=False, **engine_kwargs(system, algo, draft, setting))
-            if system in HOLDS:
-                HOLDS[system](engine)
-            prompts = prompts or prompts_for(engine, most, args.prompt_len)
-            for bs in args.batches:
-                rate, outs = tok_s(engine, prompts[:bs], params, args.repeats)
-                if system == "no-spec":
-                    base[bs] = rate
-                    continue
+        algo, lines = label.split()[0], []
+        engines = build_engines(args, algo, draft, setting)
+        prompts = prompts or prompts_for(engines["no-spec"], max(args.batches), args.prompt_len)
+        for bs in args.batches:
+            rates, outs = interleaved_rates(engines, prompts[:bs], params, args.repeats)
+            base = common.median(rates["no-spec"])
+            for system in args.systems[1:]:
+                rate, engine = common.median(rates[system]), engines[system]
                 adaptive = engine.get_server_info()["speculative"]["adaptive"]
                 lines.append({
                     "bench": "adaptive", "model": args.model_path or "default",
                     "algorithm": label, "system": system, "setting": list(setting),
                     "batch": bs, "max_new_tokens": args.max_new_tokens, "tok_s": rate,
-                    "repeats": args.repeats,
-                    "no_spec_tok_s": base[bs], "speedup": rate / base[bs],
+                    "repeats": args.repeats, "interleaved": True,
+                    "rates": [round(x, 1) for x in rates[system]],
+                    "no_spec_rates": [round(x, 1) for x in rates["no-spec"]],
+                    "no_spec_tok_s": base, "speedup": rate / base,
                     "plain_decode_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0)
-                                               for o in outs),
+                                               for o in outs[system]),
                     "adaptive_buckets": adaptive, "draft": draft,
                     "chain_depth": common.chain_depth(engine),
                     **common.machine_info(engine.device)})
                 print(f"[bench_adaptive] {label:8} {system:8} bs {bs:3} "
                       f"{rate:9.1f} tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)
+        for engine in engines.values():
             engine.shutdown()
         common.append_jsonl(args.out, lines)
 

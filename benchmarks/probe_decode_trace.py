@@ -11,7 +11,11 @@ bytes each read per microsecond, against a device-to-device copy's rate. Last, a
 under the profiler: the period of a decode step, its busy and idle time, and the kernels that
 run outside the graph each step.
 
+With --algorithm and --draft the engine carries that draft, held to plain steps (bench_adaptive's
+`plain` system): what a plain step costs beside no-spec's (the hidden states kept for the draft).
+
     python benchmarks/probe_decode_trace.py --model-path shape:llama-3-8b --batch 1 > out.txt
+    python benchmarks/probe_decode_trace.py --batch 64 --algorithm EAGLE3 --draft DIR
 """
 
 from __future__ import annotations
@@ -146,10 +150,17 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--model-path", default=None)
+    p.add_argument("--algorithm", default=None, help="a draft held to plain steps")
+    p.add_argument("--draft", default=None)
     args = p.parse_args(argv)
+    from bench_adaptive import engine_kwargs, plain_only
+
+    kw = engine_kwargs("plain", args.algorithm, args.draft, (3, 1, 4)) if args.algorithm else {}
     engine = Engine(model_path=args.model_path or default_model_path(), show_progress=False,
                     skip_tokenizer_init=True, max_running_requests=args.batch,
-                    cuda_graph_max_bs=args.batch)
+                    cuda_graph_max_bs=args.batch, **kw)
+    if args.algorithm:
+        plain_only(engine)
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)
     ids = [[rng.randrange(vocab) for _ in range(32)] for _ in range(args.batch)]
