@@ -12,8 +12,13 @@ accept length, sets the controller's recorded rates beside the calls' real ones 
 recorded steps run faster than its calls do is over-measured), and sums the host's time outside
 the calls ("outside": before the first, between two, after the last, the largest gaps).
 
+With --script P S the adaptive engine runs S speculative steps after every P plain ones
+(probe_switch's `script_choices`), whatever it measures: a look every P steps, to set a look's
+speculative steps beside pinned speculation's steady ones.
+
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
-        [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--out FILE]
+        [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--script P S]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -147,6 +152,7 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--script", type=int, nargs=2, default=None, metavar=("PLAIN", "SPEC"))
     p.add_argument("--out", default=None,
                    help="append JSON lines: one per call, then the summary")
     args = p.parse_args(argv)
@@ -162,6 +168,10 @@ def main(argv=None) -> None:
         engine = Engine(model_path=args.model_path, show_progress=False,
                         max_running_requests=most, cuda_graph_max_bs=most,
                         **engine_kwargs(system, args.algorithm, args.draft, setting))
+        if args.script and system == "adaptive":
+            from probe_switch import script_choices
+
+            script_choices(engine, *args.script)
         for bs in args.batches:
             prompts = prompts_for(engine, max(args.batches), 128)[:bs]
             engine.generate(input_ids=prompts, sampling_params=params)
@@ -172,6 +182,7 @@ def main(argv=None) -> None:
             wall = end - t0
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
+                    "script": args.script if system == "adaptive" else None,
                     "batch": bs, **summary(log, wall, tokens), "outside": gaps(log, t0, end),
                     "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
                                              for o in outs),

@@ -52,17 +52,20 @@ class DraftWorker:
         that need hidden states): [bs, N, H'], whose row i starts with the target's hidden
         states at the root and those drafts, accept_lens[i] + 1 rows."""
 
-    def target_hidden(self, out) -> torch.Tensor:
-        """The rows of a target forward's output this draft reads (final or aux layers)."""
+    def target_hidden(self, out, own: bool = False) -> torch.Tensor:
+        """The rows of a target forward's output this draft reads (final or aux layers). own:
+        a tensor of their own, which the next replay of a graph does not overwrite (the aux
+        layers' concatenation is one already: no second copy)."""
         if self.aux_layers:
             return torch.cat(out.aux_hidden_states, dim=-1)
-        return out.hidden_states
+        return out.hidden_states.clone() if own else out.hidden_states
 
     def absorb(self, req, hidden: torch.Tensor) -> None:
         """Target hidden states of the request's next positions (prefill chunks), in order."""
 
     def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
-        """A plain decode step's hidden states: row i is request i's next position."""
+        """A plain decode step's hidden states (`target_hidden(out, own=True)`): row i is
+        request i's next position."""
         for i, req in enumerate(reqs):
             self.absorb(req, hidden[i:i + 1])
 

@@ -147,13 +147,13 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self._state(req).pending.append(hidden.clone())
 
     def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
-        # One copy for the step (the graph's output buffer is overwritten by the next replay),
-        # logged whole while the batch stays the same (_PlainLog).
+        # The step's own rows (target_hidden's own=True), logged whole while the batch stays
+        # the same (_PlainLog).
         rids = [r.rid for r in reqs]
         if self._plain is None or self._plain.rids != rids:
             self._hand_over()
             self._plain = _PlainLog(rids, [self._state(r) for r in reqs])
-        self._plain.steps.append(hidden.clone())
+        self._plain.steps.append(hidden)
 
     def _hand_over(self) -> None:
         """Gives the plain steps' logged rows to their requests, before anything reads a

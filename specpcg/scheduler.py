@@ -333,7 +333,7 @@ class Scheduler:
             batch.capture_hidden_mode, batch.aux_hidden_layers = draft.needs_hidden, draft.aux_layers
         out = self.runner.forward(batch)
         if capture:
-            draft.absorb_rows(reqs, draft.target_hidden(out))
+            draft.absorb_rows(reqs, draft.target_hidden(out, own=True))
         for req in reqs:
             req.num_cached += 1
         return out

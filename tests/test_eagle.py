@@ -395,3 +395,24 @@ def test_the_tree_round_proposes_what_the_eager_tree_steps_propose(world, algo, 
     assert ("DRAFT_EXTEND", "draft_round_eager") in stats  # the round's bodies ran
     assert ("DRAFT_EXTEND", "draft_round_eager") not in eager_stats
     assert got == want and rounds == eager and len(rounds) > 3
+
+
+def test_target_hidden_rows_of_their_own_share_no_storage_with_the_forward():
+    """A plain step's rows are logged across steps (drafts/eagle.py, _PlainLog) while a decode
+    graph's replay overwrites its output buffers: own=True rows are a copy (the aux layers'
+    concatenation is one already), own=False ones a view of the final layer."""
+    from types import SimpleNamespace
+
+    from drafts.base import DraftWorker
+    from specpcg.core import ModelOutput
+
+    out = ModelOutput(logits=None, hidden_states=torch.randn(4, 8),
+                      aux_hidden_states=[torch.randn(4, 8) for _ in range(3)])
+    sources = [out.hidden_states.data_ptr()] + [a.data_ptr() for a in out.aux_hidden_states]
+    for aux_layers, want in (((), out.hidden_states),
+                             ((1, 2, 3), torch.cat(out.aux_hidden_states, dim=-1))):
+        draft = SimpleNamespace(aux_layers=aux_layers)
+        rows = DraftWorker.target_hidden(draft, out, own=True)
+        assert torch.equal(rows, want) and rows.data_ptr() not in sources
+    view = DraftWorker.target_hidden(SimpleNamespace(aux_layers=()), out)
+    assert view.data_ptr() == out.hidden_states.data_ptr()

@@ -122,12 +122,11 @@ class SpecDecoder:
         if not self.draft.needs_hidden:
             return None
         n = self.spec.num_draft_tokens
-        hidden = self.draft.target_hidden(out)  # [bs * N, H']
+        # [bs * N, H']; a chain's own copy: the graph's buffer is reused by the next replay.
+        hidden = self.draft.target_hidden(out, own=chain)
         bs = hidden.shape[0] // n
         if chain:  # a chain's accepted nodes are its first ones: the rows are in place
-            paths = hidden.view(bs, n, -1)
-            # A copy unless target_hidden made one (aux layers): the graph's buffer is reused.
-            return paths if self.draft.aux_layers else paths.clone()
+            return hidden.view(bs, n, -1)
         rows = result.accept_index.to(hidden.device) + n * torch.arange(
             bs, device=hidden.device)[:, None]  # [bs, N]
         return hidden[rows.clamp(min=0)]
