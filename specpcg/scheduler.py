@@ -97,6 +97,9 @@ class Scheduler:
         """Runs one forward; returns the requests that finished in it (with overlap, those
         whose last token came from the step before)."""
         done, kind = [], self._overlap_kind()
+        if kind == "spec" and self.overlap is not None and self.overlap.inflight is not None:
+            reqs = list(self.running)  # the draft catches up while the plain step runs
+            done += self._guarded(reqs, lambda: self.spec_overlap.catch_up(reqs))
         for name, ov in (("plain", self.overlap), ("spec", self.spec_overlap)):
             if ov is not None and ov.inflight is not None and kind != name:
                 done += self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first

@@ -324,6 +324,35 @@ def test_bench_adaptive_renders_the_latest_speedups(tmp_path):
     assert (tmp_path / "adaptive.png").stat().st_size > 0
 
 
+def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
+    """Every engine runs one untimed batch, then one timed batch per round, the order rotated
+    each round: engines measured side by side, none always first."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_adaptive
+
+    calls = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, input_ids, sampling_params):
+            calls.append(self.name)
+            return [{"meta_info": {"completion_tokens": 4}} for _ in input_ids]
+
+    engines = {name: Engine(name) for name in ("no-spec", "pinned", "adaptive")}
+    rates, outs = bench_adaptive.interleaved_rates(engines, [[1], [2]], {}, repeats=4)
+    assert calls[:3] == ["no-spec", "pinned", "adaptive"]  # the untimed batches
+    rounds = [calls[3 + 3 * r:6 + 3 * r] for r in range(4)]
+    assert rounds == [["no-spec", "pinned", "adaptive"], ["pinned", "adaptive", "no-spec"],
+                      ["adaptive", "no-spec", "pinned"], ["no-spec", "pinned", "adaptive"]]
+    assert {k: len(v) for k, v in rates.items()} == {k: 4 for k in engines}
+    assert all(r > 0 for v in rates.values() for r in v) and len(outs["pinned"]) == 2
+
+
 def test_a_look_that_overturns_the_choice_resets_the_wait():
     from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY
 

@@ -252,7 +252,8 @@ def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo, re
     bar the root), where it ran synchronously before. That catch-up runs on the resume
     runners' bodies (drafts/resume.py: what their graphs replay) or, without them, eagerly.
     The tokens stay no-spec's, and on the exact target every verify still accepts all its
-    drafts: the catch-up fed the draft every position, in place."""
+    drafts: the catch-up fed the draft every position, in place. Each catch-up after plain
+    steps runs before the plain step in flight is read (the device still busy with it)."""
     from tests.eagle_world import _exact_outputs_all_accepted
     from tests.test_adaptive_engine import Stretches
 
@@ -265,6 +266,7 @@ def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo, re
         engine.scheduler.adaptive = Stretches(3)
         replays = _count_resume_replays(engine, resume == "graphs")
         overlapped, sync = _count_steps_of(engine)
+        in_flight = _catch_ups_in_flight(engine)
         if target is world.noisy:
             outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
             assert [o["output_ids"] for o in outs] == plain.batch
@@ -275,6 +277,8 @@ def test_speculation_resumes_overlapped_after_plain_steps(world, plain, algo, re
         assert len(sync) <= 1 and len(overlapped) >= 3, (len(sync), len(overlapped))
         if resume == "graphs":  # every look after 3 plain steps (the prompts: maybe eager)
             assert len(replays) >= len(overlapped) - 1, (len(replays), len(overlapped))
+        # After the prefill, maybe one with no plain step before it; all others in flight.
+        assert in_flight.count(False) <= 1 and in_flight.count(True) >= 2, in_flight
         _check_no_leak(engine)
     if algo == "STANDALONE":  # the noisy target drafting for itself: its KV decides
         engine = _engine(world.noisy, algo, world.noisy, attention_backend="triton",
@@ -300,6 +304,15 @@ def _count_resume_replays(engine, keep: bool) -> list:
         run = rnd.catch_up
         rnd.catch_up = lambda *a, run=run: replays.append(a[0]) or run(*a)
     return replays
+
+
+def _catch_ups_in_flight(engine) -> list:
+    """Per catch_up_to_paths call: whether a plain step was in flight, not yet read."""
+    s, seen = engine.scheduler, []
+    run = s.spec.draft.catch_up_to_paths
+    s.spec.draft.catch_up_to_paths = lambda reqs: (
+        seen.append(s.overlap.inflight is not None) or run(reqs))
+    return seen
 
 
 def _count_steps_of(engine) -> tuple:
