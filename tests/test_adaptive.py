@@ -665,3 +665,29 @@ def test_the_controller_counts_the_positions_plain_steps_leave_behind():
     samples = [p for _, p in ctrl._switches.kept[True]]
     assert len(samples) >= 3 and samples == [8 * n for n in plain_runs][-len(samples):]
     assert ctrl._buckets[8].switches.cost(True, 800) == pytest.approx(0.0625)  # flat: the mean
+
+
+def test_report_looks_splits_each_look_into_its_switch_and_its_counted_steps():
+    """report_looks: a look's first speculative record is its switch (priced, not counted);
+    the ones after it are what the look measures; pinned's first and last 3 calls are left out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import report_looks
+
+    def rec(spec, s, tokens=4):
+        return {"batch": 4, "kind": "record", "bs": 4, "spec": spec, "tokens": tokens, "s": s}
+
+    scripted = [rec(False, 1e-3), rec(True, 3e-3, 6), rec(True, 1.2e-3, 6), rec(False, 1e-3),
+                rec(False, 1e-3), rec(True, 2.5e-3, 8), rec(True, 1.3e-3, 4), rec(True, 1.1e-3)]
+    switch, counted = report_looks.looks([e for e in scripted])
+    assert [e["s"] for e in switch] == [3e-3, 2.5e-3]
+    assert [e["s"] for e in counted] == [1.2e-3, 1.3e-3, 1.1e-3]
+    pinned = [{"batch": 4, "kind": "spec", "bs": 4, "tokens": 6, "s": 9.0 if i in (0, 9) else 1e-3}
+              for i in range(10)]
+    (line,) = report_looks.report(pinned, scripted)
+    assert line["pinned_steady"] == {"steps": 4, "ms": 1.0, "tokens_per_req": 1.5,
+                                     "tok_s_per_req": 1500}
+    assert line["look_switch"]["steps"] == 2 and line["look_counted"]["ms"] == 1.2
+    assert line["plain"] == {"steps": 3, "ms": 1.0, "tokens_per_req": 1.0, "tok_s_per_req": 1000}
