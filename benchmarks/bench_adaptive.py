@@ -3,9 +3,9 @@
 For each algorithm (NGRAM, every --drafts ALGO=DIR, every --untrained ALGO: a draft that
 predicts badly, where speculating never pays) at each --batches size, engines alive side by
 side decode the same greedy prompts, their timed batches taking turns: no-spec, speculative at
-every step (pinned), adaptive (the engine's default) and, with --systems, the extra ones below. Lines
-carry tok/s, the speedup over no-spec, and how many steps the adaptive engine ran on each
-side. The goal: adaptive >= 1.0x no-spec at every size.
+every step (pinned), adaptive (the engine's default) and, with --systems, the extra ones
+below. Lines carry tok/s, the speedup over no-spec, and how many steps the adaptive engine
+ran on each side. The goal: adaptive >= 1.0x no-spec at every size.
 
 Prompts: held-out ShareGPT first turns through the chat template on a model with a tokenizer;
 on a random-weight shape (`shape:llama-3-8b`) repeated-id prompts, over which NGRAM finds
@@ -50,7 +50,7 @@ def prompts_for(engine, num: int, prompt_len: int) -> list:
 
 
 def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int) -> tuple:
-    """({system: median tok/s of `repeats` timed batches}, {system: the last outputs}).
+    """({system: tok/s of each of `repeats` timed batches}, {system: its last outputs}).
 
     Every engine first runs one untimed batch of the same size (a long-lived engine's steady
     state, its adaptive choices already measured: one batch of 128 tokens at batch 1 lasts a

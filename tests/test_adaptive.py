@@ -681,7 +681,7 @@ def test_report_looks_splits_each_look_into_its_switch_and_its_counted_steps():
 
     scripted = [rec(False, 1e-3), rec(True, 3e-3, 6), rec(True, 1.2e-3, 6), rec(False, 1e-3),
                 rec(False, 1e-3), rec(True, 2.5e-3, 8), rec(True, 1.3e-3, 4), rec(True, 1.1e-3)]
-    switch, counted = report_looks.looks([e for e in scripted])
+    switch, counted = report_looks.looks(scripted)
     assert [e["s"] for e in switch] == [3e-3, 2.5e-3]
     assert [e["s"] for e in counted] == [1.2e-3, 1.3e-3, 1.1e-3]
     pinned = [{"batch": 4, "kind": "spec", "bs": 4, "tokens": 6, "s": 9.0 if i in (0, 9) else 1e-3}

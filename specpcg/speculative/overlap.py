@@ -127,9 +127,15 @@ class SpecOverlap:
         ms more than the speculative step after it (H200, batch 1-16, NEXTN and EAGLE3,
         2beab0f; benchmarks/report_looks.py). Returns no finished request (the scheduler's fault
         boundary's form)."""
-        if self.inflight is None and not self.draft.overlap_ready(reqs):
-            self.draft.catch_up_to_paths(reqs)
+        self._caught_up(reqs)
         return []
+
+    def _caught_up(self, reqs: list) -> bool:
+        """Whether the draft had to catch up (catch_up_to_paths) to start a step from here."""
+        if self.inflight is not None or self.draft.overlap_ready(reqs):
+            return False
+        self.draft.catch_up_to_paths(reqs)
+        return True
 
     # -- a step ---------------------------------------------------------------------------------
     def step(self) -> tuple:
@@ -137,9 +143,9 @@ class SpecOverlap:
         it. Returns (the requests that finished there, the tokens it emitted)."""
         s, prev, start = self.s, self.inflight, time.perf_counter()
         reqs = list(s.running)
-        if prev is None and not self.draft.overlap_ready(reqs):
-            # Inside the scheduler's fault boundary, after the step in flight was read.
-            self.draft.catch_up_to_paths(reqs)
+        # Inside the scheduler's fault boundary. After plain steps the scheduler caught up
+        # already (catch_up); here only after a prefill or a synchronous step.
+        if self._caught_up(reqs):
             self._shortage = self._shortfall(reqs)
         self._reserve(reqs)
         bs = self.graphs.bucket(len(reqs))
