@@ -50,7 +50,8 @@ def prompts_for(engine, num: int, prompt_len: int) -> list:
 
 
 def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int) -> tuple:
-    """({system: tok/s of each of `repeats` timed batches}, {system: its last outputs}).
+    """({system: tok/s of each of `repeats` timed batches}, {system: each timed batch's
+    outputs, in the same order}).
 
     Every engine first runs one untimed batch of the same size (a long-lived engine's steady
     state, its adaptive choices already measured: one batch of 128 tokens at batch 1 lasts a
@@ -60,15 +61,20 @@ def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int) 
     no-spec run minutes earlier; two H200 runs of one tree differed by up to 0.17x in a cell)."""
     for engine in engines.values():
         engine.generate(input_ids=prompts, sampling_params=params)
-    names, rates, outs = list(engines), {s: [] for s in engines}, {}
+    names, rates, outs = list(engines), {s: [] for s in engines}, {s: [] for s in engines}
     for r in range(repeats):
         for system in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
-            outs[system] = engines[system].generate(input_ids=prompts, sampling_params=params)
+            out = engines[system].generate(input_ids=prompts, sampling_params=params)
             dt = time.perf_counter() - t0
-            rates[system].append(sum(o["meta_info"]["completion_tokens"]
-                                     for o in outs[system]) / dt)
+            outs[system].append(out)
+            rates[system].append(sum(o["meta_info"]["completion_tokens"] for o in out) / dt)
     return rates, outs
+
+
+def plain_tokens(outputs: list) -> int:
+    """Tokens a batch's requests got from plain decode steps (the rest came from verifies)."""
+    return sum(o["meta_info"].get("plain_decode_tokens", 0) for o in outputs)
 
 
 def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
@@ -186,7 +192,7 @@ def run_all(args) -> None:
         engines = build_engines(args, algo, draft, setting)
         prompts = prompts or prompts_for(engines["no-spec"], max(args.batches), args.prompt_len)
         for bs in args.batches:
-            rates, outs = interleaved_rates(engines, prompts[:bs], params, args.repeats)
+            rates, rounds = interleaved_rates(engines, prompts[:bs], params, args.repeats)
             base = common.median(rates["no-spec"])
             for system in args.systems[1:]:
                 rate, engine = common.median(rates[system]), engines[system]
@@ -199,8 +205,10 @@ def run_all(args) -> None:
                     "rates": [round(x, 1) for x in rates[system]],
                     "no_spec_rates": [round(x, 1) for x in rates["no-spec"]],
                     "no_spec_tok_s": base, "speedup": rate / base,
-                    "plain_decode_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0)
-                                               for o in outs[system]),
+                    # Each timed batch's, beside its rate: a round that looked at the other
+                    # side shows it (lines before this field kept only the last round's).
+                    "plain_decode_tokens_per_round": [plain_tokens(out) for out in rounds[system]],
+                    "plain_decode_tokens": plain_tokens(rounds[system][-1]),
                     "adaptive_buckets": adaptive, "draft": draft,
                     "chain_depth": common.chain_depth(engine),
                     **common.machine_info(engine.device)})

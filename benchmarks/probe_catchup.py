@@ -8,6 +8,7 @@ records the outermost call. Per batch size: one JSON line (milliseconds per call
 each with the profile's top functions by own and by cumulative time, in microseconds.
 
     python benchmarks/probe_catchup.py --draft DIR [--batches 4 64] [--plain 100] [--out FILE]
+        [--max-chunks N]  (N replays of the resume graphs reach further before going eager)
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def top(prof, order: str, n: int = 25) -> list:
     return [[name, calls, round(1e6 * tt, 1), round(1e6 * ct, 1)] for name, calls, tt, ct in rows[:n]]
 
 
+def _max_chunks() -> int:
+    import drafts.resume
+
+    return drafts.resume.MAX_CHUNKS
+
+
 def main(argv=None) -> None:
     from bench_accept import close
     from bench_adaptive import add_probe_args, probe_engine, prompts_for
@@ -82,8 +89,14 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[4, 64])
     p.add_argument("--plain", type=int, default=100, help="plain steps before each look")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-chunks", type=int, default=None,
+                   help="resume graph replays allowed per catch-up (drafts/resume.MAX_CHUNKS)")
     p.add_argument("--out", default=None, help="append each batch's JSON line")
     args = p.parse_args(argv)
+    if args.max_chunks is not None:
+        import drafts.resume
+
+        drafts.resume.MAX_CHUNKS = args.max_chunks
     most = max(args.batches)
     engine, _ = probe_engine(args, "adaptive", most)
     script_choices(engine, args.plain, 3)
@@ -95,6 +108,7 @@ def main(argv=None) -> None:
         times, prof = profile_catch_ups(
             draft, lambda: engine.generate(input_ids=prompts, sampling_params=params))
         line = {"probe": "catchup", "batch": bs, "plain": args.plain, "ms": times,
+                "max_chunks": _max_chunks(),
                 **common.machine_info(engine.device)}
         print(json.dumps(line), flush=True)
         if args.out:
