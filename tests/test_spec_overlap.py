@@ -322,3 +322,40 @@ def _count_steps_of(engine) -> tuple:
     s.spec_overlap.step = lambda: overlapped.append(1) or ov_step()
     s.spec.step = lambda reqs: sync.append(1) or loop_step(reqs)
     return overlapped, sync
+
+
+@needs_interpreter
+@pytest.mark.parametrize("algo", ALGOS)
+def test_a_head_keeps_up_during_plain_steps(world, plain, algo, monkeypatch):  # noqa: F811
+    """One speculative step, then 7 plain ones, by turns; the head keeps up every 2 plain
+    steps (drafts/eagle.py's keep_up, its threshold lowered to this world's short outputs),
+    on every row but the last step's, whose token is still unread. The tokens stay no-spec's,
+    and on the exact target every verify accepts all its drafts: the rows fed while plain
+    steps ran were the right ones, in place. After each keep-up every request owes the
+    draft at most its last row."""
+    from drafts.resume import ResumeCatchUp
+    from tests.eagle_world import _exact_outputs_all_accepted
+    from tests.test_adaptive_engine import Stretches
+
+    monkeypatch.setattr(ResumeCatchUp, "keep_up_steps", property(lambda self: 2))
+    for target in (world.noisy, world.exact):
+        engine = _engine(target, algo, world.heads[algo], attention_backend="triton",
+                         disable_adaptive_speculation=False)
+        engine.scheduler.adaptive = Stretches(7)
+        draft, owed = engine.scheduler.spec.draft, []
+        keep_up = draft.keep_up
+
+        def counted(reqs, keep_up=keep_up, draft=draft):
+            before = draft._plain
+            keep_up(reqs)
+            if before is not None and draft._plain is None:  # it caught up
+                owed.append(max(sum(p.shape[0] for p in draft._state(r).pending)
+                                for r in reqs))
+        draft.keep_up = counted
+        if target is world.noisy:
+            outs = engine.generate(input_ids=world.prompts, sampling_params=world.params)
+            assert [o["output_ids"] for o in outs] == plain.batch
+        else:
+            _exact_outputs_all_accepted(world, engine)
+        assert len(owed) >= 2 and set(owed) == {1}, owed  # requests finish every 2 steps
+        _check_no_leak(engine)
