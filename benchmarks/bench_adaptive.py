@@ -33,9 +33,8 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # speed is the floor adaptive speculation stands on where speculating does not pay (what a
 # plain step costs in an engine with a draft: the hidden states a head catches up on); and
 # "adaptive-finish8": with NGRAM's shadow verifies, the finish estimate over each request's last
-# 8 of them instead of rates alone (`finish_recent8`); and "adaptive-lagging": a head that
-# catches up only at a look, not during plain steps (`lagging`).
-EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-lagging")
+# 8 of them instead of rates alone (`finish_recent8`).
+EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8")
 
 
 def prompts_for(engine, num: int, prompt_len: int) -> list:
@@ -111,14 +110,7 @@ def finish_recent8(engine) -> None:
         engine.scheduler.shadow.recent = 8
 
 
-def lagging(engine) -> None:
-    """A head that does not keep up during plain steps (adaptive-lagging): each look's
-    catch-up covers every plain step since the last speculative one (drafts/eagle.py)."""
-    engine.scheduler.spec.draft.keep_up = lambda reqs: None
-
-
-HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
-         "adaptive-lagging": lagging}
+HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8}
 
 
 def untrained_drafts(algos: list, model_path) -> dict:

@@ -39,10 +39,6 @@ class DraftWorker:
         request's catch-up is one verify's path (overlap_ready)."""
         raise NotImplementedError
 
-    def keep_up(self, reqs: list) -> None:
-        """After a plain step of `reqs`: a draft that catches up on plain steps may do part of
-        it now, while the device runs the step (HeadDraft.keep_up); most need not."""
-
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError
 

@@ -304,35 +304,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
         enough (drafts/resume.py), else it runs eagerly."""
         self._hand_over()
         states = [self._state(r) for r in reqs]
-        flat, ends = self._catch_up_leading(reqs, states)
-        last = flat.new_zeros(len(reqs), self.round.width, flat.shape[-1])
-        last[:, 0] = flat.index_select(0, to_device([end - 1 for end in ends], flat.device))
-        for i, st in enumerate(states):
-            st.pending, st.verified = [last[i, :1]], (last, i)
-
-    def keep_up(self, reqs: list) -> None:
-        """Called after each plain step of `reqs` (their rows logged, every token but the last
-        step's read): once KEEP_UP_STEPS plain steps are logged, the draft catches up on them
-        but the last, one resume graph replay (drafts/resume.py), while the device runs that
-        step. Left to the next look, the catch-up grew with the wait before it: after 250
-        plain steps an eager one cost 3.6 / 6.4 / 11.2 ms at batch 4 / 16 / 64, and 8 replays
-        6-15 ms (H200, EAGLE3, 388d735, probe_catchup.py), and the looks of adaptive
-        speculation ran 4-6% below an engine held to plain steps at batch 16 (the rounds with
-        a look, bench_adaptive). Nothing to do without resume graphs (pinned speculation) or
-        while the batch changes (a finished request's rows must not be fed)."""
-        log = self._plain
-        if (self.resume is None or log is None or len(log.steps) < self.resume.keep_up_steps
-                or log.rids != [r.rid for r in reqs]):
-            return
-        self._hand_over()
-        states = [self._state(r) for r in reqs]
-        flat, ends = self._catch_up_leading(reqs, states)
-        for st, end in zip(states, ends):
-            st.pending = [flat[end - 1:end]]
-
-    def _catch_up_leading(self, reqs: list, states: list) -> tuple:
-        """Feeds every pending row but each request's last (whose next token may be unread);
-        returns (flat, ends): all pending rows in one tensor, request i's last at ends[i] - 1."""
         flat, ends, counts = gather_rows([st.pending for st in states])
         lead = [(req, st, end - n, n - 1) for req, st, end, n in zip(reqs, states, ends, counts)
                 if n > 1]
@@ -349,7 +320,10 @@ class HeadDraft(RoundDrafting, DraftWorker):
             for _, st, start, n in lead:
                 st.pending = [flat[start:start + n]]
             self._eager_catch_up([req for req, *_ in lead], [st for _, st, _, _ in lead])
-        return flat, ends
+        last = flat.new_zeros(len(reqs), self.round.width, flat.shape[-1])
+        last[:, 0] = flat.index_select(0, to_device([end - 1 for end in ends], flat.device))
+        for i, st in enumerate(states):
+            st.pending, st.verified = [last[i, :1]], (last, i)
 
     def device_path(self, reqs: list):
         """The requests' pending catch-up (one verify's path each) as a DevicePath."""

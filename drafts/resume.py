@@ -47,9 +47,8 @@ def gather_rows(pending: list) -> tuple:
 
 
 class ResumeCatchUp:
-    def __init__(self, runners: list, round_width: int):
+    def __init__(self, runners: list):
         self.runners = sorted(runners, key=lambda r: r.width)  # DraftGraphRunners, steps = 0
-        self.round_width = round_width  # the most rows a verify's path leaves pending
 
     @classmethod
     def build(cls, runner, graphs, cfg, round_width: int, target_hidden_size: int = 0):
@@ -62,13 +61,7 @@ class ResumeCatchUp:
             return None
         widths = sorted({2 * round_width, EXPLORE_EVERY + round_width})
         return cls([build_round_runner(runner, graphs, cfg, 1, target_hidden_size, width=w)
-                    for w in widths], round_width)
-
-    @property
-    def keep_up_steps(self) -> int:
-        """Plain steps after which a head keeps up (HeadDraft.keep_up): their rows but the
-        last, with a verify's path before them, fill one replay of the widest runner."""
-        return self.runners[-1].width - self.round_width + 1
+                    for w in widths])
 
     def fits(self, counts: list) -> bool:
         """Whether catching up `counts` positions per request takes at most MAX_CHUNKS

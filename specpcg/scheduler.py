@@ -259,7 +259,6 @@ class Scheduler:
         self._speculate = None
         resolves = self.overlap.inflight is not None  # else this call only launches
         finished = self.overlap.step()
-        self._keep_draft_up()
         if resolves:
             self._record(bs, False, bs, start)
         self._launched_only = not resolves
@@ -318,15 +317,7 @@ class Scheduler:
                            self.device, rows_pending=True)
         out = self.plain_forward(batch, reqs)
         self.count_plain_tokens(reqs)
-        finished = self._sample_and_finish(reqs, out.logits)
-        self._keep_draft_up()
-        return finished
-
-    def _keep_draft_up(self) -> None:
-        """After a plain step, its tokens before the last read: the draft's share of the
-        catch-up it would owe speculation's next step (DraftWorker.keep_up)."""
-        if self.spec is not None and self.running:
-            self.spec.draft.keep_up(self.running)
+        return self._sample_and_finish(reqs, out.logits)
 
     def count_plain_tokens(self, reqs: list) -> None:
         """With a draft, a plain step's token is not a speculative one (spec_meta tells them

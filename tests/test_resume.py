@@ -24,7 +24,7 @@ class _Router:
 
 def _resume(max_bs=4):
     return resume.ResumeCatchUp([_Runner(width=36, max_bs=max_bs),
-                                 _Runner(width=8, max_bs=max_bs)], round_width=4)
+                                 _Runner(width=8, max_bs=max_bs)])
 
 
 def test_chunks_take_the_narrowest_width_that_fits_and_continue_where_they_stopped(monkeypatch):
