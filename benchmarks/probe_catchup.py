@@ -3,12 +3,15 @@
 An adaptive engine is scripted to run --plain plain steps, then 3 speculative ones (probe_switch's
 `script_choices`), so each look's draft first catches up on every position the plain steps
 passed: past the resume graphs' reach (drafts/resume.py), one eager DRAFT_EXTEND forward. Its
-`catch_up_to_paths` and `_eager_catch_up` are timed between device synchronizations, and cProfile
-records the outermost call. Per batch size: one JSON line (milliseconds per call), then one
-each with the profile's top functions by own and by cumulative time, in microseconds.
+`catch_up_to_paths` and `_eager_catch_up` are timed between device synchronizations, and a
+profiler records the outermost call (--profiler: cProfile, whose overhead is inside the times,
+torch.profiler, or none, for clean times). Per batch size: one JSON line (milliseconds per
+call), then cProfile's top functions by own and by cumulative time, in microseconds, or
+torch.profiler's table of the last catch-up's ops.
 
     python benchmarks/probe_catchup.py --draft DIR [--batches 4 64] [--plain 100] [--out FILE]
         [--max-chunks N]  (N replays of the resume graphs reach further before going eager)
+        [--profiler cprofile|torch|none]
 """
 
 from __future__ import annotations
@@ -33,10 +36,45 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def profile_catch_ups(draft, run) -> tuple:
-    """Runs run() with the draft's catch-ups timed and the outermost ones profiled; returns
-    ([(name, ms)], cProfile.Profile)."""
-    prof, times, depth = cProfile.Profile(), [], [0]
+class _TorchProfiles:
+    """torch.profiler over each outermost catch-up (host ops and their device kernels); keeps
+    the last one's table of ops by own host time."""
+
+    def __init__(self):
+        self.current, self.table = None, ""
+
+    def enable(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        import torch
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available()
+                                         else [])
+        self.current = profile(activities=acts)
+        self.current.__enter__()
+
+    def disable(self):
+        self.current.__exit__(None, None, None)
+        self.table = self.current.key_averages().table(sort_by="self_cpu_time_total",
+                                                       row_limit=30)
+
+
+class _NoProfile:
+    def enable(self):
+        pass
+
+    def disable(self):
+        pass
+
+
+PROFILERS = {"cprofile": cProfile.Profile, "torch": _TorchProfiles, "none": _NoProfile}
+
+
+def profile_catch_ups(draft, run, profiler: str = "cprofile") -> tuple:
+    """Runs run() with the draft's catch-ups timed and the outermost ones profiled (a profiler
+    of PROFILERS: cProfile's own overhead is inside the times it reports); returns
+    ([(name, ms)], the profiler)."""
+    prof, times, depth = PROFILERS[profiler](), [], [0]
     for name in TIMED:
         fn = getattr(draft, name)
 
@@ -91,6 +129,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-chunks", type=int, default=None,
                    help="resume graph replays allowed per catch-up (drafts/resume.MAX_CHUNKS)")
+    p.add_argument("--profiler", choices=list(PROFILERS), default="cprofile",
+                   help="cprofile (its overhead inside the times), torch (ops and kernels) or none")
     p.add_argument("--out", default=None, help="append each batch's JSON line")
     args = p.parse_args(argv)
     if args.max_chunks is not None:
@@ -106,16 +146,20 @@ def main(argv=None) -> None:
         prompts = prompts_for(engine, most, 128)[:bs]
         engine.generate(input_ids=prompts, sampling_params=params)  # graphs, compiles
         times, prof = profile_catch_ups(
-            draft, lambda: engine.generate(input_ids=prompts, sampling_params=params))
+            draft, lambda: engine.generate(input_ids=prompts, sampling_params=params),
+            args.profiler)
         line = {"probe": "catchup", "batch": bs, "plain": args.plain, "ms": times,
-                "max_chunks": _max_chunks(),
+                "max_chunks": _max_chunks(), "profiler": args.profiler,
                 **common.machine_info(engine.device)}
         print(json.dumps(line), flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(line) + "\n")
-        for order in ("tottime", "cumtime"):
-            print(json.dumps({"batch": bs, "top_by": order, "us": top(prof, order)}))
+        if args.profiler == "cprofile":
+            for order in ("tottime", "cumtime"):
+                print(json.dumps({"batch": bs, "top_by": order, "us": top(prof, order)}))
+        elif args.profiler == "torch":
+            print(f"batch {bs}: the last catch-up's ops\n{prof.table}", flush=True)
     close(engine)
 
 
