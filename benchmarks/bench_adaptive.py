@@ -33,8 +33,9 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # speed is the floor adaptive speculation stands on where speculating does not pay (what a
 # plain step costs in an engine with a draft: the hidden states a head catches up on); and
 # "adaptive-finish8": with NGRAM's shadow verifies, the finish estimate over each request's last
-# 8 of them instead of rates alone (`finish_recent8`).
-EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8")
+# 8 of them instead of rates alone (`finish_recent8`); and "adaptive-whole-budget": every look
+# gets all of LOOK_BUDGET, however far behind the other side is (`whole_budget`).
+EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget")
 
 
 def prompts_for(engine, num: int, prompt_len: int) -> list:
@@ -110,7 +111,13 @@ def finish_recent8(engine) -> None:
         engine.scheduler.shadow.recent = 8
 
 
-HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8}
+def whole_budget(engine) -> None:
+    """Looks priced as before LOOK_CLOSE (adaptive-whole-budget): the whole LOOK_BUDGET each."""
+    engine.scheduler.adaptive.look_close = float("inf")
+
+
+HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
+         "adaptive-whole-budget": whole_budget}
 
 
 def untrained_drafts(algos: list, model_path) -> dict:

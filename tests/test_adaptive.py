@@ -692,3 +692,27 @@ def test_report_looks_splits_each_look_into_its_switch_and_its_counted_steps():
                                      "tok_s_per_req": 1500}
     assert line["look_switch"]["steps"] == 2 and line["look_counted"]["ms"] == 1.2
     assert line["plain"] == {"steps": 3, "ms": 1.0, "tokens_per_req": 1.0, "tok_s_per_req": 1000}
+
+
+def test_a_look_at_a_side_far_behind_spends_less_once_a_look_confirmed_it():
+    """LOOK_CLOSE: a side that lost by a little keeps the whole LOOK_BUDGET for its looks; one
+    3x behind gets LOOK_CLOSE / its lead of it, so its looks wait that much longer, but only
+    after a look confirmed the choice (before that, warm-up's few steps decide the lead)."""
+    from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY, LOOK_CLOSE
+
+    close, far = _plain_bucket(0.0), _plain_bucket(0.0)
+    for _ in range(WINDOW):
+        far.spec.add(0.4, 0.0019)  # speculation: a third of the tokens in the same time
+    lead = far.lead(False)
+    assert close.lead(False) < LOOK_CLOSE < 10 * LOOK_CLOSE < lead
+    unconfirmed = far.look_wait(False, 4)
+    assert far.look_share(False) == 1.0  # no look has confirmed plain yet
+    for b in (close, far):
+        b.explore_every = 2 * EXPLORE_EVERY  # a look confirmed plain steps
+    assert close.look_share(False) == 1.0
+    assert far.look_share(False) == pytest.approx(LOOK_CLOSE / lead)
+    assert far.look_wait(False, 4) == pytest.approx(min(unconfirmed * lead / LOOK_CLOSE,
+                                                        EXPLORE_MAX_EVERY))
+    assert unconfirmed < far.look_wait(False, 4)
+    far.look_close = float("inf")  # bench_adaptive's adaptive-whole-budget
+    assert far.look_share(False) == 1.0

@@ -79,6 +79,13 @@ SWITCH_MARGIN = 0.05
 # ran 0.94 / 0.90x (H100, 73d57f9); with this budget, 0.87 / 0.87x against 0.98 / 0.89x
 # (53c19ec). 1% won 1-4% in simulation, failed the noisy-side test, gained nothing on an H200.
 LOOK_BUDGET = 0.03
+# A look pays only if the other side may have overtaken, so its budget is all of LOOK_BUDGET
+# while the chosen side leads by at most LOOK_CLOSE, and shrinks in proportion to a larger lead
+# once a look has confirmed it (`look_share`): a side far behind is unlikely to catch up between
+# two looks. With the whole budget whatever the lead, a head that never paid cost its engine
+# about 3% (H200, EAGLE3 and NEXTN at batch 16 and 64, 388d735: each round of bench_adaptive
+# with a look ran 3-6% below the rounds without one, as fast as an engine held to plain steps).
+LOOK_CLOSE = 0.10
 # From this batch on a look may confirm early (specpcg/speculative/rates.py, `CONFIRM_Z`).
 CONFIRM_MIN_BATCH = 4
 # With nothing waiting and at most this many tokens left to any request, a bucket not measured
@@ -111,6 +118,7 @@ class _Bucket:
     # The running batch's accept length by shadow verifies (specpcg/speculative/shadow.py), as
     # of this bucket's step; None: not measured that way.
     shadow: Optional[float] = None
+    look_close: float = LOOK_CLOSE  # the controller's (AdaptiveSpeculation.look_close)
 
     def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
@@ -162,11 +170,28 @@ class _Bucket:
             into = fit.at(EXPLORE_STEPS * batch_size)
         else:
             into, grows = fit.fixed, fit.per_position * batch_size
-        budget = LOOK_BUDGET * side.step_s - grows
+        budget = LOOK_BUDGET * self.look_share(spec) * side.step_s - grows
         if budget <= 0:
             return EXPLORE_MAX_EVERY
         return min((into + self.switches.cost(False) + EXPLORE_STEPS * slower) / budget,
                    EXPLORE_MAX_EVERY)
+
+    def look_share(self, spec: bool) -> float:
+        """The share of LOOK_BUDGET a look at the other side may cost (LOOK_CLOSE), once a
+        look has confirmed the choice: a warm-up's few noisy steps must not put off the first
+        look at a side that only seemed far behind."""
+        lead = self.lead(spec) if self.explore_every > EXPLORE_EVERY else 0.0
+        return 1.0 if lead <= self.look_close else self.look_close / lead
+
+    def lead(self, spec: bool) -> float:
+        """How much faster the chosen (`spec`) side is, as the last choice compared them: by
+        the finish estimate where it made one, else by rates; 0 where the other is unmeasured."""
+        if self.last_finish is not None:
+            spec_time, plain_time = self.last_finish
+            mine, other = (spec_time, plain_time) if spec else (plain_time, spec_time)
+            return other / mine - 1.0 if mine > 0 else 0.0
+        mine, other = self.tok_s(spec), self.tok_s(not spec)
+        return mine / other - 1.0 if other > 0 else 0.0
 
     def finish_keeps(self, spec: bool) -> bool:
         """Whether the finish estimate made for this step keeps `spec`'s side by more than
@@ -247,6 +272,9 @@ class AdaptiveSpeculation:
         # With shadow verifies, choose on rates alone (module docstring); False prices them by
         # the finish estimate too, when nothing waits (bench_adaptive's adaptive-finish8).
         self.shadow_rates_only = True
+        # LOOK_CLOSE for buckets made from now on (inf: every look gets the whole LOOK_BUDGET,
+        # bench_adaptive's adaptive-whole-budget).
+        self.look_close = LOOK_CLOSE
 
     def use_spec(self, batch_size: int, finish=None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -321,7 +349,8 @@ class AdaptiveSpeculation:
 
     def _bucket(self, key: int) -> "_Bucket":
         if key not in self._buckets:  # (setdefault would build a bucket every step)
-            self._buckets[key] = _Bucket(switches=SwitchCosts(self._switches))
+            self._buckets[key] = _Bucket(switches=SwitchCosts(self._switches),
+                                         look_close=self.look_close)
         return self._buckets[key]
 
     def _borrowed(self, key: int) -> bool:
