@@ -39,7 +39,7 @@ import common
 
 common.add_repo_to_path()
 
-from specpcg.speculative import adaptive  # noqa: E402
+from specpcg.speculative import bucket  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish  # noqa: E402
 from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
@@ -327,7 +327,7 @@ def main(argv=None) -> None:
         STEP_S, ALPHAS = calibrate(args.calibrate)
         args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
     if args.look_budget is not None:
-        adaptive.LOOK_BUDGET = args.look_budget
+        bucket.LOOK_BUDGET = args.look_budget
     lines, sequences = [], {}
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
         if args.sequence:
@@ -346,7 +346,7 @@ def main(argv=None) -> None:
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,
-                      "look_budget": adaptive.LOOK_BUDGET, "calibrated": args.calibrate,
+                      "look_budget": bucket.LOOK_BUDGET, "calibrated": args.calibrate,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
                       "seed0_batches_s": {p: t[p + "_seed0"] for p in

@@ -11,7 +11,7 @@ host copy; up to MAX_CHUNKS replays. Longer catch-ups (a new request's prompt) s
 where one forward takes any length.
 
 Two widths per batch bucket: twice the verify's (the warm-up's windows of a few plain steps)
-and the first look's window (adaptive.EXPLORE_EVERY plain steps plus a verify's path), so the
+and the first look's window (bucket.EXPLORE_EVERY plain steps plus a verify's path), so the
 first looks take one replay and a short one pads few rows.
 """
 
@@ -55,7 +55,7 @@ class ResumeCatchUp:
         """Catch-up-only round runners (captured with the draft's decode graphs) at the two
         widths; None where adaptive speculation is off (speculation never pauses)."""
         from drafts.wiring import build_round_runner
-        from specpcg.speculative.adaptive import EXPLORE_EVERY
+        from specpcg.speculative.bucket import EXPLORE_EVERY
 
         if cfg.disable_adaptive_speculation:
             return None

@@ -3,9 +3,9 @@ engine)."""
 
 import pytest
 
-from specpcg.speculative.adaptive import (CONFIRM_MIN_BATCH, EXPLORE_EVERY, EXPLORE_STEPS,
-                                          LOOK_BUDGET, REDECIDE_EVERY, TAIL_TOKENS,
-                                          WARMUP_STEPS, AdaptiveSpeculation, bucket_of)
+from specpcg.speculative.adaptive import (CONFIRM_MIN_BATCH, REDECIDE_EVERY, TAIL_TOKENS,
+                                          WARMUP_STEPS, AdaptiveSpeculation)
+from specpcg.speculative.bucket import EXPLORE_EVERY, EXPLORE_STEPS, LOOK_BUDGET, bucket_of
 from specpcg.speculative.rates import CONFIRM_STEPS, WINDOW
 from specpcg.speculative.finish import PRIOR_VERIFIES, Finish, finish_seconds
 
@@ -238,10 +238,10 @@ def test_the_finish_estimate_is_built_only_when_the_side_is_rechosen():
 
 
 def test_a_batch_near_its_end_does_not_switch_for_less_than_a_switch_costs():
-    from specpcg.speculative.adaptive import _Bucket
+    from specpcg.speculative.bucket import Bucket
 
-    def bucket(switch: float) -> _Bucket:
-        b = _Bucket(spec_chosen=True)
+    def bucket(switch: float) -> Bucket:
+        b = Bucket(spec_chosen=True)
         for _ in range(WINDOW):
             b.spec.add(2.0, 0.020)  # 100 tok/s per request
             b.decode.add(1.0, 0.0085)  # 118 tok/s per request: plain finishes 15% sooner
@@ -355,7 +355,7 @@ def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
 
 
 def test_a_look_that_overturns_the_choice_resets_the_wait():
-    from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY
+    from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
 
     ctrl = AdaptiveSpeculation()
     _run(ctrl, 8, spec_rate=300, decode_rate=900, steps=1500)  # plain wins; looks grow rare
@@ -613,10 +613,10 @@ def test_a_catch_up_fit_recovers_its_line_and_falls_back_on_too_little():
 def _plain_bucket(per_position: float):
     """A bucket of 64 running plain steps of 1.5 ms, speculation 1.9 ms a step at accept length
     1.2, whose catch-ups cost 3 ms plus `per_position` seconds a position."""
-    from specpcg.speculative.adaptive import _Bucket
+    from specpcg.speculative.bucket import Bucket
     from specpcg.speculative.switches import SwitchCosts
 
-    b = _Bucket(spec_chosen=False, switches=SwitchCosts(SwitchCosts()))
+    b = Bucket(spec_chosen=False, switches=SwitchCosts(SwitchCosts()))
     for _ in range(WINDOW):
         b.spec.add(1.2, 0.0019)
         b.decode.add(1.0, 0.0015)
@@ -632,7 +632,7 @@ def test_a_look_from_plain_steps_waits_for_its_catch_up_to_fit_the_budget():
     less, the wait is longer than the fixed price alone would make it. NOTE: priced at the mean
     of past catch-ups, a look at batch 64 after 94 plain steps cost 15.7 ms where 9.0 ms had
     been planned (H200, EAGLE3 at 8386616), so looks cost about twice their budget."""
-    from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY
+    from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
 
     steep = _plain_bucket(2e-6)  # 128 us a step at batch 64, against a budget of 45 us
     assert steep.look_wait(False, 64) == EXPLORE_MAX_EVERY
@@ -698,7 +698,7 @@ def test_a_look_at_a_side_far_behind_spends_less_once_a_look_confirmed_it():
     """LOOK_CLOSE: a side that lost by a little keeps the whole LOOK_BUDGET for its looks; one
     3x behind gets LOOK_CLOSE / its lead of it, so its looks wait that much longer, but only
     after a look confirmed the choice (before that, warm-up's few steps decide the lead)."""
-    from specpcg.speculative.adaptive import EXPLORE_MAX_EVERY, LOOK_CLOSE
+    from specpcg.speculative.bucket import EXPLORE_MAX_EVERY, LOOK_CLOSE
 
     close, far = _plain_bucket(0.0), _plain_bucket(0.0)
     for _ in range(WINDOW):

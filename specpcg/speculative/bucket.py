@@ -1,0 +1,191 @@
+"""A batch-size bucket's measures for adaptive speculation (specpcg/speculative/adaptive.py):
+each side's rate, the looks at the side not chosen and what they may cost, the switches, and
+the choice between the sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from specpcg.speculative.finish import Finish, finish_seconds
+from specpcg.speculative.rates import Rate
+from specpcg.speculative.switches import SwitchCosts
+
+EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
+EXPLORE_STEPS = 3  # the first of them is a switch, not recorded
+EXPLORE_MAX_EVERY = 1024
+# The other side must be this much faster to take over: where the two measure alike, flipping
+# on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec with
+# its two rates 7% apart and about half of its steps on each side).
+SWITCH_MARGIN = 0.05
+# Looks cost at most this share of the time (their switches: switches.py). With a look every 32
+# steps, EAGLE3 (7, 1, 8) ran adaptive at 0.85 / 0.77x no-spec at batch 16 / 64 where pinned
+# ran 0.94 / 0.90x (H100, 73d57f9); with this budget, 0.87 / 0.87x against 0.98 / 0.89x
+# (53c19ec). 1% won 1-4% in simulation, failed the noisy-side test, gained nothing on an H200.
+LOOK_BUDGET = 0.03
+# A look pays only if the other side may have overtaken, so its budget is all of LOOK_BUDGET
+# while the chosen side leads by at most LOOK_CLOSE, and shrinks in proportion to a larger lead
+# once a look has confirmed it (`look_share`): a side far behind is unlikely to catch up between
+# two looks. With the whole budget whatever the lead, a head that never paid cost its engine
+# about 3% (H200, EAGLE3 and NEXTN at batch 16 and 64, 388d735: each round of bench_adaptive
+# with a look ran 3-6% below the rounds without one, as fast as an engine held to plain steps).
+LOOK_CLOSE = 0.10
+
+
+@dataclass
+class Bucket:
+    spec: Rate = field(default_factory=Rate)
+    decode: Rate = field(default_factory=Rate)
+    since_explore: int = 0
+    explore_left: int = 0  # steps of a look still to run, on the side other than explored_from
+    explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
+    explored_from: Optional[bool] = None  # the choice before the look in progress or just run
+    spec_chosen: Optional[bool] = None  # the side chosen last (not counting looks)
+    # Steps since the last choice on a finish estimate (at first: due at once, whatever the
+    # controller's REDECIDE_EVERY).
+    since_finish: int = 1 << 30
+    # Seconds a switch step took beyond the steady step after it, by direction (switches.py).
+    switches: SwitchCosts = field(default_factory=SwitchCosts)
+    # (speculative, plain) seconds to finish the batch at the last choice that estimated them,
+    # the switch included (probe_adaptive_steps.py logs them).
+    last_finish: Optional[tuple] = None
+    # The running batch's accept length by shadow verifies (specpcg/speculative/shadow.py), as
+    # of this bucket's step; None: not measured that way.
+    shadow: Optional[float] = None
+    look_close: float = LOOK_CLOSE  # the controller's (AdaptiveSpeculation.look_close)
+
+    def side(self, spec: bool) -> Rate:
+        """The speculative side's rate, or the plain one's."""
+        return self.spec if spec else self.decode
+
+    @property
+    def shadowed(self) -> bool:
+        """Whether shadow verifies measure the speculative side's accept length: then a
+        speculative step's tokens come from them, its seconds from its own steps, and the bucket
+        looks only every EXPLORE_MAX_EVERY steps (what a look still measures is a step's time,
+        which a look of 3 steps in 1,024 keeps current)."""
+        return self.shadow is not None
+
+    def per_req(self, spec: bool) -> float:
+        """Tokens per request a step of a side emits (a speculative step's accept length)."""
+        if spec and self.shadowed:
+            return self.shadow
+        return self.side(spec).per_req
+
+    def tok_s(self, spec: bool) -> float:
+        """A side's tokens per second per request."""
+        if spec and self.shadowed:
+            step = self.spec.step_s
+            return self.per_req(True) / step if step > 0 else 0.0
+        return self.side(spec).tok_s
+
+    def look_every(self, spec: bool, batch_size: int) -> float:
+        """Steps of the chosen (`spec`) side between two looks at the other."""
+        if self.shadowed:
+            return EXPLORE_MAX_EVERY
+        return max(self.explore_every, self.look_wait(spec, batch_size))
+
+    def look_wait(self, spec: bool, batch_size: int) -> float:
+        """Steps of the chosen (`spec`) side between two looks so that a look costs at most
+        LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
+        the other side, each losing what that step's tokens would have cost on the chosen one.
+        From plain steps the switch into speculation catches up on every position the wait
+        passed (switches.py): each step of the wait adds its share of the look's cost, and
+        where that share is past the budget no wait is long enough."""
+        side, other = self.side(spec), self.side(not spec)
+        rate = self.tok_s(spec)
+        if side.step_s <= 0 or rate <= 0:
+            return 0.0
+        slower = max(other.step_s - self.per_req(not spec) / rate, 0.0) if other.recent else 0.0
+        fit, grows = self.switches.catch_up(), 0.0
+        if fit.per_position <= 0:  # not known by positions: the mean switch
+            into = self.switches.cost(True)
+        elif spec:  # back into speculation after the look's own plain steps
+            into = fit.at(EXPLORE_STEPS * batch_size)
+        else:
+            into, grows = fit.fixed, fit.per_position * batch_size
+        budget = LOOK_BUDGET * self.look_share(spec) * side.step_s - grows
+        if budget <= 0:
+            return EXPLORE_MAX_EVERY
+        return min((into + self.switches.cost(False) + EXPLORE_STEPS * slower) / budget,
+                   EXPLORE_MAX_EVERY)
+
+    def look_share(self, spec: bool) -> float:
+        """The share of LOOK_BUDGET a look at the other side may cost (LOOK_CLOSE), once a
+        look has confirmed the choice: a warm-up's few noisy steps must not put off the first
+        look at a side that only seemed far behind."""
+        lead = self.lead(spec) if self.explore_every > EXPLORE_EVERY else 0.0
+        return 1.0 if lead <= self.look_close else self.look_close / lead
+
+    def lead(self, spec: bool) -> float:
+        """How much faster the chosen (`spec`) side is, as the last choice compared them: by
+        the finish estimate where it made one, else by rates; 0 where the other is unmeasured."""
+        if self.last_finish is not None:
+            spec_time, plain_time = self.last_finish
+            mine, other = (spec_time, plain_time) if spec else (plain_time, spec_time)
+            return other / mine - 1.0 if mine > 0 else 0.0
+        mine, other = self.tok_s(spec), self.tok_s(not spec)
+        return mine / other - 1.0 if other > 0 else 0.0
+
+    def finish_keeps(self, spec: bool) -> bool:
+        """Whether the finish estimate made for this step keeps `spec`'s side by more than
+        SWITCH_MARGIN. NOTE: a look was confirmed only by per-request rates; where those tie and
+        the straggler decides the finish (EAGLE3 at batch 64 on an H200), no look confirmed and
+        one came every 32 steps: 0.949 of the faster side at batch 16 in simulation, 0.972."""
+        if self.last_finish is None:
+            return False
+        spec_time, plain_time = self.last_finish
+        mine, other = (spec_time, plain_time) if spec else (plain_time, spec_time)
+        return other > mine * (1 + SWITCH_MARGIN)
+
+    def prefer_spec(self, finish: Optional[Finish], step_s, accepts=(),
+                    current: Optional[bool] = None, behind: Optional[int] = None) -> bool:
+        """The faster side (per request; with `finish`, the one that ends the batch sooner,
+        a step of b requests taking step_s(spec, b) seconds); the side running now (`current`,
+        else the side chosen last) keeps its place unless the other is faster by SWITCH_MARGIN
+        (each switch costs a slow step, switches.py; into speculation, a catch-up over `behind`
+        positions). NOTE: a batch shrinking into a bucket that last chose the other side
+        compared from that side: its switch went unpriced."""
+        if current is not None and self.spec_chosen is not None:  # not its first choice
+            self.spec_chosen = current
+        spec, plain = self.tok_s(True), self.tok_s(False)
+        if finish is not None and self.spec.step_s > 0 and self.decode.step_s > 0:
+            spec_time = finish_seconds(finish.spec_steps_each(self.per_req(True), accepts),
+                                       _per_bucket(lambda b: step_s(True, b)))
+            plain_time = finish_seconds(list(finish.remaining),
+                                        _per_bucket(lambda b: step_s(False, b)))
+            # Going over costs a switch: near the end, flipping cost more than it won.
+            if self.spec_chosen is True:  # the other side is switched into
+                plain_time += self.switches.cost(False)
+            elif self.spec_chosen is False:
+                spec_time += self.switches.cost(True, behind)
+            self.last_finish = (spec_time, plain_time)
+            spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
+        if self.spec_chosen is None:
+            self.spec_chosen = spec >= plain
+        elif self.spec_chosen and plain > spec * (1 + SWITCH_MARGIN):
+            self.spec_chosen = False
+        elif not self.spec_chosen and spec > plain * (1 + SWITCH_MARGIN):
+            self.spec_chosen = True
+        return self.spec_chosen
+
+
+def _per_bucket(step_s):
+    """step_s(b), asked once per batch-size bucket: finish_seconds asks for every size the
+    batch shrinks through, and the answer depends only on the size's bucket."""
+    known: dict = {}
+
+    def ask(size: int) -> float:
+        key = bucket_of(size)
+        if key not in known:
+            known[key] = step_s(size)
+        return known[key]
+    return ask
+
+
+def bucket_of(batch_size: int) -> int:
+    """The smallest power of two >= batch_size."""
+    return 1 << max(batch_size - 1, 0).bit_length()
+
+
