@@ -111,15 +111,10 @@ def top(prof, order: str, n: int = 25) -> list:
     return [[name, calls, round(1e6 * tt, 1), round(1e6 * ct, 1)] for name, calls, tt, ct in rows[:n]]
 
 
-def _max_chunks() -> int:
-    import drafts.resume
-
-    return drafts.resume.MAX_CHUNKS
-
-
 def main(argv=None) -> None:
     from bench_accept import close
     from bench_adaptive import add_probe_args, probe_engine, prompts_for
+    from drafts import resume
     from probe_switch import script_choices
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -134,9 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="append each batch's JSON line")
     args = p.parse_args(argv)
     if args.max_chunks is not None:
-        import drafts.resume
-
-        drafts.resume.MAX_CHUNKS = args.max_chunks
+        resume.MAX_CHUNKS = args.max_chunks
     most = max(args.batches)
     engine, _ = probe_engine(args, "adaptive", most)
     script_choices(engine, args.plain, 3)
@@ -149,7 +142,7 @@ def main(argv=None) -> None:
             draft, lambda: engine.generate(input_ids=prompts, sampling_params=params),
             args.profiler)
         line = {"probe": "catchup", "batch": bs, "plain": args.plain, "ms": times,
-                "max_chunks": _max_chunks(), "profiler": args.profiler,
+                "max_chunks": resume.MAX_CHUNKS, "profiler": args.profiler,
                 **common.machine_info(engine.device)}
         print(json.dumps(line), flush=True)
         if args.out:

@@ -118,11 +118,7 @@ def test_a_switch_step_is_timed_from_the_step_before_the_launch(world):
     assert sides[:first_plain] == [True, True], sides
     # Two pauses (before the launch, before the resolving call) in the switch step; one after.
     assert rec.seconds[first_plain] >= 0.06, rec.seconds
-    later = sorted(rec.seconds[first_plain + 1:])
-    assert later and later[0] >= 0.03, rec.seconds
-    # The median, not every step: one stall of this 2-core host (a collection, another
-    # process) can stretch a single later step past two pauses.
-    assert later[len(later) // 2] < rec.seconds[first_plain], rec.seconds
+    assert all(0.03 <= s < rec.seconds[first_plain] for s in rec.seconds[first_plain + 1:])
 
 
 class Alternating(AdaptiveSpeculation):

@@ -133,11 +133,7 @@ class Bucket:
         SWITCH_MARGIN. NOTE: a look was confirmed only by per-request rates; where those tie and
         the straggler decides the finish (EAGLE3 at batch 64 on an H200), no look confirmed and
         one came every 32 steps: 0.949 of the faster side at batch 16 in simulation, 0.972."""
-        if self.last_finish is None:
-            return False
-        spec_time, plain_time = self.last_finish
-        mine, other = (spec_time, plain_time) if spec else (plain_time, spec_time)
-        return other > mine * (1 + SWITCH_MARGIN)
+        return self.last_finish is not None and self.lead(spec) > SWITCH_MARGIN
 
     def prefer_spec(self, finish: Optional[Finish], step_s, accepts=(),
                     current: Optional[bool] = None, behind: Optional[int] = None) -> bool:
