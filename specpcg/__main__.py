@@ -40,6 +40,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-adaptive-speculation", action="store_true",
                    help="speculate at every batch size (default: only where it measures faster)")
     p.add_argument("--disable-overlap-schedule", action="store_true")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=None,
+                   help="a running batch of more requests decodes without speculation")
 
 
 def _make_engine(args):
@@ -65,7 +67,7 @@ def _engine_kwargs(args) -> dict:
              "chunked_prefill_size", "min_prefill_requests", "enable_deterministic_inference",
              "tp_size",
              "pp_size", "dist_init_addr", "nnodes", "node_rank", "disable_adaptive_speculation",
-             "disable_overlap_schedule")
+             "disable_overlap_schedule", "speculative_disable_by_batch_size")
     return {name: getattr(args, name) for name in names}
 
 

@@ -68,6 +68,10 @@ class EngineConfig:
     # Speculate at every batch size. By default the engine measures, per running-batch size,
     # speculative against plain decode steps and runs the faster (specpcg/speculative/adaptive.py).
     disable_adaptive_speculation: bool = False
+    # A running batch of more requests than this decodes without speculation, adaptive or not,
+    # and adaptive speculation spends no look above it (vLLM's name; None: no cap). For drafts
+    # known not to pay at large batches: there it runs as fast as plain decoding.
+    speculative_disable_by_batch_size: Optional[int] = None
     cuda_graph_max_bs: int = 64
     pp_size: int = 1  # pipeline parallel stages: one process each (specpcg/distributed)
     tp_size: int = 1  # tensor parallel ranks: one process each (specpcg/distributed)
@@ -129,7 +133,8 @@ class EngineConfig:
                      "piecewise_cuda_graph_max_tokens"):
             _check_positive_int(name, getattr(self, name))
         for name in ("max_total_tokens", "context_length", "speculative_num_steps",
-                     "speculative_eagle_topk", "speculative_num_draft_tokens"):
+                     "speculative_eagle_topk", "speculative_num_draft_tokens",
+                     "speculative_disable_by_batch_size"):
             if getattr(self, name) is not None:
                 _check_positive_int(name, getattr(self, name))
 

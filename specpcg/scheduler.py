@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import logging
 from collections import deque
+from typing import Optional
 
 import torch
 
@@ -30,14 +31,16 @@ class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
                  overlap: bool = False, adaptive=None, min_prefill_requests: int = 1,
-                 reserve_outputs: bool = False, spec_overlap=None):
+                 reserve_outputs: bool = False, spec_overlap=None,
+                 spec_max_batch: Optional[int] = None):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
         overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
         spec_overlap: a SpecStepGraphs: with overlap, speculative steps run one ahead of
         their results too (specpcg/speculative/overlap.py); None: they do not.
         adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
         plain decode steps by running-batch size (None: always speculative).
-        min_prefill_requests: see EngineConfig.
+        min_prefill_requests, spec_max_batch: EngineConfig's min_prefill_requests and
+        speculative_disable_by_batch_size.
         reserve_outputs: admit a request only while the KV cache holds every admitted request's
         whole output (enable_deterministic_inference), so none is ever preempted. A preempted
         request is re-prefilled through the extend kernel, whose reduction order differs from
@@ -60,12 +63,11 @@ class Scheduler:
         # Speculative steps queued one ahead of their results (specpcg/speculative/overlap.py).
         self.spec_overlap = (SpecOverlap(self, spec, spec_overlap)
                              if overlap and spec_overlap is not None else None)
-        self.adaptive = adaptive
+        self.adaptive, self.spec_max_batch = adaptive, spec_max_batch
         # Adaptive speculation with a draft that can judge its drafts on the tokens plain steps
         # emit: its accept length without looking (specpcg/speculative/shadow.py).
-        self.shadow = (ShadowVerify(spec.draft, spec.spec)
-                       if adaptive is not None and spec is not None
-                       and ShadowVerify.supported(spec.draft) else None)
+        self.shadow = (ShadowVerify(spec.draft, spec.spec) if adaptive is not None and spec
+                       is not None and ShadowVerify.supported(spec.draft) else None)
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
         self._last_decode_end = None  # when the last decode step returned (None: a prefill since)
         self._launched_only = False  # the last overlapped call resolved no step (see _record)
@@ -140,12 +142,16 @@ class Scheduler:
         speculation; with it, its choice for the running batch, asked once per decode step."""
         if self.spec is None or not self.running:
             return False
+        bs = len(self.running)
+        capped = self.spec_max_batch is not None and bs > self.spec_max_batch
         if self.adaptive is None:
-            return True
+            return not capped
         if self._speculate is None:
+            if capped:  # no warm-up and no look above the cap: plain steps cost nothing extra
+                self.adaptive.skip(bs)
             # Nothing waiting: the running batch is all there is, so finishing it is the goal.
             finish = None if self.waiting else (lambda: Finish.of(self.running))
-            self._speculate = self.adaptive.use_spec(len(self.running), finish)
+            self._speculate = not capped and self.adaptive.use_spec(bs, finish)
         return self._speculate
 
     def _guarded(self, carried: list, run) -> list:
@@ -278,17 +284,12 @@ class Scheduler:
     def _record(self, batch_size: int, speculated: bool, tokens: int, start: float) -> None:
         """A decode step's speed, for adaptive speculation. Both kinds of step end in a read
         of their tokens, so they are timed alike, from the end of the decode step before (the
-        call's start after a prefill): the host's work between two steps (the tokens appended,
-        stops checked, outputs handed back) is the step's too. With overlap that work runs
-        while the device computes, and a call timed alone left it out, the more so for the
-        side that hands back more tokens a step. (At 48fbca1 on the H100 NGRAM's speculative
-        steps measured 689 tok/s per request at batch 64, where pinned speculation ran 400 end
-        to end; how much of that gap this was is not measured.)
-
-        A call that only launched its step (after a switch or a prefill) leaves the start as
-        it was, so the switch step carries the launch (the device idle). Timed from the launch
-        instead, switches looked free (H200, NGRAM at batch 64: launches of 1.4-2.3 ms, none
-        recorded; 6 looks in 128 steps, 0.90x no-spec: probe_adaptive_steps.py)."""
+        call's start after a prefill): the host's work between two steps is the step's too
+        (with overlap it runs while the device computes; a call timed alone left it out, the
+        more so for the side that hands back more tokens a step). A call that only launched
+        its step leaves the start as it was, so the switch step carries the launch: timed from
+        the launch, switches looked free (H200, NGRAM at batch 64: 6 looks in 128 steps, 0.90x
+        no-spec, probe_adaptive_steps.py)."""
         if self.adaptive is not None:
             if self._last_decode_end is not None:
                 start = min(start, self._last_decode_end)

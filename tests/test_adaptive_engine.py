@@ -211,3 +211,82 @@ def test_adaptive_is_on_by_default_reported_and_can_be_pinned(world):
     simulated = _engine(world.noisy, "NGRAM", disable_adaptive_speculation=False,
                         speculative_simulate_accept_prob=0.5)
     assert simulated.scheduler.adaptive is None  # a benchmark of the speculative path itself
+
+
+def _decisions(engine) -> list:
+    """(running batch size, speculates) of every decode step the scheduler asks about."""
+    s, seen = engine.scheduler, []
+    ask = s._next_speculates
+
+    def spy():
+        choice = ask()
+        if s.running:
+            seen.append((len(s.running), choice))
+        return choice
+    s._next_speculates = spy
+    return seen
+
+
+CAP = 4
+# 8 requests ending 8 tokens apart: the batch shrinks through the cap with more than
+# adaptive.TAIL_TOKENS left to its longest (a batch's tail is not warmed up).
+LONG = [{"max_new_tokens": 24 + 8 * i, "temperature": 0, "ignore_eos": True} for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def plain_long(world):
+    outs = _engine(world.noisy).generate(input_ids=world.prompts, sampling_params=LONG)
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("algo", ("EAGLE3", "NGRAM"))
+def test_a_batch_above_the_cap_decodes_plain_and_speculates_once_below(world, plain_long, algo,
+                                                                      adaptive):
+    """speculative_disable_by_batch_size: more running requests than the cap take plain steps
+    (adaptive speculation is not asked, so it warms up and looks only below the cap); once
+    the batch has shrunk to the cap, speculation resumes; every greedy token is kept."""
+    engine = _engine(world.noisy, algo, world.heads.get(algo),
+                     disable_adaptive_speculation=not adaptive,
+                     speculative_disable_by_batch_size=CAP)
+    seen = _decisions(engine)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=LONG)
+    assert [o["output_ids"] for o in outs] == plain_long
+    assert not any(spec for bs, spec in seen if bs > CAP), seen
+    assert any(bs > CAP for bs, _ in seen) and any(spec for bs, spec in seen if bs <= CAP)
+    if adaptive:  # bucket 8 (5-8 requests) never speculated, nor warmed up
+        info = engine.get_server_info()["speculative"]
+        assert info["disable_by_batch_size"] == CAP
+        assert info["adaptive"]["8"]["spec_steps"] == 0 < info["adaptive"]["8"]["decode_steps"]
+    if algo != "NGRAM":
+        _check_no_leak(engine)
+
+
+def test_a_head_resumes_below_the_cap_with_every_state(world):
+    """On the exact target a synthetic head accepts every draft only if it was handed the
+    target state of every position, the plain steps above the cap included."""
+    engine = _engine(world.exact, "EAGLE3", world.heads["EAGLE3"],
+                     speculative_disable_by_batch_size=CAP)
+    outs = _exact_outputs_all_accepted(world, engine)
+    longest = outs[-1]["meta_info"]
+    assert longest["plain_decode_tokens"] > 0 and longest["spec_verify_ct"] > 0
+    _check_no_leak(engine)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "8"])
+def test_a_bad_cap_is_refused_by_name(world, bad):
+    with pytest.raises(ValueError, match=f"speculative_disable_by_batch_size must be a "
+                                         f"positive integer, got {bad!r}"):
+        _engine(world.noisy, "NGRAM", speculative_disable_by_batch_size=bad)
+
+
+def test_the_cli_hands_the_cap_to_the_engine():
+    import argparse
+
+    from specpcg.__main__ import _engine_args, _engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    _engine_args(parser)
+    given = _engine_kwargs(parser.parse_args(["--speculative-disable-by-batch-size", "32"]))
+    assert given["speculative_disable_by_batch_size"] == 32
+    assert _engine_kwargs(parser.parse_args([]))["speculative_disable_by_batch_size"] is None

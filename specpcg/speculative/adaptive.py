@@ -156,6 +156,16 @@ class AdaptiveSpeculation:
         self._last_choice, self._last_key = choice, key
         return choice
 
+    def skip(self, batch_size: int) -> None:
+        """A plain step the engine runs without asking (a batch above the user's cap,
+        speculative_disable_by_batch_size): counted as plain for the next switch's catch-up,
+        choosing nothing and looking nowhere."""
+        key = bucket_of(batch_size)
+        self._bucket(key)  # reported by info()
+        self.chosen[(key, "decode")] += 1
+        self._plain_run += 1
+        self._last_choice, self._last_key = False, key
+
     def _choose(self, b: "Bucket", finish, batch_size: int) -> bool:
         """The bucket's side for this step: re-chosen on rates alone while requests wait or
         shadow verifies measure the draft, else on the finish estimate after a look, on a
