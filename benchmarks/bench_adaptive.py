@@ -34,8 +34,12 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # plain step costs in an engine with a draft: the hidden states a head catches up on); and
 # "adaptive-finish8": with NGRAM's shadow verifies, the finish estimate over each request's last
 # 8 of them instead of rates alone (`finish_recent8`); and "adaptive-whole-budget": every look
-# gets all of LOOK_BUDGET, however far behind the other side is (`whole_budget`).
-EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget")
+# gets all of LOOK_BUDGET, however far behind the other side is (`whole_budget`); and
+# "adaptive-cap63": adaptive with speculative_disable_by_batch_size=63 (batches of 64 and more
+# decode plain, as SGLang turns speculation off at batch >= 64).
+EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
+                 "adaptive-cap63")
+CAP = 63
 
 
 def prompts_for(engine, num: int, prompt_len: int) -> list:
@@ -85,7 +89,8 @@ def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
     return dict(speculative_algorithm=algo, speculative_draft_model_path=draft,
                 speculative_num_steps=steps, speculative_eagle_topk=topk,
                 speculative_num_draft_tokens=tokens,
-                disable_adaptive_speculation=system == "pinned")
+                disable_adaptive_speculation=system == "pinned",
+                speculative_disable_by_batch_size=CAP if system == "adaptive-cap63" else None)
 
 
 def rates_only(engine) -> None:

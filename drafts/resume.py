@@ -53,11 +53,11 @@ class ResumeCatchUp:
     @classmethod
     def build(cls, runner, graphs, cfg, round_width: int, target_hidden_size: int = 0):
         """Catch-up-only round runners (captured with the draft's decode graphs) at the two
-        widths; None where adaptive speculation is off (speculation never pauses)."""
+        widths; None where speculation never pauses (EngineConfig.speculation_pauses)."""
         from drafts.wiring import build_round_runner
         from specpcg.speculative.bucket import EXPLORE_EVERY
 
-        if cfg.disable_adaptive_speculation:
+        if not cfg.speculation_pauses:
             return None
         widths = sorted({2 * round_width, EXPLORE_EVERY + round_width})
         return cls([build_round_runner(runner, graphs, cfg, 1, target_hidden_size, width=w)

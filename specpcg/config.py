@@ -86,6 +86,13 @@ class EngineConfig:
     def __post_init__(self):
         self._validate()
 
+    @property
+    def speculation_pauses(self) -> bool:
+        """Whether a draft sees plain decode steps between speculative ones (adaptive
+        speculation, or a batch above speculative_disable_by_batch_size): then it catches up."""
+        return (not self.disable_adaptive_speculation
+                or self.speculative_disable_by_batch_size is not None)
+
     def _validate_nodes(self) -> None:
         """Several machines: each runs tp_size * pp_size / nnodes ranks; node 0 runs rank 0."""
         n, k = self.nnodes, self.node_rank

@@ -354,6 +354,23 @@ def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
     assert [len(out) for out in batches["pinned"]] == [2] * 4  # every timed batch's outputs
 
 
+def test_bench_adaptive_caps_only_its_capped_system():
+    import sys
+    from pathlib import Path
+
+    from specpcg.config import EngineConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_adaptive
+
+    caps = {s: bench_adaptive.engine_kwargs(s, "NGRAM", None, (3, 1, 4))
+            for s in ("pinned", "adaptive", "adaptive-cap63")}
+    assert {s: kw["speculative_disable_by_batch_size"] for s, kw in caps.items()} == {
+        "pinned": None, "adaptive": None, "adaptive-cap63": 63}
+    assert not caps["adaptive-cap63"]["disable_adaptive_speculation"]
+    assert EngineConfig(**caps["adaptive-cap63"]).speculation_pauses
+
+
 def test_a_look_that_overturns_the_choice_resets_the_wait():
     from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
 

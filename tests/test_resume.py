@@ -80,3 +80,21 @@ def test_fits_caps_replays_and_batch_size():
     assert not rr.fits([4 * 36 + 1])  # a fifth replay: one eager forward instead
     assert not rr.fits([1, 1, 1])  # no captured batch of 3
     assert not rr.fits([])
+
+
+def test_resume_runners_are_built_wherever_speculation_pauses(monkeypatch):
+    """Adaptive speculation, or a batch cap with it pinned, puts plain steps between
+    speculative ones: both need the catch-up runners; pinned speculation with no cap never
+    pauses and builds none."""
+    import drafts.wiring as wiring
+    from specpcg.config import EngineConfig
+
+    built = []
+    monkeypatch.setattr(wiring, "build_round_runner",
+                        lambda *a, width, **k: built.append(width) or _Runner(width=width))
+    for kw, builds in (({}, True), ({"disable_adaptive_speculation": True}, False),
+                       ({"disable_adaptive_speculation": True,
+                         "speculative_disable_by_batch_size": 16}, True)):
+        built.clear()
+        got = resume.ResumeCatchUp.build(None, None, EngineConfig(**kw), round_width=4)
+        assert (got is not None) == builds == bool(built), kw
