@@ -128,7 +128,10 @@ def main(argv=None) -> None:
     srv.add_argument("--log-level", default="info")
     srv.set_defaults(func=_serve)
     args = parser.parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as exc:  # bad input: its message, not a traceback
+        parser.exit(2, f"python -m specpcg {args.cmd}: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -290,3 +290,15 @@ def test_the_cli_hands_the_cap_to_the_engine():
     given = _engine_kwargs(parser.parse_args(["--speculative-disable-by-batch-size", "32"]))
     assert given["speculative_disable_by_batch_size"] == 32
     assert _engine_kwargs(parser.parse_args([]))["speculative_disable_by_batch_size"] is None
+
+
+def test_the_cli_refuses_a_bad_cap_by_name_without_a_traceback(capsys):
+    from specpcg.__main__ import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["generate", "--prompt", "x", "--device", "cpu", "--speculative-algorithm", "NGRAM",
+              "--speculative-disable-by-batch-size", "0"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "speculative_disable_by_batch_size must be a positive integer, got 0" in err
+    assert "Traceback" not in err
