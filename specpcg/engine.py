@@ -107,8 +107,7 @@ class Engine:
                                    adaptive=self._adaptive(),
                                    min_prefill_requests=cfg.min_prefill_requests,
                                    reserve_outputs=cfg.enable_deterministic_inference,
-                                   spec_overlap=self._spec_step_graphs(),
-                                   spec_max_batch=cfg.speculative_disable_by_batch_size)
+                                   spec_overlap=self._spec_step_graphs())
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         self.rank_reports = self.tp.reports(cfg, self.graphs, self.device) if self.tp else None
         freeze_startup_objects()
@@ -347,7 +346,6 @@ class Engine:
                                                     if self.spec_decoder else {})}],
             "speculative": None if self.spec is None else {
                 **vars(self.spec), "draft": self.draft.info(),
-                "disable_by_batch_size": self.config.speculative_disable_by_batch_size,
                 "overlapped_steps": None if self.scheduler.spec_overlap is None
                 else self.scheduler.spec_overlap.num_steps,
                 "step_graphs": None if self.scheduler.spec_overlap is None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import logging
 from collections import deque
-from typing import Optional
 
 import torch
 
@@ -31,16 +30,14 @@ class Scheduler:
     def __init__(self, runner, kv_cache, stop_checker, max_running_requests: int,
                  chunked_prefill_size: int, device: torch.device, spec=None,
                  overlap: bool = False, adaptive=None, min_prefill_requests: int = 1,
-                 reserve_outputs: bool = False, spec_overlap=None,
-                 spec_max_batch: Optional[int] = None):
+                 reserve_outputs: bool = False, spec_overlap=None):
         """spec: a SpecDecoder; with one, decode steps are speculative (propose/verify/...).
         overlap: plain decode steps run one ahead of their results (specpcg/overlap.py).
         spec_overlap: a SpecStepGraphs: with overlap, speculative steps run one ahead of
         their results too (specpcg/speculative/overlap.py); None: they do not.
         adaptive: with spec, an AdaptiveSpeculation that picks, step by step, speculative or
         plain decode steps by running-batch size (None: always speculative).
-        min_prefill_requests, spec_max_batch: EngineConfig's min_prefill_requests and
-        speculative_disable_by_batch_size.
+        min_prefill_requests: see EngineConfig.
         reserve_outputs: admit a request only while the KV cache holds every admitted request's
         whole output (enable_deterministic_inference), so none is ever preempted. A preempted
         request is re-prefilled through the extend kernel, whose reduction order differs from
@@ -63,11 +60,12 @@ class Scheduler:
         # Speculative steps queued one ahead of their results (specpcg/speculative/overlap.py).
         self.spec_overlap = (SpecOverlap(self, spec, spec_overlap)
                              if overlap and spec_overlap is not None else None)
-        self.adaptive, self.spec_max_batch = adaptive, spec_max_batch
+        self.adaptive = adaptive
         # Adaptive speculation with a draft that can judge its drafts on the tokens plain steps
         # emit: its accept length without looking (specpcg/speculative/shadow.py).
-        self.shadow = (ShadowVerify(spec.draft, spec.spec) if adaptive is not None and spec
-                       is not None and ShadowVerify.supported(spec.draft) else None)
+        self.shadow = (ShadowVerify(spec.draft, spec.spec)
+                       if adaptive is not None and spec is not None
+                       and ShadowVerify.supported(spec.draft) else None)
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
         self._last_decode_end = None  # when the last decode step returned (None: a prefill since)
         self._launched_only = False  # the last overlapped call resolved no step (see _record)
@@ -142,8 +140,8 @@ class Scheduler:
         speculation; with it, its choice for the running batch, asked once per decode step."""
         if self.spec is None or not self.running:
             return False
-        bs = len(self.running)
-        capped = self.spec_max_batch is not None and bs > self.spec_max_batch
+        bs, cap = len(self.running), self.spec.spec.disable_by_batch_size
+        capped = cap is not None and bs > cap
         if self.adaptive is None:
             return not capped
         if self._speculate is None:

@@ -19,6 +19,8 @@ class SpecConfig:
     # BENCHMARK ONLY (not lossless): synthetic acceptance, see accept.simulate_accept.
     simulate_accept_prob: float | None = None
     simulate_seed: int = 0  # the engine's random_seed: seeds the simulated coin flips
+    # A running batch of more requests decodes plain (speculative_disable_by_batch_size).
+    disable_by_batch_size: int | None = None
 
     @property
     def is_chain(self) -> bool:
@@ -42,7 +44,8 @@ class SpecConfig:
             tokens = DEFAULT_NUM_DRAFT_TOKENS
         spec = SpecConfig(cfg.speculative_algorithm, steps, topk, tokens,
                           cfg.speculative_draft_model_path,
-                          cfg.speculative_simulate_accept_prob, cfg.random_seed)
+                          cfg.speculative_simulate_accept_prob, cfg.random_seed,
+                          cfg.speculative_disable_by_batch_size)
         spec.validate()
         return spec
 
