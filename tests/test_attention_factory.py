@@ -60,7 +60,7 @@ def test_triton_on_cpu_needs_interpreter(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None,
                     reason="flashinfer is installed here")
 def test_flashinfer_missing_is_refused():
-    with pytest.raises(ValueError, match=r"flashinfer is not installed.*specpcg\[flashinfer\]"):
+    with pytest.raises(ValueError, match=r"flashinfer is not installed.*pip install flashinfer-python"):
         resolve_attention_backend_name("flashinfer", "cuda")
 
 
