@@ -5,7 +5,9 @@ and synthetic acceptance decodes repeated-id prompts; one replay of the speculat
 at the given batch size runs under the torch profiler, and its kernels are printed in launch
 order, runs of the same kernel folded: start (us from the first), count, summed duration, name.
 The draft's steps, the verify's layers and the accept stand apart by their kernels, so the
-launches each phase costs can be counted.
+launches each phase costs can be counted. Then each kernel's count and time, and a whole
+generate under the profiler (probe_decode_trace's window): a step's period, busy and idle time,
+and the kernels that run outside the step's graph.
 
     python benchmarks/probe_step_trace.py --batch 1 [--algorithm NGRAM] [--setting 5,4,8] > out.txt
     python benchmarks/probe_step_trace.py --plot OUT.png LABEL=TRACE.txt ...   (busy us, kernels)
@@ -14,6 +16,7 @@ launches each phase costs can be counted.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import tempfile
 
@@ -62,7 +65,7 @@ def trace_one_step(engine, bs: int, run) -> list:
     """(name, start us, end us) of every kernel of the first step replay at batch bs."""
     from specpcg.speculative import step_graph
 
-    return trace_first_call(step_graph.SpecStepGraphs, "run", lambda b: b == bs, run)
+    return trace_first_call(step_graph.SpecStepGraphs, "run", lambda b, *_: b == bs, run)
 
 
 def plot_traces(path: str, traces: list) -> None:
@@ -86,6 +89,7 @@ def plot_traces(path: str, traces: list) -> None:
 
 
 def main(argv=None) -> None:
+    from probe_decode_trace import report_window, step_marker, trace_window
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
 
@@ -94,6 +98,7 @@ def main(argv=None) -> None:
     p.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"])
     p.add_argument("--model-path", default=None)
     p.add_argument("--setting", default="7,1,8", help="steps,topk,draft tokens (a tree: topk > 1)")
+    p.add_argument("--prob", type=float, default=0.7, help="synthetic acceptance")
     p.add_argument("--plot", metavar="PNG", default=None,
                    help="plot saved traces given as LABEL=FILE arguments instead of tracing")
     p.add_argument("traces", nargs="*", default=[])
@@ -107,7 +112,7 @@ def main(argv=None) -> None:
         engine = Engine(model_path=path, speculative_algorithm=args.algorithm,
                         speculative_draft_model_path=head, speculative_num_steps=steps,
                         speculative_eagle_topk=topk, speculative_num_draft_tokens=num_tokens,
-                        speculative_simulate_accept_prob=0.7, show_progress=False,
+                        speculative_simulate_accept_prob=args.prob, show_progress=False,
                         skip_tokenizer_init=True, max_running_requests=args.batch,
                         cuda_graph_max_bs=args.batch, **common.PINNED_SPEC)
         ids = repeated_id_prompts(args.batch, 128, 32, engine.model_config.vocab_size)
@@ -115,6 +120,7 @@ def main(argv=None) -> None:
         run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
         run()  # warm-up
         events = trace_one_step(engine, args.batch, run)
+        window = trace_window(run)
     t0 = events[0][1]
     print(f"batch {args.batch} {args.algorithm} {args.setting}: {len(events)} kernels, span "
           f"{events[-1][2] - t0:.0f} us, busy "
@@ -122,6 +128,15 @@ def main(argv=None) -> None:
     for name, group in itertools.groupby(events, key=lambda e: e[0][:60]):
         g = list(group)
         print(f"  {g[0][1] - t0:8.1f} {len(g):3d}x {sum(e[2] - e[1] for e in g):7.1f}us  {name}")
+    print("# by kernel: count, us, name")
+    kinds = collections.defaultdict(lambda: [0, 0.0])
+    for name, s, e in events:
+        kinds[name[:90]][0] += 1
+        kinds[name[:90]][1] += e - s
+    for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+        print(f"{n:5d} {us:9.1f}  {name}")
+    graph = [e[0] for e in events]
+    report_window(window, set(graph), step_marker(graph, window))
 
 
 if __name__ == "__main__":

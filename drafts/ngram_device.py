@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ngram_match import continuation, match_chain_rows, scored_matches
+from kernels.ngram_match import (append_match_chain_rows, append_path, continuation,
+                                 scored_matches)
 from kernels.tree import tree_from_parents
 from specpcg.graphs.buckets import pick_bucket
 from specpcg.transfer import to_device
@@ -58,12 +59,6 @@ class TokenHistory:
     def drop(self, req) -> None:
         self._synced.pop(req.rid, None)
 
-    def append(self, rows, first_pos, lens, ids) -> None:
-        """Writes ids[i, :lens[i]] at positions first_pos[i] + 1 .. of row rows[i]."""
-        cols = torch.arange(ids.shape[1], device=ids.device)
-        pos = first_pos[:, None] + 1 + cols
-        pos = torch.where((cols < lens[:, None]) & (pos < self.width), pos, self.width)
-        self.ids[rows[:, None].expand_as(pos), pos] = ids.to(self.ids.dtype)
 
 
 def match_tree(history: torch.Tensor, lens: torch.Tensor, num_nodes: int, min_window: int,
@@ -140,16 +135,23 @@ class NgramStepRound:
             return n if n <= self.buckets[-1] else None
         return pick_bucket(self.buckets, n)
 
+    @property
+    def path_ids(self) -> bool:
+        """Whether propose reads the path's tokens (a DevicePath's ids): a chain's kernel
+        reads the step state itself."""
+        return not self.draft.chain
+
     def propose(self, state, bs: int, path) -> tuple:
         """([bs, N] nodes, root first; their Tree, or None for a chain)."""
         d, history = self.draft, self.draft.history
         rows, n = state.rows[0, :bs], state.tokens.shape[1]
-        history.append(rows, path.first_pos, path.lens, path.ids)
-        lens = path.first_pos + path.lens + 1
+        last = (state.tokens[:bs], state.accept_len[:bs], state.bonus[:bs], path.first_pos)
         if d.chain:
-            drafts = match_chain_rows(history.ids, rows, history.width, lens, n - 1,
-                                      d.min_window, d.max_window, d.max_candidates, d.pad_token)
-            return torch.cat([path.roots[:, None], drafts], 1), None
+            return append_match_chain_rows(history.ids, rows, history.width, *last, n - 1,
+                                           d.min_window, d.max_window, d.max_candidates,
+                                           d.pad_token), None
+        append_path(history.ids, rows, history.width, *last)
+        lens = path.first_pos + path.lens + 1
         ids = history.ids[rows, :history.width]
         drafts, parents = match_tree(ids, lens, n, d.min_window, d.max_window, d.max_candidates,
                                      d.max_bfs_breadth, d.pad_token)

@@ -21,6 +21,7 @@ class HeadStepRound:
         return self.rnd.bucket(n)
 
     reach_extra = 0  # draft positions a round writes past its verify's width
+    path_ids = True  # propose reads the last path's tokens (StepState.path builds them)
 
     def _catch_up(self, state, bs: int, path):
         rnd = self.rnd

@@ -74,3 +74,40 @@ def match_chain_rows(ids: torch.Tensor, rows: torch.Tensor, width: int, lens: to
                            max_candidates, pad_token)
     return triton_module("ngram_match_triton").match_chain_rows_triton(
         ids, rows, width, lens, length, min_window, max_window, max_candidates, pad_token)
+
+
+def append_path(ids: torch.Tensor, rows: torch.Tensor, width: int, nodes: torch.Tensor,
+                accept_len: torch.Tensor, bonus: torch.Tensor, prefix: torch.Tensor) -> None:
+    """Writes each request's accepted path after its last verify into its row of `ids` (the
+    token history: [R, width + 1], a sink column last): nodes[i, 1..m] at positions
+    prefix[i] + 1 .., then bonus[i] (m = accept_len[i]; node 0, the root, is at prefix[i]
+    already). Positions at or past `width` go to the sink column."""
+    n = nodes.shape[1]
+    cols = torch.arange(n, device=nodes.device)
+    m = accept_len[:, None]
+    path = torch.where(cols == m, bonus[:, None], torch.cat([nodes[:, 1:], bonus[:, None]], 1))
+    pos = prefix[:, None] + 1 + cols
+    pos = torch.where((cols <= m) & (pos < width), pos, width)
+    ids[rows[:, None].expand_as(pos), pos] = path.to(ids.dtype)
+
+
+def append_match_chain_rows(ids: torch.Tensor, rows: torch.Tensor, width: int,
+                            nodes: torch.Tensor, accept_len: torch.Tensor, bonus: torch.Tensor,
+                            prefix: torch.Tensor, length: int, min_window: int, max_window: int,
+                            max_candidates: int, pad_token: int,
+                            use_triton: bool | None = None) -> torch.Tensor:
+    """An overlapped NGRAM step's whole proposal: appends each request's last accepted path to
+    its history row (`append_path`), then matches the new context (`match_chain_rows`).
+    Returns [bs, length + 1] int64: the bonus (the next verify's root), then the drafts. On
+    the GPU one kernel, where the torch ops were about fifteen launches a step (a batch-1
+    NGRAM step's whole prologue before its verify was some thirty, 70 of its 1,090 us on an
+    H200, benchmarks/results/step_trace_ngram_bs1_403c987_h200.txt)."""
+    if pick_triton(ids, use_triton):
+        return triton_module("ngram_match_triton").append_match_chain_rows_triton(
+            ids, rows, width, nodes, accept_len, bonus, prefix, length, min_window, max_window,
+            max_candidates, pad_token)
+    append_path(ids, rows, width, nodes, accept_len, bonus, prefix)
+    lens = prefix + accept_len + 2
+    drafts = match_chain_rows(ids, rows, width, lens, length, min_window, max_window,
+                              max_candidates, pad_token, use_triton=False)
+    return torch.cat([bonus[:, None], drafts], 1)

@@ -416,13 +416,13 @@ def test_a_chain_verify_stacks_a_requests_nodes_in_one_program(monkeypatch):
     backend._num_sms = 132  # an H100's SM count
     for stack, nodes in ((True, 8), (False, 1)):
         monkeypatch.setattr(TritonAttnBackend, "stack_chain_nodes", stack)
-        backend._expand_verify(3, 8)
+        backend._expand_verify(3, 8, torch.arange(3))
         assert backend._verify_nodes == nodes
         assert backend._verify_splits == triton_kernels.pick_num_kv_splits(
             3 * 8 // nodes, NUM_KV_HEADS, 132)
     backend.device = torch.device("cuda")  # float32 on a GPU: a program a node
     monkeypatch.setattr(TritonAttnBackend, "stack_chain_nodes", True)
-    backend._expand_verify(3, 8)
+    backend._expand_verify(3, 8, torch.arange(3))
     assert backend._verify_nodes == 1
 
 

@@ -69,3 +69,55 @@ def test_the_longest_match_wins_then_the_most_recent(device):
         args = (ids, rows, 16, lens, 4, 1, window, 64, PAD)
         assert match_chain_rows(*args, use_triton=True).tolist() == [want]
         assert match_chain_rows(*args, use_triton=False).tolist() == [want]
+
+
+def _paths(seed: int, rows, lens, width: int, nodes: int, device: str):
+    """Each request's last verify: nodes (root first), accepted drafts m, bonus, and the prefix
+    (the root's position), with the root already in the history. The engine keeps a context
+    that long short of the history's width (SpecOverlap.usable), and so do these."""
+    rnd = random.Random(seed)
+    bs = rows.shape[0]
+    tokens = torch.tensor([[rnd.randint(1, 5) for _ in range(nodes)] for _ in range(bs)])
+    accept = torch.tensor([rnd.randint(0, nodes - 1) for _ in range(bs)])
+    bonus = torch.tensor([rnd.randint(1, 5) for _ in range(bs)])
+    prefix = (lens - 1).cpu().clamp(max=width - nodes - 1)
+    return [t.to(device) for t in (tokens, accept, bonus, prefix)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("min_window,max_window,candidates,nodes",
+                         [(1, 12, 64, 8), (2, 4, 64, 4), (1, 3, 2, 8), (1, 5, 20, 2)])
+def test_the_append_and_match_kernel_gives_the_twins_history_and_proposal(
+        device, min_window, max_window, candidates, nodes):
+    """append_match_chain_rows: the path written into each row (up to the sink column), then
+    the bonus and the drafts matched on the new context, as the twin's append and match."""
+    from kernels.ngram_match import append_match_chain_rows
+
+    for seed, width in enumerate((40, 150) if device == "cpu" else (40, 300, 3000)):
+        ids, rows, lens = _case(seed * 5 + candidates, width, 12, 9, device)
+        path = _paths(seed, rows, lens, width, nodes, device)
+        args = (rows, width, *path, nodes - 1, min_window, max_window, candidates, PAD)
+        ids_kernel, ids_twin = ids.clone(), ids.clone()
+        got = append_match_chain_rows(ids_kernel, *args, use_triton=True)
+        want = append_match_chain_rows(ids_twin, *args, use_triton=False)
+        assert torch.equal(ids_kernel[:, :width], ids_twin[:, :width]), (seed, width)
+        assert got.dtype == want.dtype == torch.int64
+        assert torch.equal(got, want), (seed, width)
+        assert torch.equal(got[:, 0], path[2])  # the bonus is the next root
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_appended_path_is_matched_at_once(device):
+    """Row 1 2 3 9 2 | root 3 at position 5; the verify accepted 8 and 1, bonus 2: the row
+    reads 1 2 3 9 2 3 8 1 2, whose last token 2 follows ... 1 at position 1 (1 2 matches two
+    tokens), so the drafts are 3 9 2 3."""
+    from kernels.ngram_match import append_match_chain_rows
+
+    for use_triton in (True, False):
+        ids = torch.tensor([[1, 2, 3, 9, 2, 3] + [0] * 11], dtype=torch.int32, device=device)
+        nodes = torch.tensor([[3, 8, 1, 7, 7]], device=device)
+        one = torch.tensor([0], device=device)
+        out = append_match_chain_rows(ids, one, 16, nodes, one + 2, one + 2, one + 5, 4, 1, 4,
+                                      64, PAD, use_triton=use_triton)
+        assert ids[0, :9].tolist() == [1, 2, 3, 9, 2, 3, 8, 1, 2]
+        assert out.tolist() == [[2, 3, 9, 2, 3]]

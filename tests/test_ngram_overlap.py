@@ -14,7 +14,7 @@ import torch
 import drafts.ngram as ngram
 from drafts.ngram import _chain, _RequestIndex, _trie_bfs
 from drafts.ngram_device import TokenHistory, match_tree
-from kernels.ngram_match import match_chain
+from kernels.ngram_match import append_path, match_chain
 from specpcg.speculative.overlap import SpecOverlap
 from tests.eagle_world import _engine, same_as_sync, world  # noqa: F401 (fixture)
 
@@ -99,9 +99,10 @@ def test_token_history_copies_only_what_the_device_lacks():
     a.req_pool_idx = 1  # re-admitted into another row: all of it again
     h.sync([a])
     assert h.ids[1, :5].tolist() == [4, 5, 6, 8, 9]
-    # A path appends its first lens tokens after first_pos; the rest reach only the sink.
-    h.append(torch.tensor([2, 1]), torch.tensor([0, 8]), torch.tensor([2, 3]),
-             torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    # A path (accepted nodes 1..m, then the bonus) lands after the root's position; what
+    # passes the width reaches only the sink.
+    append_path(h.ids, torch.tensor([2, 1]), h.width, torch.tensor([[0, 1, 3], [0, 4, 5]]),
+                torch.tensor([1, 2]), torch.tensor([2, 6]), torch.tensor([0, 8]))
     assert h.ids[2, :4].tolist() == [7, 1, 2, 0]
     assert h.ids[1, 9].item() == 4 and h.ids[1, :5].tolist() == [4, 5, 6, 8, 9]
 

@@ -2,7 +2,9 @@
 length follows p, p=1 accepts every draft, bad values are refused, and without the option the
 lossless path is untouched."""
 
+import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -148,3 +150,44 @@ def test_simulate_accept_matches_a_plain_walk_on_random_trees(seed):
     assert res.accept_index.tolist() == index
     assert res.accept_len.tolist() == lens
     assert res.bonus.tolist() == bonus
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_chain_form_walks_as_the_tree_form(seed):
+    """simulate_accept_chain (the step graph's, for chains) takes the nodes, length and bonus
+    of simulate_accept with the same coins, its last column (no child there) False."""
+    from kernels.tree import chain_tree
+    from specpcg.speculative.accept import simulate_accept_chain
+
+    gen = torch.Generator().manual_seed(seed)
+    bs, n = 6, 8
+    tree = chain_tree(torch.randint(0, 100, (bs, n), generator=gen))
+    predict = torch.randint(0, 100, (bs, n), generator=gen)
+    coins = torch.rand(bs, n - 1, generator=gen) < 0.6
+    coins[0] = True  # every draft accepted
+    want = simulate_accept(tree.first_child, tree.depths, predict, coins)
+    got = simulate_accept_chain(tree, predict, torch.cat([coins, coins[:, :1] & False], 1))
+    assert got.accept_len.tolist()[0] == n - 1
+    for name in ("accept_index", "accept_len", "bonus"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
+                    or importlib.util.find_spec("triton") is None,
+                    reason="overlapped steps need the Triton backend (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("p", [0.6, 1.0])
+def test_overlapped_chain_steps_follow_p(model_dir, prompts, p):
+    """The step graph's body (here eager) draws its coins on the device: p = 1 accepts every
+    draft of every step, p = 0.6 gives the chain's expected accept length."""
+    engine = _spec_engine(model_dir, p, attention_backend="triton",
+                          disable_adaptive_speculation=True)
+    outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    assert engine.scheduler.spec_overlap.num_steps > 0
+    assert all(o["meta_info"]["completion_tokens"] == 64 for o in outs)
+    state = engine.get_server_info()["internal_states"][0]
+    if p == 1.0:
+        assert set(state["spec_accept_histogram"]) == {STEPS}
+        return
+    mean, var = _expected(p, STEPS)
+    tol = 4 * math.sqrt(var / state["spec_verify_ct"])
+    assert abs(state["avg_spec_accept_length"] - mean) < tol

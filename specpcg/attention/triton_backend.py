@@ -80,14 +80,20 @@ class TritonAttnBackend(AttentionBackend):
         # Copies stay on the device (no host sync); int64 batch tensors are cast to int32 here.
         # A tree's node rows are built from the batch's own tensors: no copies (two of a tree
         # step's ~20 kernels).
-        if batch.tree_mask is None:
-            self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
-            self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
+        lens = batch.extend_seq_lens_cpu
         stride = batch.req_row_stride
-        if batch.forward_mode != ForwardMode.DECODE and batch.tree_mask is None:
+        split_verify = (batch.tree_mask is None and batch.forward_mode == ForwardMode.TARGET_VERIFY
+                        and self._split_k_verify(num_reqs) and not stride and lens
+                        and all(n == lens[0] for n in lens))
+        if batch.tree_mask is None:
+            if not split_verify:  # a split verify's nodes read their rows from _verify_req
+                self._req_pool_indices[:num_reqs].copy_(batch.req_pool_indices[:num_reqs])
+            self._seq_lens[:num_reqs].copy_(batch.seq_lens[:num_reqs])
+        if (batch.forward_mode != ForwardMode.DECODE and batch.tree_mask is None
+                and not split_verify):
             # Only the extend kernel reads query starts. NOTE: skipped for decode, a draft
             # chain's every step among them (three of a head step's ~27 kernels on the H100),
-            # and for trees, whose nodes run as decode queries.
+            # for trees, whose nodes run as decode queries, and for a chain verify run so.
             self._extend_lens[:num_reqs].copy_(batch.extend_seq_lens[:num_reqs])
             if stride:  # request i's queries start at row i * stride
                 self._q_starts[:num_reqs + 1].copy_(torch.arange(
@@ -97,19 +103,16 @@ class TritonAttnBackend(AttentionBackend):
                              out=self._q_starts[1:num_reqs + 1])
         self._num_reqs = num_reqs
         self._row_stride = stride
-        self._num_real_tokens = int(sum(batch.extend_seq_lens_cpu))
-        self._max_extend_len = int(max(batch.extend_seq_lens_cpu, default=0))
+        self._num_real_tokens = int(sum(lens))
+        self._max_extend_len = int(max(lens, default=0))
         self._num_kv_splits = self._fixed_kv_splits or triton_kernels.pick_num_kv_splits(
             num_reqs, self.num_kv_heads, self._num_sms)
         self._verify_width = 0
         self._tree_rows = None
-        lens = batch.extend_seq_lens_cpu
         if batch.tree_mask is not None:
             self._expand_tree(num_reqs, batch, stride)
-        elif (batch.forward_mode == ForwardMode.TARGET_VERIFY and self._split_k_verify(num_reqs)
-                and not stride and lens
-                and all(n == lens[0] for n in lens)):
-            self._expand_verify(num_reqs, lens[0])
+        elif split_verify:
+            self._expand_verify(num_reqs, lens[0], batch.req_pool_indices)
 
     def _split_k_verify(self, num_reqs: int) -> bool:
         """Whether a chain verify of num_reqs requests runs its nodes as split-K decode queries.
@@ -152,7 +155,7 @@ class TritonAttnBackend(AttentionBackend):
                 n, width, dtype=self.kv_cache.req_pool.req_to_token.dtype, device=self.device)
         return self._tree_rows_buf[:n] if self._tree_rows_buf.shape[0] >= n else None
 
-    def _expand_verify(self, num_reqs: int, width: int) -> None:
+    def _expand_verify(self, num_reqs: int, width: int, req_rows: torch.Tensor) -> None:
         """Per-query request rows and key counts of num_reqs * width decode queries (the nodes'
         own KV is saved before the kernel runs): node j sees its row up to itself (a chain).
         With stack_chain_nodes one kernel program takes a request's nodes: a program a node
@@ -160,7 +163,7 @@ class TritonAttnBackend(AttentionBackend):
         step on the H100, its decode's 0.9 ms; stacked, 1.3 ms)."""
         n = self._size_verify(num_reqs, width, width if self._stacks_nodes() else 1)
         self._verify_req[:n].view(num_reqs, width).copy_(
-            self._req_pool_indices[:num_reqs, None].expand(num_reqs, width))
+            req_rows[:num_reqs, None].expand(num_reqs, width))
         seq = self._verify_seq[:n].view(num_reqs, width)
         offsets = self._verify_offsets.get(width)
         if offsets is None:

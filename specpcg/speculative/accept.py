@@ -74,6 +74,20 @@ def simulate_accept(first_child: torch.Tensor, depths: torch.Tensor, target_pred
     return VerifyResult(walk.accept_index, walk.accept_len, target_predict.gather(1, last)[:, 0])
 
 
+def simulate_accept_chain(tree, target_predict: torch.Tensor,
+                          coins: torch.Tensor) -> VerifyResult:
+    """BENCHMARK ONLY. simulate_accept over a chain's Tree (kernels.tree.chain_tree), with
+    coins [bs, N] of which the last column is False: node j's child is taken while coin j
+    holds. Three kernels where the tree form takes about ten, which the batch-1 efficiency
+    benchmark would count as the step's cost (a chain's depths are its node indices, its
+    siblings none: the walk's stand-in tokens and siblings are the tree's own tensors)."""
+    wanted = torch.where(coins, tree.first_child, -1)
+    walk = verify_greedy(tree.depths, tree.first_child, tree.next_sibling, wanted,
+                         coins.shape[1] - 1)
+    bonus = target_predict.gather(1, walk.accept_len[:, None])[:, 0]
+    return VerifyResult(walk.accept_index, walk.accept_len, bonus)
+
+
 def accept(reqs: list, tree, draft_probs, logits: torch.Tensor,
            simulate: Optional[SimulatedAccept] = None) -> VerifyResult:
     """logits: [bs, N, V] float32 from TARGET_VERIFY. Greedy requests take the argmax walk;

@@ -38,7 +38,8 @@ class DevicePath(NamedTuple):
     first_pos: torch.Tensor  # [n] position of ids[:, 0] in the draft (the verify's prefix)
     lens: torch.Tensor  # [n] tokens on the path: accepted drafts + the bonus
     roots: torch.Tensor  # [n] the path's last token (the next proposal's root)
-    ids: torch.Tensor  # [n, W] the path's tokens (W = num_draft_tokens), then anything
+    ids: Optional[torch.Tensor]  # [n, W] the path's tokens (W = num_draft_tokens), then
+    # anything; None where the draft reads the step state itself (StepState.path)
     hidden: Optional[torch.Tensor]  # [n, W, H'] the target's hidden states on the path
 
 

@@ -21,7 +21,7 @@ from kernels.verify import verify_greedy
 from specpcg.core import ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
-from specpcg.speculative.accept import simulate_accept
+from specpcg.speculative.accept import simulate_accept, simulate_accept_chain
 from specpcg.speculative.depth import ChainDepth, depth_ladder
 from specpcg.speculative.overlap import DevicePath
 
@@ -45,12 +45,15 @@ class StepState:
         # verify width a step can run (`widths`), each read whole.
         self.out = {w: torch.zeros(max_bs, 2 + 2 * w, **z) for w in widths or (width,)}
 
-    def path(self, bs: int, cols: torch.Tensor):
-        """The accepted path of the last verify, rows :bs (a DevicePath)."""
+    def path(self, bs: int, cols: torch.Tensor, with_ids: bool = True):
+        """The accepted path of the last verify, rows :bs (a DevicePath; its ids None unless
+        with_ids: three kernels a step that a draft reading the state itself does without)."""
         m, bonus = self.accept_len[:bs], self.bonus[:bs]
         # Accepted drafts are nodes 1..m; the bonus follows at column m.
-        ids = torch.where(cols == m[:, None], bonus[:, None],
-                          torch.cat([self.tokens[:bs, 1:], bonus[:, None]], 1))
+        ids = None
+        if with_ids:
+            ids = torch.where(cols == m[:, None], bonus[:, None],
+                              torch.cat([self.tokens[:bs, 1:], bonus[:, None]], 1))
         hidden = self.hidden[:bs] if self.hidden is not None else None
         return DevicePath(self.prefix[:bs], m + 1, bonus, ids, hidden)
 
@@ -112,13 +115,14 @@ class SpecStepGraphs:
         self.step_seconds: dict = {}  # (bucket, depth) -> a replay's seconds (several widths)
         self.depth = None  # a ChainDepth (captured widths, timed), else the full width
         self.cost = CaptureCost()
+        self._constants: dict = {}  # see _constant
 
     # -- the body ---------------------------------------------------------------------------
     def _body(self, bs: int, n: int) -> None:
         """One step of bs rows verifying n nodes each (a chain cut to its first n - 1 drafts
         when n is below the full width: the draft still proposes all of them)."""
         st = self.state
-        path = st.path(bs, self.cols)
+        path = st.path(bs, self.cols, self.round.path_ids)
         tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
         if n < tokens.shape[1]:
             tokens = tokens[:, :n].contiguous()
@@ -130,7 +134,12 @@ class SpecStepGraphs:
         predict = self.target.model.greedy_tokens(out_hidden).view(bs, n)
         if simulate is None:
             result = verify_greedy(tokens, tree.first_child, tree.next_sibling, predict, n - 1)
-        else:  # benchmark only; the default generator, which graphs replay safely
+        elif self.is_chain:  # benchmark only; the default generator, which graphs replay safely
+            coins = torch.rand((bs, n), device=tokens.device) < self._constant(
+                ("coin limits", n), lambda: torch.tensor([simulate.prob] * (n - 1) + [-1.0],
+                                                         device=tokens.device))
+            result = simulate_accept_chain(tree, predict, coins)
+        else:
             coins = torch.rand((bs, n - 1), device=tokens.device) < simulate.prob
             result = simulate_accept(tree.first_child, tree.depths, predict, coins)
         out = StepOutputs(st.tokens[:bs, :n], st.accept_len[:bs], st.bonus[:bs],
@@ -159,7 +168,8 @@ class SpecStepGraphs:
             positions=positions.reshape(-1),
             out_cache_loc=req_to_token[rows[:, None], columns].reshape(-1).long(),
             req_pool_indices=rows, seq_lens=prefix + n,
-            extend_seq_lens=torch.full((bs,), n, dtype=torch.long, device=rows.device),
+            extend_seq_lens=self._constant(("node counts", bs, n), lambda: torch.full(
+                (bs,), n, dtype=torch.long, device=rows.device)),
             seq_lens_cpu=[n] * bs, extend_seq_lens_cpu=[n] * bs,  # host lists: shape only
             tree_mask=None if tree is None else tree.tree_mask)
         self.dec.verify_outputs(batch)
@@ -167,6 +177,14 @@ class SpecStepGraphs:
         attn.init_forward_metadata(batch)
         with forward_context(ForwardContext(batch, attn, bs * n)):
             return self.target.call_model(batch)
+
+    def _constant(self, key: tuple, make):
+        """A tensor the body reads and never writes, made on its first call (a warm-up, outside
+        any capture): its fill is then no kernel of the step's graph."""
+        value = self._constants.get(key)
+        if value is None:
+            value = self._constants[key] = make()
+        return value
 
     # -- capture and replay -------------------------------------------------------------------
     @torch.inference_mode()
