@@ -152,6 +152,9 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--algorithm", default=None, help="a draft held to plain steps")
     p.add_argument("--draft", default=None)
+    p.add_argument("--prompt-len", type=int, default=32,
+                   help="128 with 64 new tokens: probe_step_trace's contexts")
+    p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args(argv)
     from bench_adaptive import engine_kwargs, plain_only
 
@@ -163,8 +166,8 @@ def main(argv=None) -> None:
         plain_only(engine)
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)
-    ids = [[rng.randrange(vocab) for _ in range(32)] for _ in range(args.batch)]
-    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    ids = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.batch)]
+    params = {"max_new_tokens": args.new_tokens, "temperature": 0, "ignore_eos": True}
     run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
     run()  # warm-up
     events = trace_one_replay(args.batch, run)

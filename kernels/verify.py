@@ -106,8 +106,9 @@ def verify_greedy(draft_tokens: torch.Tensor, first_child: torch.Tensor,
                                    max_depth)
     bs = draft_tokens.shape[0]
     device = draft_tokens.device
-    accept_index = torch.full((bs, max_depth + 1), -1, dtype=torch.int64,
-                              device=device)  # [bs, max_depth + 1]
+    # The kernel writes every column: no fill kernel before it.
+    accept_index = torch.empty((bs, max_depth + 1), dtype=torch.int64,
+                               device=device)  # [bs, max_depth + 1]
     accept_len = torch.empty(bs, dtype=torch.int64, device=device)  # [bs]
     bonus = torch.empty(bs, dtype=target_predict.dtype, device=device)  # [bs]
     triton_module("verify_triton").verify_greedy_triton(

@@ -18,7 +18,7 @@ def _verify_greedy_kernel(
     accept_index_ptr, accept_len_ptr, bonus_ptr,
     num_nodes, max_depth,
 ):
-    """One program: the accepted path of request `req` (accept_index arrives filled with -1)."""
+    """One program: the accepted path of request `req`, -1 in accept_index past it."""
     req = tl.program_id(0).to(tl.int64)
     row = req * num_nodes  # this request's nodes in every [bs, N] tensor
     accept_row_ptr = accept_index_ptr + req * (max_depth + 1)
@@ -37,8 +37,9 @@ def _verify_greedy_kernel(
                     found = child
                 else:
                     child = tl.load(next_sibling_ptr + row + child).to(tl.int32)
+        # Every column is written (-1 past the path): accept_index needs no fill first.
+        tl.store(accept_row_ptr + depth, found.to(tl.int64))
         if found >= 0:
-            tl.store(accept_row_ptr + depth, found.to(tl.int64))
             cur = found
             num_accepted += 1
         else:
@@ -51,9 +52,9 @@ def verify_greedy_triton(draft_tokens: torch.Tensor, first_child: torch.Tensor,
                          next_sibling: torch.Tensor, target_predict: torch.Tensor,
                          accept_index: torch.Tensor, accept_len: torch.Tensor,
                          bonus: torch.Tensor) -> None:
-    """Inputs [bs, N] contiguous (first_child, next_sibling int64); accept_index
-    [bs, max_depth + 1] int64 filled with -1; writes accept_index, accept_len [bs] int64 and
-    bonus [bs] (target_predict's dtype)."""
+    """Inputs [bs, N] contiguous (first_child, next_sibling int64); writes accept_index
+    [bs, max_depth + 1] int64 (every column), accept_len [bs] int64 and bonus [bs]
+    (target_predict's dtype)."""
     bs, num_nodes = draft_tokens.shape
     if bs == 0:
         return

@@ -402,3 +402,24 @@ def _check_slots_kernel(device):
                                    _check_sampling_kernel, _check_slots_kernel])
 def test_kernels_match_twins(check, device):
     check(device)
+
+
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=needs_interpreter),
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_verify_greedy_kernel_writes_minus_one_past_the_path_over_any_old_values(device):
+    """The launcher hands the kernel an unfilled accept_index: every column past the accepted
+    path must come out -1 whatever the memory held."""
+    from kernels.verify_triton import verify_greedy_triton
+
+    tree = chain_tree(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], device=device))
+    predict = torch.tensor([[2, 9, 9, 9], [6, 7, 8, 0]], device=device)  # accepts 1, then 3
+    accept_index = torch.full((2, 4), 99, dtype=torch.int64, device=device)
+    accept_len = torch.empty(2, dtype=torch.int64, device=device)
+    bonus = torch.empty(2, dtype=torch.int64, device=device)
+    draft, first_child, next_sibling = _walk(tree)
+    verify_greedy_triton(draft, first_child.long(), next_sibling.long(), predict, accept_index,
+                         accept_len, bonus)
+    assert accept_index.tolist() == [[0, 1, -1, -1], [0, 1, 2, 3]]
+    assert accept_len.tolist() == [1, 3] and bonus.tolist() == [9, 0]
