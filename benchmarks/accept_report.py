@@ -117,3 +117,21 @@ def render_plots(records: list[dict], out: str, hist_setting: tuple) -> list:
         paths.append(f"{stem}_efficiency.png")
         common.line_plot(eff_panels, paths[-1], f"framework efficiency (synthetic); {tag}")
     return paths
+
+
+def plot_compare(labelled: list, out: str) -> str:
+    """Framework efficiency of part B runs side by side (one file per build: LABEL=FILE), a
+    panel per batch size, a group of bars per p and a bar per build; returns the PNG's path."""
+    runs = [(label, rows_b(common.read_jsonl(path))) for label, path in labelled]
+    batches = sorted({r["batch_size"] for _, rows in runs for r in rows})
+    probs = sorted({r["prob"] for _, rows in runs for r in rows if r["prob"] is not None})
+    panels = []
+    for bs in batches:
+        values = {label: [next((r["efficiency"] for r in rows if r["batch_size"] == bs
+                                and r["prob"] == p), None) for p in probs]
+                  for label, rows in runs}
+        panels.append({"title": f"batch {bs}", "ylabel": "decode step / verify step (time)",
+                       "labels": [f"p={p:g}" for p in probs], "values": values})
+    common.grouped_bar_plot(panels, [label for label, _ in runs], out,
+                            "framework efficiency (synthetic acceptance), side by side")
+    return out

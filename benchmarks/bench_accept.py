@@ -34,7 +34,7 @@ import common
 
 common.add_repo_to_path()
 from accept_prompts import chat_messages, repeated_id_prompts  # noqa: E402
-from accept_report import ALGORITHMS, render_plots, render_tables  # noqa: E402
+from accept_report import ALGORITHMS, plot_compare, render_plots, render_tables  # noqa: E402
 from specpcg import Engine  # noqa: E402
 from specpcg.config import EngineConfig  # noqa: E402
 from specpcg.gsm8k import STOP, build_prompts  # noqa: E402
@@ -267,6 +267,8 @@ def parse_args(argv=None):
     p.add_argument("--cpu-threads", type=int, default=None, help="torch threads (--quick: 1)")
     p.add_argument("--quick", action="store_true", help="CPU smoke sizes (no 8B, NGRAM only)")
     p.add_argument("--out", default=None, help=f"default {common.RESULTS_DIR / 'accept.jsonl'}")
+    p.add_argument("--compare", metavar="LABEL=FILE", nargs="+", default=None,
+                   help="plot part B's efficiency of these runs side by side into --out (a PNG)")
     p.add_argument("--table-only", metavar="FILE", default=None,
                    help="re-render the tables and plots from an existing JSON-lines file")
     args = p.parse_args(argv)
@@ -280,6 +282,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.compare:
+        print(f"plot: {plot_compare([c.split('=', 1) for c in args.compare], args.out)}")
+        return
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
     if args.no_stack_nodes:
