@@ -81,7 +81,9 @@ def simulate_accept_chain(tree, target_predict: torch.Tensor,
     holds. Three kernels where the tree form takes about ten, which the batch-1 efficiency
     benchmark would count as the step's cost (a chain's depths are its node indices, its
     siblings none: the walk's stand-in tokens and siblings are the tree's own tensors)."""
-    wanted = torch.where(coins, tree.first_child, -1)
+    # A chain has no siblings: next_sibling is all -1, the "no node" a python -1 would be (a
+    # scalar operand costs a fill kernel on the GPU).
+    wanted = torch.where(coins, tree.first_child, tree.next_sibling)
     walk = verify_greedy(tree.depths, tree.first_child, tree.next_sibling, wanted,
                          coins.shape[1] - 1)
     bonus = target_predict.gather(1, walk.accept_len[:, None])[:, 0]

@@ -126,7 +126,9 @@ class SpecStepGraphs:
         tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
         if n < tokens.shape[1]:
             tokens = tokens[:, :n].contiguous()
-        prefix = torch.where(st.live[:bs], path.first_pos + path.lens, 0)
+        # 0 on padding rows; a product, not torch.where(live, x, 0), whose scalar 0 costs a
+        # fill kernel in the step's graph.
+        prefix = (path.first_pos + path.lens) * st.live[:bs]
         out_hidden, aux = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
         if tree is None:
             tree = self.dec.verify_tree(tokens)
