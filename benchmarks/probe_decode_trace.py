@@ -109,11 +109,8 @@ def is_matmul(name: str) -> bool:
     return any(m in low for m in MATMUL_MARKS)
 
 
-def report(events: list, model, copy_bps: float) -> None:
-    t0, t1 = events[0][1], events[-1][2]
-    busy = sum(e[2] - e[1] for e in events)
-    print(f"# {len(events)} kernels, span {t1 - t0:.0f} us, busy {busy:.0f} us, "
-          f"idle {t1 - t0 - busy:.0f} us; copy {copy_bps / 1e9:.0f} GB/s")
+def print_by_kernel(events: list) -> None:
+    """Each kernel's count and summed time, the costliest first."""
     kinds = collections.defaultdict(lambda: [0, 0.0])
     for name, s, e in events:
         kinds[name[:90]][0] += 1
@@ -121,6 +118,14 @@ def report(events: list, model, copy_bps: float) -> None:
     print("# by kernel: count, us, name")
     for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
         print(f"{n:5d} {us:9.1f}  {name}")
+
+
+def report(events: list, model, copy_bps: float) -> None:
+    t0, t1 = events[0][1], events[-1][2]
+    busy = sum(e[2] - e[1] for e in events)
+    print(f"# {len(events)} kernels, span {t1 - t0:.0f} us, busy {busy:.0f} us, "
+          f"idle {t1 - t0 - busy:.0f} us; copy {copy_bps / 1e9:.0f} GB/s")
+    print_by_kernel(events)
     mm = [e for e in events if is_matmul(e[0])]
     weights = weight_bytes_in_order(model)
     print(f"# matmuls: {len(mm)} kernels for {len(weights)} weights")

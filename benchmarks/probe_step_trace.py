@@ -16,7 +16,6 @@ and the kernels that run outside the step's graph.
 from __future__ import annotations
 
 import argparse
-import collections
 import itertools
 import tempfile
 
@@ -89,7 +88,7 @@ def plot_traces(path: str, traces: list) -> None:
 
 
 def main(argv=None) -> None:
-    from probe_decode_trace import report_window, step_marker, trace_window
+    from probe_decode_trace import print_by_kernel, report_window, step_marker, trace_window
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
 
@@ -128,13 +127,7 @@ def main(argv=None) -> None:
     for name, group in itertools.groupby(events, key=lambda e: e[0][:60]):
         g = list(group)
         print(f"  {g[0][1] - t0:8.1f} {len(g):3d}x {sum(e[2] - e[1] for e in g):7.1f}us  {name}")
-    print("# by kernel: count, us, name")
-    kinds = collections.defaultdict(lambda: [0, 0.0])
-    for name, s, e in events:
-        kinds[name[:90]][0] += 1
-        kinds[name[:90]][1] += e - s
-    for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
-        print(f"{n:5d} {us:9.1f}  {name}")
+    print_by_kernel(events)
     graph = [e[0] for e in events]
     report_window(window, set(graph), step_marker(graph, window))
 

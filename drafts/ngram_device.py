@@ -124,6 +124,7 @@ class NgramStepRound:
 
     hidden_size, hidden_dtype, pad_row = 0, None, None  # no hidden states, no KV cache
     reach_extra = 0
+    path_ids = False  # the path's tokens come from the step state (append_path, the kernel)
 
     def __init__(self, draft, buckets: list, padded: bool):
         """buckets: the target's decode graph batch sizes (padded), or the most requests that
@@ -134,12 +135,6 @@ class NgramStepRound:
         if not self.captures:
             return n if n <= self.buckets[-1] else None
         return pick_bucket(self.buckets, n)
-
-    @property
-    def path_ids(self) -> bool:
-        """Whether propose reads the path's tokens (a DevicePath's ids): a chain's kernel
-        reads the step state itself."""
-        return not self.draft.chain
 
     def propose(self, state, bs: int, path) -> tuple:
         """([bs, N] nodes, root first; their Tree, or None for a chain)."""

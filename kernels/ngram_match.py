@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import pick_triton, triton_module
+from .step_commit import path_tokens
 
 
 def scored_matches(h: torch.Tensor, last: torch.Tensor, max_window: int,
@@ -82,12 +83,10 @@ def append_path(ids: torch.Tensor, rows: torch.Tensor, width: int, nodes: torch.
     token history: [R, width + 1], a sink column last): nodes[i, 1..m] at positions
     prefix[i] + 1 .., then bonus[i] (m = accept_len[i]; node 0, the root, is at prefix[i]
     already). Positions at or past `width` go to the sink column."""
-    n = nodes.shape[1]
-    cols = torch.arange(n, device=nodes.device)
-    m = accept_len[:, None]
-    path = torch.where(cols == m, bonus[:, None], torch.cat([nodes[:, 1:], bonus[:, None]], 1))
+    cols = torch.arange(nodes.shape[1], device=nodes.device)
+    path = path_tokens(nodes, accept_len, bonus, cols)
     pos = prefix[:, None] + 1 + cols
-    pos = torch.where((cols <= m) & (pos < width), pos, width)
+    pos = torch.where((cols <= accept_len[:, None]) & (pos < width), pos, width)
     ids[rows[:, None].expand_as(pos), pos] = path.to(ids.dtype)
 
 

@@ -23,6 +23,14 @@ import torch
 from .dispatch import pick_triton, triton_module
 
 
+def path_tokens(nodes: torch.Tensor, accept_len: torch.Tensor, bonus: torch.Tensor,
+                cols: torch.Tensor) -> torch.Tensor:
+    """[bs, N] a verify's accepted path after its root: nodes[:, 1..m] (m = accept_len), then
+    the bonus at column m, then anything. cols: arange(N) on the nodes' device."""
+    return torch.where(cols == accept_len[:, None], bonus[:, None],
+                       torch.cat([nodes[:, 1:], bonus[:, None]], 1))
+
+
 class StepOutputs(NamedTuple):
     """Where a step's results go ([bs] or [bs, N] rows of the step state)."""
 

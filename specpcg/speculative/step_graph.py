@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.step_commit import StepOutputs, commit_step
+from kernels.step_commit import StepOutputs, commit_step, path_tokens
 from kernels.verify import verify_greedy
 from specpcg.core import ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
@@ -49,11 +49,7 @@ class StepState:
         """The accepted path of the last verify, rows :bs (a DevicePath; its ids None unless
         with_ids: three kernels a step that a draft reading the state itself does without)."""
         m, bonus = self.accept_len[:bs], self.bonus[:bs]
-        # Accepted drafts are nodes 1..m; the bonus follows at column m.
-        ids = None
-        if with_ids:
-            ids = torch.where(cols == m[:, None], bonus[:, None],
-                              torch.cat([self.tokens[:bs, 1:], bonus[:, None]], 1))
+        ids = path_tokens(self.tokens[:bs], m, bonus, cols) if with_ids else None
         hidden = self.hidden[:bs] if self.hidden is not None else None
         return DevicePath(self.prefix[:bs], m + 1, bonus, ids, hidden)
 
