@@ -7,10 +7,11 @@ Each timing replays one call per copy of the weight, captured in one CUDA graph 
 gaps; bench_matmul.time_us), with enough copies that none stays in L2, as in a real step where
 the whole model streams through. The gate_up shapes run with the SiLU-and-mul epilogue against cuBLAS followed
 by the SiLU-and-mul kernel. Lines: shape, rows, backend (cublas, triton, chosen: the kernel's
-own tiling), config (BLOCK_N, BLOCK_K, warps, stages), us per call, GB/s of weight read, and
+own tiling), config (BLOCK_N, BLOCK_K, warps, stages, SPLITS), us per call, GB/s of weight read, and
 the fraction of a device-to-device copy's rate. s_*: the default model's shapes.
 
     python benchmarks/probe_gemv.py [--shapes qkv o ...] [--rows 1 8] > out.txt
+    python benchmarks/probe_gemv.py --shapes s_qkv s_o --rows 8 --splits 2 3 4  # split K
 """
 
 from __future__ import annotations
@@ -29,14 +30,23 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336), "lm_head": (128256, 4096),
           "s_qkv": (960, 576), "s_o": (576, 576), "s_gate_up": (3072, 576), "s_down": (576, 1536),
           "s_head": (49152, 576)}
-CONFIGS = [(bn, bk, w, s) for bn, bk in ((1, 1024), (2, 512), (2, 1024), (4, 256), (4, 512),
+CONFIGS = [(bn, bk, w, s, 1) for bn, bk in ((1, 1024), (2, 512), (2, 1024), (4, 256), (4, 512),
                                          (8, 256), (8, 512), (16, 128), (16, 256), (32, 128))
            for w, s in ((2, 4), (4, 3), (4, 4), (8, 3))]
 # 2-8 rows: _rows_kernel's tiles (16 padded rows x BLOCK_N outputs on tensor cores)
-ROW_CONFIGS = [(bn, bk, w, s) for bn in (16, 32, 64) for bk in (64, 128, 256)
+ROW_CONFIGS = [(bn, bk, w, s, 1) for bn in (16, 32, 64) for bk in (64, 128, 256)
                for w, s in ((4, 3), (4, 4))]
-ROW_CONFIGS += [(bn, bk, w, s) for bn in (16, 32) for bk in (512, 1024)
+ROW_CONFIGS += [(bn, bk, w, s, 1) for bn in (16, 32) for bk in (512, 1024)
                 for w, s in ((2, 1), (4, 1), (4, 2), (8, 1))]
+
+
+def split_configs(splits: list, k: int) -> list:
+    """2-8 rows with K split over `splits` programs a tile (more programs a launch)."""
+    if k >= 4096:  # the 8B shape's: wider tiles, fewer splits pay
+        return [(bn, bk, w, 3, sp) for sp in splits for bn in (32, 64) for bk in (128, 256)
+                for w in (4, 8)]
+    return [(bn, bk, w, 3, sp) for sp in splits for bn in (16, 32) for bk in (64, 128, 256)
+            for w in (2, 4)]
 
 
 def gemv(x, w, out, cfg, silu_mul=False):
@@ -45,7 +55,8 @@ def gemv(x, w, out, cfg, silu_mul=False):
     launch(x, w, None, out, silu_mul, tile=cfg)
 
 
-def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:
+def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float,
+          splits: list | None = None) -> None:
     """Every config on one shape at `rows` rows (gate_up shapes: with the SiLU-and-mul
     epilogue, against cuBLAS followed by the SiLU-and-mul kernel)."""
     from kernels import fused_ops
@@ -64,7 +75,8 @@ def sweep(name: str, n: int, k: int, rows: int, dev, copy_bps: float) -> None:
         ref = torch.nn.functional.linear
     results = [("cublas", "-", time_us(ref, ws, x))]
     chosen = tiling(out.shape[-1], k, rows)
-    for cfg in (CONFIGS if rows == 1 else ROW_CONFIGS) + ([chosen] if chosen else []):
+    configs = CONFIGS if rows == 1 else split_configs(splits, k) if splits else ROW_CONFIGS
+    for cfg in configs + ([chosen] if chosen else []):
         try:
             gemv(x, ws[0], out, cfg, silu)
         except Exception as err:  # noqa: BLE001 (a config the GPU refuses)
@@ -82,13 +94,15 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--rows", nargs="+", type=int, default=[1])
+    p.add_argument("--splits", nargs="+", type=int, default=None,
+                   help="from 2 rows: sweep these K splits instead of the unsplit tilings")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     copy_bps = copy_bandwidth(dev)
     print(f"# copy {copy_bps / 1e9:.0f} GB/s")
     for rows in args.rows:
         for name in args.shapes:
-            sweep(name, *SHAPES[name], rows, dev, copy_bps)
+            sweep(name, *SHAPES[name], rows, dev, copy_bps, args.splits)
             torch.cuda.empty_cache()
 
 

@@ -59,29 +59,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
 
 
 @triton.jit
-def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_wn,
-                 stride_ym, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """2 to 16 rows: BLOCK_N outputs of each row a program, on tensor cores (the rows padded
-    to 16, which costs nothing where the weight's read is the bound). The epilogue is the
-    one-row kernel's."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    offs_m = tl.arange(0, 16)
-    mask_m = offs_m < M
-    cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
-    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        mask = mask_k[:, None] & mask_n[None, :]
-        acc = tl.dot(x, tl.load(cols + offs_k[:, None], mask=mask, other=0.0), acc)
-        if SILU_MUL:
-            up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask, other=0.0)
-            acc_up = tl.dot(x, up, acc_up)
+def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
+                   HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):
+    """The one-row kernel's epilogue over [16, BLOCK_N] sums: bias, SiLU-and-mul, store."""
     y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -92,6 +72,63 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stri
         y = act * acc_up.to(dtype).to(tl.float32)
     out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_PER, UP_OFFSET,
+                 stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
+                 SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLITS: tl.constexpr):
+    """2 to 16 rows: BLOCK_N outputs of each row a program, on tensor cores (the rows padded
+    to 16, which costs nothing where the weight's read is the bound). SPLITS > 1: program
+    (tile, s) sums K_PER of the depth, and the last of a tile's programs to arrive adds the
+    splits' fp32 sums in split order (so the bits follow K, BLOCK_K and SPLITS alone) and runs
+    the one-row kernel's epilogue."""
+    tile = tl.program_id(0)
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, 16)
+    mask_m = offs_m < M
+    cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
+    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    k_lo = tl.program_id(1) * K_PER
+    k_hi = tl.minimum(k_lo + K_PER, K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < k_hi
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        mask = mask_k[:, None] & mask_n[None, :]
+        acc = tl.dot(x, tl.load(cols + offs_k[:, None], mask=mask, other=0.0), acc)
+        if SILU_MUL:
+            up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask, other=0.0)
+            acc_up = tl.dot(x, up, acc_up)
+    if SPLITS == 1:
+        _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
+                       HAS_BIAS, SILU_MUL)
+    else:
+        # One kernel, not a split kernel and a sum kernel (a launch costs about what a small
+        # layer's read does). The barrier orders every thread's stores before the counter's
+        # release; the last to arrive (acquire) sees them all and zeroes the counter again.
+        cell = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        parts = part_ptr + tile.to(tl.int64) * (SPLITS * 2 * 16 * BLOCK_N) + cell
+        mine = parts + tl.program_id(1) * (2 * 16 * BLOCK_N)
+        tl.store(mine, acc)
+        if SILU_MUL:
+            tl.store(mine + 16 * BLOCK_N, acc_up)
+        tl.debug_barrier()
+        if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            tl.store(arrived_ptr + tile, 0)
+            acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLITS):  # ".cg": other SMs wrote them, skip L1
+                acc += tl.load(parts + s * (2 * 16 * BLOCK_N), cache_modifier=".cg")
+                if SILU_MUL:
+                    acc_up += tl.load(parts + s * (2 * 16 * BLOCK_N) + 16 * BLOCK_N,
+                                      cache_modifier=".cg")
+            _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n,
+                           stride_ym, HAS_BIAS, SILU_MUL)
 
 
 def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
@@ -108,34 +145,65 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
     2-8 rows, fitted on an H100 (`probe_gemv.py --rows 8`): wide tiles and 256-deep steps on
     the 8B shape's weights (qkv 20.2 against cuBLAS's 20.8 us, gate/up with its SiLU-and-mul
     81.9 against 85.6, its LM head 344 against 391), narrow ones on the default model's (3.3-
-    4.9 against 3.5-5.8 us); its tied LM head gains 3% here and stays on cuBLAS."""
+    4.9 against 3.5-5.8 us); its tied LM head gains 3% here and stays on cuBLAS. Deep weights
+    split K (`probe_gemv.py --rows 8 --splits ...`, one H200): their unsplit launches have too
+    few programs to fill the GPU (the default model's down, 576 x 1,536: 36 programs, 4.70 us;
+    6 splits 3.93; the 8B shape's down, 4,096 x 14,336: 37.3 us, 3 splits 31.2, cuBLAS 31.0).
+    Splitting the 4,096-deep ones paid for o (13.1 -> 11.5 us) and cost qkv, so they stay
+    whole."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384):
         return None
     if rows == 1:
-        return (2 if n >= 65536 else 1), 1024, 4, 4
+        return (2 if n >= 65536 else 1), 1024, 4, 4, 1
     # by K alone, like BLOCK_K: a tensor-parallel shard (fewer outputs) keeps the tiling
-    block_n = 64 if k >= 4096 else 16 if k >= 1024 else 32
-    return block_n, (256 if k >= 1024 else 128), 4, 4
+    if k < 1024:
+        return 32, 128, 4, 4, 1
+    if k < 4096:
+        return 32, 128, 4, 3, 6
+    if k < 8192:
+        return 64, 256, 4, 4, 1
+    return 32, 256, 4, 3, 3
+
+
+MAX_TILES = 8192  # arrival counters a device keeps: a split launch's BLOCK_N-wide tiles
+_arrived: dict = {}
+
+
+def arrival_counters(device: torch.device) -> torch.Tensor:
+    """The device's zeroed counters for split launches (each launch leaves them zero). Made on
+    the first call, which is an eager one: a kernel is compiled before any graph captures it."""
+    key = (device.type, device.index)
+    if key not in _arrived:
+        _arrived[key] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _arrived[key]
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride), weight [N, K] with unit column stride,
     out [M, N] or, for silu_mul, [M, N / 2] (weight rows: gate, then up), unit column stride.
-    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages) instead of `tiling`'s (probe_gemv's sweep).
-    Returns out."""
+    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) instead of `tiling`'s (probe_gemv's
+    sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    block_n, block_k, warps, stages = tile or tiling(n_out, k, m) or (
-        (32, 128, 4, 4) if m > 1 else (1, 1024, 4, 4))
+    block_n, block_k, warps, stages, splits = tile or tiling(n_out, k, m) or (
+        (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
                  BLOCK_K=block_k, num_warps=warps, num_stages=stages)
-    grid = (triton.cdiv(n_out, block_n),)
+    tiles = triton.cdiv(n_out, block_n)
     up_offset = n_out if silu_mul else 0
     if m == 1:
-        _gemv_kernel[grid](*args, n_out, k, up_offset, weight.stride(0), **flags)
-    else:
-        _rows_kernel[grid](*args, m, n_out, k, up_offset, x.stride(0), weight.stride(0),
-                           out.stride(0), **flags)
+        _gemv_kernel[(tiles,)](*args, n_out, k, up_offset, weight.stride(0), **flags)
+        return out
+    if splits > 1 and tiles > MAX_TILES:
+        raise ValueError(f"a split launch takes at most {MAX_TILES} tiles of outputs, got "
+                         f"{tiles} ({n_out} outputs, BLOCK_N {block_n})")
+    per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+    parts = (torch.empty(tiles * splits * 2 * 16 * block_n, dtype=torch.float32,
+                         device=x.device) if splits > 1 else out)
+    arrived = arrival_counters(x.device) if splits > 1 else out
+    _rows_kernel[(tiles, splits)](*args, parts, arrived, m, n_out, k, per_split, up_offset,
+                                  x.stride(0), weight.stride(0), out.stride(0), SPLITS=splits,
+                                  **flags)
     return out

@@ -60,7 +60,7 @@ def test_the_tile_width_never_changes_a_sum(monkeypatch, block_n):
 
     x, w = torch.randn(1, 1500), torch.randn(40, 1500)
     one_row = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 1024, 4, 4))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 1024, 4, 4, 1))
     assert torch.equal(gemv.linear(x, w, use_triton=True), one_row)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), one_row[:, 17:])
 
@@ -72,9 +72,9 @@ def test_the_rows_kernel_tile_width_never_changes_a_sum(monkeypatch, block_n):
     from kernels import gemv_triton
 
     x, w = torch.randn(3, 1500), torch.randn(80, 1500)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (32, 256, 4, 4))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (32, 256, 4, 4, 1))
     whole = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 256, 4, 4))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 256, 4, 4, 1))
     assert torch.equal(gemv.linear(x, w, use_triton=True), whole)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), whole[:, 17:])
 
@@ -94,19 +94,59 @@ def test_a_row_keeps_its_bits_among_others():
     assert torch.equal(fused[3:5], gemv.linear_silu_mul(x[3:5], w, use_triton=True))
 
 
+@needs_interpreter
+@pytest.mark.parametrize("splits", [2, 3, 5])
+@pytest.mark.parametrize("silu", [False, True])
+def test_a_split_launch_matches_its_twin_and_leaves_the_counters_zero(monkeypatch, splits, silu):
+    """K split over programs (the last to arrive adds the splits in order): the twin's
+    result with or without bias or SiLU-and-mul, a split past K left empty (100 deep in
+    64-deep steps over 5 splits), and every arrival counter back at 0 for the next launch."""
+    from kernels import gemv_triton
+
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (16, 64, 4, 3, splits))
+    for rows, (n, k) in ((3, (40, 100)), (8, (37, 300))):
+        x, w, b = torch.randn(rows, k), torch.randn(2 * n, k) / k ** 0.5, torch.randn(2 * n)
+        if silu:
+            _close_fp32(gemv.linear_silu_mul(x, w, use_triton=True),
+                        gemv.linear_silu_mul_torch(x, w))
+        else:
+            _close_fp32(gemv.linear(x, w, b, use_triton=True), gemv.linear_torch(x, w, b))
+        assert not gemv_triton.arrival_counters(x.device).any()
+
+
+@needs_interpreter
+def test_a_split_launch_keeps_a_rows_bits_in_a_shard_and_among_other_rows(monkeypatch):
+    """The splits follow K, BLOCK_K and SPLITS alone: a column shard (tensor parallelism), a
+    wider tile and the rows beside a row leave its bits; the sum order of the splits is fixed
+    (the same bits every launch)."""
+    from kernels import gemv_triton
+
+    x, w = torch.randn(7, 1500), torch.randn(80, 1500)
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (16, 256, 4, 3, 3))
+    every = gemv.linear(x, w, use_triton=True)
+    assert torch.equal(gemv.linear(x, w, use_triton=True), every)
+    assert torch.equal(gemv.linear(x, w[17:], use_triton=True), every[:, 17:])
+    assert torch.equal(gemv.linear(x[2:4], w, use_triton=True), every[2:4])
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (32, 256, 4, 3, 3))
+    assert torch.equal(gemv.linear(x, w, use_triton=True), every)
+
+
 def test_the_fitted_tiling_and_where_cublas_stays():
     from kernels import gemv_triton
 
     assert gemv_triton.tiling(49152, 576) is None  # the default model's tied LM head
     assert gemv_triton.tiling(49152, 576, 8) is None
-    assert gemv_triton.tiling(128256, 4096) == (2, 1024, 4, 4)
-    assert gemv_triton.tiling(4096, 14336) == (1, 1024, 4, 4)
+    assert gemv_triton.tiling(128256, 4096) == (2, 1024, 4, 4, 1)
+    assert gemv_triton.tiling(4096, 14336) == (1, 1024, 4, 4, 1)
     assert gemv_triton.tiling(4096, 14336, gemv.MAX_ROWS + 1) is None
     # 2-8 rows: wide tiles on large weights, narrow on small; by K alone
-    assert gemv_triton.tiling(4096, 14336, 8) == (64, 256, 4, 4)
-    assert gemv_triton.tiling(2048, 14336, 2) == (64, 256, 4, 4)  # a tensor-parallel shard
-    assert gemv_triton.tiling(576, 1536, 8) == (16, 256, 4, 4)
-    assert gemv_triton.tiling(960, 576, 2) == (32, 128, 4, 4)
+    assert gemv_triton.tiling(4096, 4096, 8) == (64, 256, 4, 4, 1)
+    assert gemv_triton.tiling(2048, 4096, 2) == (64, 256, 4, 4, 1)  # a tensor-parallel shard
+    assert gemv_triton.tiling(960, 576, 2) == (32, 128, 4, 4, 1)
+    # deep weights split K over programs: too few tiles of outputs to fill the GPU
+    assert gemv_triton.tiling(4096, 14336, 8) == (32, 256, 4, 3, 3)
+    assert gemv_triton.tiling(2048, 14336, 8) == (32, 256, 4, 3, 3)
+    assert gemv_triton.tiling(576, 1536, 8) == (32, 128, 4, 3, 6)
 
 
 def test_only_a_few_rows_on_cuda_outside_autograd_take_the_kernel():
@@ -167,7 +207,7 @@ def test_cuda_kernel_matches_cublas(n, k, dtype, rows):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n,k", [(960, 576), (1536, 4096)])
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (1536, 4096), (1024, 14336)])
 def test_cuda_a_row_does_not_depend_on_the_rows_beside_it(n, k):
     """Compiled, from 2 rows up (one kernel), a row's bits do not depend on how many rows
     the call has or what they hold."""
@@ -191,3 +231,28 @@ def test_cuda_graph_replay_equals_eager():
     graph.replay()
     assert torch.equal(out, gemv.linear_silu_mul(x, w))
     assert not torch.equal(out, eager)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("splits", [2, 4, 6])
+def test_cuda_split_launches_equal_the_unsplit_sum_in_graphs_too(monkeypatch, splits):
+    """K split over programs on the GPU: close to the unsplit kernel, the same bits on every
+    launch (200 back to back, eager and replayed from a graph: the last program of a tile
+    always sees the others' sums) and the arrival counters zero afterwards."""
+    from kernels import gemv_triton
+
+    x = torch.randn(gemv.MAX_ROWS, 1536, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(2 * 576, 1536, device="cuda") * 0.02).to(torch.bfloat16)
+    whole = gemv.linear_silu_mul(x, w, use_triton=True)
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (16, 128, 4, 3, splits))
+    first = gemv.linear_silu_mul(x, w, use_triton=True)
+    torch.testing.assert_close(first.float(), whole.float(), atol=2e-2, rtol=1.6e-2)
+    outs = [gemv.linear_silu_mul(x, w, use_triton=True) for _ in range(200)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = [gemv.linear_silu_mul(x, w, use_triton=True) for _ in range(50)]
+    for _ in range(4):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, first) for o in outs + replayed)
+    assert not gemv_triton.arrival_counters(x.device).any()
