@@ -24,21 +24,36 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dispatch import pdl
 from kernels.gemv import MAX_ROWS
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
                  HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET
-    . x), each sum rounded to the output dtype first, as silu_and_mul over a matmul's output."""
+    . x), each sum rounded to the output dtype first, as silu_and_mul over a matmul's output.
+    PDL (kernels/dispatch.pdl): the first BLOCK_K of the weights are read before the wait."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
+    mask = mask_n[:, None] & mask_k[None, :]
+    w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    up = w
+    if SILU_MUL:
+        up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
+    acc = w * x
+    acc_up = up * x
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         mask = mask_n[:, None] & mask_k[None, :]
@@ -78,12 +93,16 @@ def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, st
 def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_PER, UP_OFFSET,
                  stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLITS: tl.constexpr):
+                 SPLITS: tl.constexpr, PDL: tl.constexpr):
     """2 to 16 rows: BLOCK_N outputs of each row a program, on tensor cores (the rows padded
     to 16, which costs nothing where the weight's read is the bound). SPLITS > 1: program
     (tile, s) sums K_PER of the depth, and the last of a tile's programs to arrive adds the
     splits' fp32 sums in split order (so the bits follow K, BLOCK_K and SPLITS alone) and runs
-    the one-row kernel's epilogue."""
+    the one-row kernel's epilogue. PDL: the wait comes first (the K loop's pipelined loads
+    would lose their overlap if the first weights were read before it)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     tile = tl.program_id(0)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -190,7 +209,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
-                 BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+                 BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl(x))
     tiles = triton.cdiv(n_out, block_n)
     up_offset = n_out if silu_mul else 0
     if m == 1:

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dispatch import pdl
+
 MAX_HIDDEN = 8192  # a whole row lives in registers; wider rows would spill
 
 
@@ -24,9 +26,13 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x_row, stride_residual_row, stride_out_row, stride_residual_out_row,
     hidden_size, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program: row `row` of x (+ residual), normalised and scaled by the weight."""
+    """One program: row `row` of x (+ residual), normalised and scaled by the weight. PDL:
+    kernels/dispatch.pdl."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden_size  # BLOCK is hidden_size padded to a power of two
@@ -61,7 +67,7 @@ def _launch(x, residual, weight, eps, out, residual_out):
         x, residual, weight, out, residual_out,
         x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0),
         hidden_size, eps,
-        HAS_RESIDUAL=has_residual, BLOCK=block, num_warps=num_warps,
+        HAS_RESIDUAL=has_residual, BLOCK=block, num_warps=num_warps, **pdl(x),
     )
 
 

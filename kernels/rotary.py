@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dispatch import pdl
+
 
 @triton.jit
 def _rotate_heads(row_ptr, cos, sin, offs_half, mask_half,
@@ -91,10 +93,14 @@ def _rotary_store_kernel(
     stride_q_tok, stride_k_tok, stride_v_tok, stride_cos_sin_pos, stride_cache_slot,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_KV: tl.constexpr,
+    BLOCK_KV: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: token `tok`'s q and k heads rotated in place, then its k and v rows copied
-    into the caches at its slot (k read back after the rotation: the same program wrote it)."""
+    into the caches at its slot (k read back after the rotation: the same program wrote it).
+    PDL: kernels/dispatch.pdl."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     tok = tl.program_id(0).to(tl.int64)
     _rotate_token(tok, positions_ptr, q_ptr, k_ptr, cos_sin_ptr, stride_q_tok, stride_k_tok,
                   stride_cos_sin_pos, NUM_Q_HEADS, NUM_K_HEADS, HEAD_DIM, BLOCK_HQ, BLOCK_HK,
@@ -122,4 +128,5 @@ def rotary_store_triton_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
     _rotary_store_kernel[(num_tokens,)](
         positions, q, k, v, cos_sin_cache, slots, k_cache, v_cache,
         q.stride(0), k.stride(0), v.stride(0), cos_sin_cache.stride(0), k_cache.stride(0),
-        BLOCK_KV=triton.next_power_of_2(k.shape[1:].numel()), **_launch_options(q, k, head_dim))
+        BLOCK_KV=triton.next_power_of_2(k.shape[1:].numel()), **_launch_options(q, k, head_dim),
+        **pdl(q))

@@ -256,3 +256,55 @@ def test_cuda_split_launches_equal_the_unsplit_sum_in_graphs_too(monkeypatch, sp
     torch.cuda.synchronize()
     assert all(torch.equal(o, first) for o in outs + replayed)
     assert not gemv_triton.arrival_counters(x.device).any()
+
+
+def test_pdl_is_off_for_cpu_tensors():
+    from kernels.dispatch import pdl
+
+    assert pdl(torch.zeros(1)) == {"PDL": False}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [1, 8])
+def test_cuda_a_pdl_chain_of_layers_has_the_bits_of_one_without(rows):
+    """A decode step's chain (norm, linear layers, a fused add + norm) replayed from a CUDA
+    graph with programmatic dependent launch, as on Hopper by default: every replay gives the
+    bits of the same graph without it (each kernel waits before it reads what the one before
+    wrote; a read too early would show)."""
+    from kernels import dispatch, norm
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs Hopper or later")
+    torch.manual_seed(0)
+    layers = [[(torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16)
+               for n, k in ((576, 576), (3072, 576), (576, 1536))] for _ in range(12)]
+    gain = torch.ones(576, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, 576, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        h, res = torch.empty_like(x), x.clone()
+        norm.rms_norm_triton(x, gain, 1e-5, h)
+        for o, gate_up, down in layers:
+            a = gemv.linear(h, o, use_triton=True)
+            norm.fused_add_rms_norm_triton(a, res, gain, 1e-5, h, res)
+            h = gemv.linear(gemv.linear_silu_mul(h, gate_up, use_triton=True), down,
+                            use_triton=True)
+        return h
+
+    outs = {}
+    index = torch.cuda.current_device()
+    try:
+        for on in (False, True):
+            dispatch._pdl_devices[index] = on
+            step()  # compile outside the graph
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step()
+            replays = []
+            for _ in range(20):
+                graph.replay()
+                replays.append(out.clone())
+            outs[on] = replays
+    finally:
+        dispatch._pdl_devices.pop(index, None)
+    assert all(torch.equal(r, outs[False][0]) for r in outs[False] + outs[True])

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dispatch import pdl
+
 LOG2_E = 1.4426950408889634
 
 
@@ -108,13 +110,17 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
     NODES: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr,
     MAX_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Programs (c, kv head, p) cover every query head of one KV head (each key loaded once)
     for queries c * NODES .. c * NODES + NODES - 1 (one row: a chain's verify nodes, stacked in
     the dot's rows as (node, head); NODES = 1 is a decode), over the key splits p,
     p + NUM_PROGRAMS, ... of SPLIT_LEN keys at fixed positions (see the NOTE above). The last
-    program of a (c, kv head) to finish merges its splits (`_merge_splits`)."""
+    program of a (c, kv head) to finish merges its splits (`_merge_splits`). PDL:
+    kernels/dispatch.pdl."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     prog = tl.program_id(0)
     kv_head = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK_H)  # BLOCK_H is NODES * GROUP_SIZE padded up for tl.dot
@@ -315,7 +321,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         MAX_SPLITS=max_splits, DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(nodes_per_program * group_size)),
         BLOCK_N=32 if cpu else 64, BLOCK_D=block_d,
-        num_warps=4, num_stages=1 if cpu else 2,
+        num_warps=4, num_stages=1 if cpu else 2, **pdl(q),
     )
 
 
