@@ -60,8 +60,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
         x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
         acc += tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32) * x
         if SILU_MUL:
-            up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-            acc_up += up.to(tl.float32) * x
+            up_k = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask,
+                           other=0.0)
+            acc_up += up_k.to(tl.float32) * x
     y = tl.sum(acc, 1)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
