@@ -264,6 +264,37 @@ def test_pdl_is_off_for_cpu_tensors():
     assert pdl(torch.zeros(1)) == {"PDL": False}
 
 
+@needs_interpreter
+@pytest.mark.parametrize("split", [1, 3])
+def test_the_pdl_forms_read_the_first_weights_early_and_keep_the_bits(monkeypatch, split):
+    """The kernels' PDL forms (the first weights read before the wait, summed first), run in
+    the interpreter with the wait and the signal as no-ops: the bits of the plain forms, one
+    row and several (K split or not, SiLU-and-mul or not), and RMSNorm's."""
+    import triton.language as tl
+
+    from kernels import gemv_triton, norm
+
+    x, w = torch.randn(8, 1500), torch.randn(80, 1500) / 40
+    tiling = gemv_triton.tiling
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (
+        (16, 256, 4, 3, split) if rows > 1 else tiling(n, k, rows)))
+    h, gain = torch.randn(3, 96), torch.randn(96)
+
+    def run():
+        return [gemv.linear(x[:1], w, use_triton=True), gemv.linear(x, w, use_triton=True),
+                gemv.linear_silu_mul(x[:1], w, use_triton=True),
+                gemv.linear_silu_mul(x[:5], w, use_triton=True),
+                norm.rms_norm_triton(h, gain, 1e-5, torch.empty_like(h))]
+    plain = run()
+    for module in (gemv_triton, norm):
+        monkeypatch.setattr(module, "pdl", lambda t: {"PDL": True})
+    monkeypatch.setattr(tl.extra.cuda, "gdc_wait", lambda *a, **k: None, raising=False)
+    monkeypatch.setattr(tl.extra.cuda, "gdc_launch_dependents", lambda *a, **k: None,
+                        raising=False)
+    for a, b in zip(run(), plain):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("rows", [1, 8])
 def test_cuda_a_pdl_chain_of_layers_has_the_bits_of_one_without(rows):
