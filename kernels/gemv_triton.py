@@ -99,8 +99,13 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     to 16, which costs nothing where the weight's read is the bound). SPLITS > 1: program
     (tile, s) sums K_PER of the depth, and the last of a tile's programs to arrive adds the
     splits' fp32 sums in split order (so the bits follow K, BLOCK_K and SPLITS alone) and runs
-    the one-row kernel's epilogue. PDL (kernels/dispatch.pdl): the first BLOCK_K of the
-    weights are read before the wait, and summed first, as the loop would."""
+    the one-row kernel's epilogue. PDL (kernels/dispatch.pdl): the wait comes first. Reading
+    the first weights before it, as the one-row kernel does, measured no faster here (3.61-3.65
+    against 3.50 us a call in a chain of the default model's layers at 8 rows on an H200,
+    benchmarks/probe_pdl.py)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     tile = tl.program_id(0)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -111,25 +116,7 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k_lo = tl.program_id(1) * K_PER
     k_hi = tl.minimum(k_lo + K_PER, K)
-    k_start = k_lo
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        offs_k = k_lo + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < k_hi
-        mask = mask_k[:, None] & mask_n[None, :]
-        first = tl.load(cols + offs_k[:, None], mask=mask, other=0.0)
-        first_up = first
-        if SILU_MUL:
-            first_up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask,
-                               other=0.0)
-        tl.extra.cuda.gdc_wait()
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        acc = tl.dot(x, first, acc)
-        if SILU_MUL:
-            acc_up = tl.dot(x, first_up, acc_up)
-        k_start = k_lo + BLOCK_K
-    for k0 in range(k_start, k_hi, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k_hi
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
