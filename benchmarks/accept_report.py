@@ -119,19 +119,30 @@ def render_plots(records: list[dict], out: str, hist_setting: tuple) -> list:
     return paths
 
 
-def plot_compare(labelled: list, out: str) -> str:
-    """Framework efficiency of part B runs side by side (one file per build: LABEL=FILE), a
-    panel per batch size, a group of bars per p and a bar per build; returns the PNG's path."""
+COMPARE_METRICS = {  # --compare-metric: (a row's value, axis label, title)
+    "efficiency": (lambda r: r["efficiency"], "decode step / verify step (time)",
+                   "framework efficiency (synthetic acceptance), side by side"),
+    "tok_s": (lambda r: r["decode_tok_s"], "decode tok/s",
+              "decode tok/s, no-spec and speculative (synthetic acceptance), side by side"),
+}
+
+
+def plot_compare(labelled: list, out: str, metric: str = "efficiency") -> str:
+    """Part B runs side by side (one file per build: LABEL=FILE): framework efficiency, or
+    decode tok/s with no-spec as a group of its own; a panel per batch size, a group of bars
+    per p and a bar per build. Returns the PNG's path."""
+    value, ylabel, title = COMPARE_METRICS[metric]
     runs = [(label, rows_b(common.read_jsonl(path))) for label, path in labelled]
     batches = sorted({r["batch_size"] for _, rows in runs for r in rows})
     probs = sorted({r["prob"] for _, rows in runs for r in rows if r["prob"] is not None})
+    if metric == "tok_s":
+        probs = [None] + probs
     panels = []
     for bs in batches:
-        values = {label: [next((r["efficiency"] for r in rows if r["batch_size"] == bs
+        values = {label: [next((value(r) for r in rows if r["batch_size"] == bs
                                 and r["prob"] == p), None) for p in probs]
                   for label, rows in runs}
-        panels.append({"title": f"batch {bs}", "ylabel": "decode step / verify step (time)",
-                       "labels": [f"p={p:g}" for p in probs], "values": values})
-    common.grouped_bar_plot(panels, [label for label, _ in runs], out,
-                            "framework efficiency (synthetic acceptance), side by side")
+        panels.append({"title": f"batch {bs}", "ylabel": ylabel, "values": values,
+                       "labels": ["no-spec" if p is None else f"p={p:g}" for p in probs]})
+    common.grouped_bar_plot(panels, [label for label, _ in runs], out, title)
     return out

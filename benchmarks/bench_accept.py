@@ -269,6 +269,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help=f"default {common.RESULTS_DIR / 'accept.jsonl'}")
     p.add_argument("--compare", metavar="LABEL=FILE", nargs="+", default=None,
                    help="plot part B's efficiency of these runs side by side into --out (a PNG)")
+    p.add_argument("--compare-metric", choices=("efficiency", "tok_s"), default="efficiency",
+                   help="--compare: framework efficiency, or decode tok/s (no-spec included)")
     p.add_argument("--table-only", metavar="FILE", default=None,
                    help="re-render the tables and plots from an existing JSON-lines file")
     args = p.parse_args(argv)
@@ -283,7 +285,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.compare:
-        print(f"plot: {plot_compare([c.split('=', 1) for c in args.compare], args.out)}")
+        labelled = [c.split("=", 1) for c in args.compare]
+        print(f"plot: {plot_compare(labelled, args.out, args.compare_metric)}")
         return
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)

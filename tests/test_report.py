@@ -135,3 +135,32 @@ def test_reference_rows_and_bandwidth_share():
     assert bench_reference.bound_share(_reference("8b", 1, 150.0, 140.0, "g",
                                                   copy_bandwidth_Bps=3.0e12)) is None
     assert "| 8b | 1 | g | 150 | 140 | 1.07 | 0.75 |" in bench_reference.render_table([measured])
+
+
+def _part_b(prob, batch, tok_s, efficiency):
+    return {"bench": "accept", "part": "B", "model": "m", "prob": prob, "batch_size": batch,
+            "decode_tok_s": tok_s, "efficiency": efficiency, "device": "gpu"}
+
+
+def test_accept_runs_side_by_side_plot_efficiency_or_decode_tok_s(tmp_path, monkeypatch):
+    """bench_accept --compare: a panel per batch, a group per p (no-spec first for tok/s) and a
+    bar per run, each bar the run's own value."""
+    import accept_report
+    import common
+
+    runs = {}
+    for label, scale in (("new", 2.0), ("old", 1.0)):
+        path = tmp_path / f"{label}.jsonl"
+        _write(path, [_part_b(p, bs, scale * bs * (1 + (p or 0)), 0.5 * scale)
+                      for bs in (1, 16) for p in (None, 0.7)])
+        runs[label] = str(path)
+    drawn = []
+    monkeypatch.setattr(common, "grouped_bar_plot",
+                        lambda panels, series, path, title: drawn.append((panels, series)))
+    accept_report.plot_compare(list(runs.items()), "x.png")
+    accept_report.plot_compare(list(runs.items()), "x.png", "tok_s")
+    (eff, series), (tok, _) = drawn
+    assert series == ["new", "old"] and [p["title"] for p in tok] == ["batch 1", "batch 16"]
+    assert eff[0]["labels"] == ["p=0.7"] and eff[0]["values"] == {"new": [1.0], "old": [0.5]}
+    assert tok[1]["labels"] == ["no-spec", "p=0.7"]
+    assert tok[1]["values"] == {"new": [32.0, 54.4], "old": [16.0, 27.2]}
