@@ -56,5 +56,15 @@ def pdl(x: torch.Tensor) -> dict:
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if index not in _pdl_devices:
         _pdl_devices[index] = (os.environ.get("SPECPCG_PDL", "1") != "0"
-                               and torch.cuda.get_device_capability(index)[0] >= 9)
+                               and torch.cuda.get_device_capability(index)[0] >= 9
+                               and _triton_has_pdl())
     return {"PDL": True, "launch_pdl": True} if _pdl_devices[index] else {"PDL": False}
+
+
+def _triton_has_pdl() -> bool:
+    """Whether this Triton has the grid-dependency calls (3.3 on); older ones launch plainly."""
+    try:
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
