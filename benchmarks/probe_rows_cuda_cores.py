@@ -28,6 +28,7 @@ import common
 
 common.add_repo_to_path()
 from bench_matmul import time_us  # noqa: E402
+from kernels.gemv_triton import _rows_epilogue  # noqa: E402 (the library kernel's epilogue)
 
 SHAPES = {"s_qkv": (960, 576), "s_o": (576, 576), "s_gate_up": (3072, 576), "s_down": (576, 1536)}
 CONFIGS = {"sum3d": [(bn, bk, w, s) for bn in (1, 2, 4) for bk in (512, 1024) for w in (2, 4, 8)
@@ -35,19 +36,6 @@ CONFIGS = {"sum3d": [(bn, bk, w, s) for bn in (1, 2, 4) for bk in (512, 1024) fo
            "per_row": [(bn, bk, w, s) for bn in (1, 2, 4) for bk in (512, 1024) for w in (1, 2, 4)
                        for s in (1, 2)]}
 ROWS = 8
-
-
-@triton.jit
-def _epilogue(acc, acc_up, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
-              SILU_MUL: tl.constexpr):
-    y = acc
-    if SILU_MUL:
-        dtype = y_ptr.dtype.element_ty
-        gate = y.to(dtype).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        y = act * acc_up.to(dtype).to(tl.float32)
-    out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -72,7 +60,8 @@ def _sum3d_kernel(x_ptr, w_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_wn,
         if SILU_MUL:
             up = tl.load(rows + UP_OFFSET * stride_wn, mask=wm, other=0.0).to(tl.float32)
             acc_up += tl.sum(x[:, None, :] * up[None, :, :], 2)
-    _epilogue(acc, acc_up, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym, SILU_MUL)
+    _rows_epilogue(acc, acc_up, y_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
+                   False, SILU_MUL)
 
 
 @triton.jit
@@ -100,7 +89,8 @@ def _per_row_kernel(x_ptr, w_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_w
             acc = tl.where(row, acc + tl.sum(w * xm[None, :], 1)[None, :], acc)
             if SILU_MUL:
                 acc_up = tl.where(row, acc_up + tl.sum(up * xm[None, :], 1)[None, :], acc_up)
-    _epilogue(acc, acc_up, y_ptr, offs_m, offs_m < M, offs_n, mask_n, stride_ym, SILU_MUL)
+    _rows_epilogue(acc, acc_up, y_ptr, y_ptr, offs_m, offs_m < M, offs_n, mask_n, stride_ym,
+                   False, SILU_MUL)
 
 
 KERNELS = {"sum3d": _sum3d_kernel, "per_row": _per_row_kernel}

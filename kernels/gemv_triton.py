@@ -154,8 +154,8 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
 
 
 def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages) for `n` outputs of depth `k` over `rows` rows
-    of activations, or None where cuBLAS is faster. The tiles follow K alone (see the NOTE).
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) for `n` outputs of depth `k` over
+    `rows` rows of activations, or None where cuBLAS is faster. The tiles follow K alone (see the NOTE).
 
     One row, fitted on an H200 (`python benchmarks/probe_gemv.py`, CUDA-graph replays, weights
     out of L2): one or two rows a program and 1,024-deep steps read the Llama-3-8B shape's

@@ -100,6 +100,11 @@ def _extend_attn_kernel(
 # -inf: it leaves the running max, sum and output exactly as they were, and a split with none of
 # the query's keys stores lse = -inf and zeros, which the merge skips. A draft tree's node reads
 # a row of its own (kernels.tree_rows) and runs with NODES = 1.
+# Programs (c, kv head, p) cover every query head of one KV head (each key loaded once) for
+# queries c * NODES .. c * NODES + NODES - 1 (one row: a chain's verify nodes, stacked in the
+# dot's rows as (node, head); NODES = 1 is a decode), over the key splits p, p + NUM_PROGRAMS,
+# ... of SPLIT_LEN keys at fixed positions. The last program of a (c, kv head) to finish merges
+# its splits (`_merge_splits`).
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_buf_ptr, v_buf_ptr, mid_out_ptr, mid_lse_ptr, arrived_ptr, out_ptr,
@@ -112,12 +117,7 @@ def _decode_split_kernel(
     MAX_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Programs (c, kv head, p) cover every query head of one KV head (each key loaded once)
-    for queries c * NODES .. c * NODES + NODES - 1 (one row: a chain's verify nodes, stacked in
-    the dot's rows as (node, head); NODES = 1 is a decode), over the key splits p,
-    p + NUM_PROGRAMS, ... of SPLIT_LEN keys at fixed positions (see the NOTE above). The last
-    program of a (c, kv head) to finish merges its splits (`_merge_splits`). PDL:
-    kernels/dispatch.pdl."""
+    """Programs (c, kv head, p): the comment above says what each covers. PDL: dispatch.pdl."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
