@@ -10,12 +10,15 @@ This probe runs the default model's linear layers as a chain of dependent calls,
 layer (qkv, o, gate/up with SiLU-and-mul, down; each layer's weights its own, out of L2 as in a
 real step), captured in one CUDA graph, at 1 and 8 rows, through kernels/gemv_triton.gemv
 with PDL off ("library") and on ("lib-pdl", kernels/dispatch.pdl, as the engine runs on
-Hopper), each twice, alternating. Lines: rows, variant, us per call (a replay of the chain over
+Hopper), each twice, alternating; then, past one row, each --tiles variant twice (PDL on, other
+tiles for some depths: a split or a deep step makes a program's depth one step, whose weights
+are read before the wait). Lines: rows, variant, us per call (a replay of the chain over
 its calls), and whether the chain's output has the bits of the first run without PDL (a read
 before the wait would show as a difference). The results files of d79f8e8 and 944702a also
 list variants of copies of the kernels ("copy", "pdl", "pdl-early") that the probe then carried.
 
-    python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] > out.txt
+    python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] \
+        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 ...] > out.txt
 """
 
 from __future__ import annotations
@@ -32,37 +35,51 @@ common.add_repo_to_path()
 HIDDEN, QKV, INTER = 576, 960, 1536  # the default model's shapes
 
 
-def call(variant: str, x, w, out, silu: bool) -> None:
-    """kernels/gemv_triton.gemv with PDL off ("library") or on ("lib-pdl")."""
+def parse_tiles(spec: str) -> tuple:
+    """"NAME:576=32,128,4,1,5:960x576=32,1024,4,1,1" -> (NAME, {576: (32, 128, 4, 1, 5),
+    (960, 576): ...}): tiles (BLOCK_N, BLOCK_K, warps, stages, SPLITS) by depth or by a
+    weight's shape (which wins), with PDL on; other weights keep the library's tiling."""
+    name, *pairs = spec.split(":")
+    tiles = {}
+    for pair in pairs:
+        key, tile = pair.split("=")
+        shape = tuple(int(v) for v in key.split("x"))
+        tiles[shape if len(shape) == 2 else shape[0]] = tuple(int(v) for v in tile.split(","))
+    return name, tiles
+
+
+def call(variant: str, x, w, out, silu: bool, tiles: dict) -> None:
+    """kernels/gemv_triton.gemv with PDL off ("library") or on (any other variant), with the
+    variant's tile for w's shape or depth, if it has one."""
     from kernels import dispatch
     from kernels.gemv_triton import gemv
 
-    dispatch._pdl_devices[x.device.index or 0] = variant == "lib-pdl"
-    gemv(x, w, None, out, silu)
+    dispatch._pdl_devices[x.device.index or 0] = variant != "library"
+    gemv(x, w, None, out, silu, tile=tiles.get(tuple(w.shape), tiles.get(w.shape[1])))
 
 
-def chain(variant: str, layers: list, x: torch.Tensor, bufs: dict) -> torch.Tensor:
+def chain(variant: str, layers: list, x: torch.Tensor, bufs: dict, tiles: dict) -> torch.Tensor:
     """Every layer's four linear calls, each reading the one before's output."""
     h = x
     for qkv, o, gate_up, down in layers:
-        call(variant, h, qkv, bufs["qkv"], False)
-        call(variant, bufs["qkv"][:, :HIDDEN], o, bufs["o"], False)
-        call(variant, bufs["o"], gate_up, bufs["act"], True)
-        call(variant, bufs["act"], down, bufs["h"], False)
+        call(variant, h, qkv, bufs["qkv"], False, tiles)
+        call(variant, bufs["qkv"][:, :HIDDEN], o, bufs["o"], False, tiles)
+        call(variant, bufs["o"], gate_up, bufs["act"], True, tiles)
+        call(variant, bufs["act"], down, bufs["h"], False, tiles)
         h = bufs["h"]
     return h
 
 
-def measure(variant: str, layers: list, rows: int, replays: int) -> tuple:
+def measure(variant: str, layers: list, rows: int, replays: int, tiles: dict) -> tuple:
     dev = layers[0][0].device
     x = torch.randn(rows, HIDDEN, device=dev, dtype=torch.bfloat16)
     bufs = {name: torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
             for name, n in (("qkv", QKV), ("o", HIDDEN), ("act", INTER), ("h", HIDDEN))}
-    chain(variant, layers, x, bufs)  # compile outside the graph
+    chain(variant, layers, x, bufs, tiles)  # compile outside the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = chain(variant, layers, x, bufs)
+        out = chain(variant, layers, x, bufs, tiles)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -79,6 +96,8 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--replays", type=int, default=50)
+    p.add_argument("--tiles", nargs="*", default=[],
+                   help="PDL variants with other tiles by depth (parse_tiles), rows past 1")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -91,14 +110,16 @@ def main(argv=None) -> None:
           f"{args.layers} layers, {4 * args.layers} calls a chain", flush=True)
     for rows in args.rows:
         first = None
-        for variant in ("library", "lib-pdl", "library", "lib-pdl"):
+        variants = [("library", {}), ("lib-pdl", {})] * 2
+        variants += [parse_tiles(t) for t in args.tiles] * 2 if rows > 1 else []
+        for variant, tiles in variants:
             try:
-                us, out = measure(variant, layers, rows, args.replays)
+                us, out = measure(variant, layers, rows, args.replays, tiles)
             except Exception as err:  # noqa: BLE001 (a Triton without PDL, a GPU before Hopper)
-                print(f"{rows:2d} {variant:9s} failed: {type(err).__name__}: {err}", flush=True)
+                print(f"{rows:2d} {variant:14s} failed: {type(err).__name__}: {err}", flush=True)
                 continue
             first = out if first is None else first
-            print(f"{rows:2d} {variant:9s} {us:6.2f} us a call  bits of the first: "
+            print(f"{rows:2d} {variant:14s} {us:6.2f} us a call  bits of the first: "
                   f"{torch.equal(out, first)}", flush=True)
 
 

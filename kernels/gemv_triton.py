@@ -94,18 +94,17 @@ def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, st
 def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_PER, UP_OFFSET,
                  stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLITS: tl.constexpr, PDL: tl.constexpr):
+                 SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, PDL: tl.constexpr):
     """2 to 16 rows: BLOCK_N outputs of each row a program, on tensor cores (the rows padded
     to 16, which costs nothing where the weight's read is the bound). SPLITS > 1: program
     (tile, s) sums K_PER of the depth, and the last of a tile's programs to arrive adds the
-    splits' fp32 sums in split order (so the bits follow K, BLOCK_K and SPLITS alone) and runs
-    the one-row kernel's epilogue. PDL (kernels/dispatch.pdl): the wait comes first. Reading
-    the first weights before it, as the one-row kernel does, measured no faster here (3.61-3.65
-    against 3.50 us a call in a chain of the default model's layers at 8 rows on an H200,
-    benchmarks/probe_pdl.py)."""
+    splits' fp32 sums (`_rows_add_splits`). ONE_STEP (K_PER <= BLOCK_K): a program's depth is
+    one step, and with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the
+    one-row kernel's first step is. Several steps wait first: reading only the first step's
+    weights early measured no faster (3.61-3.65 against 3.50 us a call in a chain of the
+    default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     tile = tl.program_id(0)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -116,41 +115,70 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k_lo = tl.program_id(1) * K_PER
     k_hi = tl.minimum(k_lo + K_PER, K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    if ONE_STEP:
+        offs_k = k_lo + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k_hi
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         mask = mask_k[:, None] & mask_n[None, :]
-        acc = tl.dot(x, tl.load(cols + offs_k[:, None], mask=mask, other=0.0), acc)
+        w = tl.load(cols + offs_k[:, None], mask=mask, other=0.0)
+        up = w
         if SILU_MUL:
             up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask, other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        acc = tl.dot(x, w, acc)
+        if SILU_MUL:
             acc_up = tl.dot(x, up, acc_up)
+    else:
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < k_hi
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            mask = mask_k[:, None] & mask_n[None, :]
+            acc = tl.dot(x, tl.load(cols + offs_k[:, None], mask=mask, other=0.0), acc)
+            if SILU_MUL:
+                up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask,
+                             other=0.0)
+                acc_up = tl.dot(x, up, acc_up)
     if SPLITS == 1:
         _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
                        HAS_BIAS, SILU_MUL)
     else:
-        # One kernel, not a split kernel and a sum kernel (a launch costs about what a small
-        # layer's read does). The barrier orders every thread's stores before the counter's
-        # release; the last to arrive (acquire) sees them all and zeroes the counter again.
-        cell = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        parts = part_ptr + tile.to(tl.int64) * (SPLITS * 2 * 16 * BLOCK_N) + cell
-        mine = parts + tl.program_id(1) * (2 * 16 * BLOCK_N)
-        tl.store(mine, acc)
-        if SILU_MUL:
-            tl.store(mine + 16 * BLOCK_N, acc_up)
-        tl.debug_barrier()
-        if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            tl.store(arrived_ptr + tile, 0)
-            acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-            acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-            for s in tl.static_range(SPLITS):  # ".cg": other SMs wrote them, skip L1
-                acc += tl.load(parts + s * (2 * 16 * BLOCK_N), cache_modifier=".cg")
-                if SILU_MUL:
-                    acc_up += tl.load(parts + s * (2 * 16 * BLOCK_N) + 16 * BLOCK_N,
-                                      cache_modifier=".cg")
-            _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n,
-                           stride_ym, HAS_BIAS, SILU_MUL)
+        _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, tile, offs_m,
+                         mask_m, offs_n, mask_n, stride_ym, HAS_BIAS, SILU_MUL, BLOCK_N, SPLITS)
+
+
+@triton.jit
+def _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, tile, offs_m, mask_m,
+                     offs_n, mask_n, stride_ym, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+                     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """Stores this split's fp32 sums; the last of the tile's programs to arrive adds them all
+    in split order (so the bits follow K, BLOCK_K and SPLITS alone) and runs the epilogue.
+    One kernel, not a split kernel and a sum kernel: a launch costs about what a small layer's
+    read does. The barrier orders every thread's stores before the counter's release; the last
+    to arrive (acquire) sees them all and zeroes the counter again."""
+    cell = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    parts = part_ptr + tile.to(tl.int64) * (SPLITS * 2 * 16 * BLOCK_N) + cell
+    mine = parts + tl.program_id(1) * (2 * 16 * BLOCK_N)
+    tl.store(mine, acc)
+    if SILU_MUL:
+        tl.store(mine + 16 * BLOCK_N, acc_up)
+    tl.debug_barrier()
+    if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+        tl.store(arrived_ptr + tile, 0)
+        acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SPLITS):  # ".cg": other SMs wrote them, skip L1
+            acc += tl.load(parts + s * (2 * 16 * BLOCK_N), cache_modifier=".cg")
+            if SILU_MUL:
+                acc_up += tl.load(parts + s * (2 * 16 * BLOCK_N) + 16 * BLOCK_N,
+                                  cache_modifier=".cg")
+        _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n,
+                       stride_ym, HAS_BIAS, SILU_MUL)
 
 
 def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
@@ -172,19 +200,36 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
     few programs to fill the GPU (the default model's down, 576 x 1,536: 36 programs, 4.70 us;
     6 splits 3.93; the 8B shape's down, 4,096 x 14,336: 37.3 us, 3 splits 31.2, cuBLAS 31.0).
     Splitting the 4,096-deep ones paid for o (13.1 -> 11.5 us) and cost qkv, so they stay
-    whole."""
+    whole. With PDL a program whose depth is one step reads all its weights before the wait
+    (ONE_STEP): a chain of the default model's layers at 8 rows on an H200 (`probe_pdl.py
+    --tiles`) went from 3.45-3.52 to 2.48-2.50 us a call with shallow weights in one step of
+    1,024 and 1,536-deep ones in 6 one-step splits. Shallow weights in one step need about
+    150 KB of shared memory (Hopper has 227): `one_step_fits` falls back to 128-deep steps."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384):
         return None
     if rows == 1:
         return (2 if n >= 65536 else 1), 1024, 4, 4, 1
     # by K alone, like BLOCK_K: a tensor-parallel shard (fewer outputs) keeps the tiling
     if k < 1024:
-        return 32, 128, 4, 4, 1
+        return 32, max(16, triton.next_power_of_2(k)), 4, 1, 1
     if k < 4096:
-        return 32, 128, 4, 3, 6
+        return 32, 256, 4, (1 if triton.cdiv(k, 6) <= 256 else 3), 6
     if k < 8192:
         return 64, 256, 4, 4, 1
     return 32, 256, 4, 3, 3
+
+
+def one_step_fits(tile: tuple, device: torch.device) -> tuple:
+    """`tile`, or 128-deep steps where a one-step tile of a shallow weight (whose gate and up
+    tiles and the activations' sit in shared memory at once) needs more than the device has."""
+    block_n, block_k, warps, _, splits = tile
+    if splits > 1 or block_k <= 128 or device.type != "cuda":
+        return tile
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    if (2 * block_n + 16) * block_k * 2 <= getattr(props, "shared_memory_per_block_optin", 0):
+        return tile
+    return block_n, 128, warps, 4, 1
 
 
 MAX_TILES = 8192  # arrival counters a device keeps: a split launch's BLOCK_N-wide tiles
@@ -208,8 +253,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    block_n, block_k, warps, stages, splits = tile or tiling(n_out, k, m) or (
-        (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
+    block_n, block_k, warps, stages, splits = tile or (
+        one_step_fits(tiling(n_out, k, m) or (32, 128, 4, 4, 1), x.device) if m > 1
+        else tiling(n_out, k, m) or (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
                  BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl(x))
@@ -227,5 +273,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     arrived = arrival_counters(x.device) if splits > 1 else out
     _rows_kernel[(tiles, splits)](*args, parts, arrived, m, n_out, k, per_split, up_offset,
                                   x.stride(0), weight.stride(0), out.stride(0), SPLITS=splits,
-                                  **flags)
+                                  ONE_STEP=per_split <= block_k, **flags)
     return out

@@ -142,11 +142,33 @@ def test_the_fitted_tiling_and_where_cublas_stays():
     # 2-8 rows: wide tiles on large weights, narrow on small; by K alone
     assert gemv_triton.tiling(4096, 4096, 8) == (64, 256, 4, 4, 1)
     assert gemv_triton.tiling(2048, 4096, 2) == (64, 256, 4, 4, 1)  # a tensor-parallel shard
-    assert gemv_triton.tiling(960, 576, 2) == (32, 128, 4, 4, 1)
+    # shallow weights in one step, whose weights PDL reads before the wait
+    assert gemv_triton.tiling(960, 576, 2) == (32, 1024, 4, 1, 1)
+    assert gemv_triton.tiling(64, 40, 8) == (32, 64, 4, 1, 1)
     # deep weights split K over programs: too few tiles of outputs to fill the GPU
     assert gemv_triton.tiling(4096, 14336, 8) == (32, 256, 4, 3, 3)
     assert gemv_triton.tiling(2048, 14336, 8) == (32, 256, 4, 3, 3)
-    assert gemv_triton.tiling(576, 1536, 8) == (32, 128, 4, 3, 6)
+    assert gemv_triton.tiling(576, 1536, 8) == (32, 256, 4, 1, 6)  # 6 one-step splits
+    assert gemv_triton.tiling(1024, 3072, 8) == (32, 256, 4, 3, 6)  # two steps a split
+
+
+def test_a_one_step_tile_falls_back_to_128_deep_steps_where_shared_memory_is_short(
+        monkeypatch):
+    """A 1,024-deep step of gate and up needs about 150 KB of shared memory: Hopper's 227 KB
+    hold it, a GPU with 99 KB gets 128-deep steps; split and CPU tiles are kept."""
+    from types import SimpleNamespace
+
+    from kernels import gemv_triton
+
+    one = gemv_triton.tiling(3072, 576, 8)
+    cuda = torch.device("cuda", 0)
+    for optin, want in ((232448, one), (101376, (32, 128, 4, 4, 1))):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i, o=optin:
+                            SimpleNamespace(shared_memory_per_block_optin=o))
+        assert gemv_triton.one_step_fits(one, cuda) == want
+    split = gemv_triton.tiling(576, 1536, 8)
+    assert gemv_triton.one_step_fits(split, cuda) == split
+    assert gemv_triton.one_step_fits(one, torch.device("cpu")) == one
 
 
 def test_only_a_few_rows_on_cuda_outside_autograd_take_the_kernel():
@@ -265,11 +287,12 @@ def test_pdl_is_off_for_cpu_tensors():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("split", [1, 3, 6])
 def test_the_pdl_forms_read_the_first_weights_early_and_keep_the_bits(monkeypatch, split):
     """The kernels' PDL forms (the first weights read before the wait, summed first), run in
     the interpreter with the wait and the signal as no-ops: the bits of the plain forms, one
-    row and several (K split or not, SiLU-and-mul or not), and RMSNorm's."""
+    row and several (K split or not, SiLU-and-mul or not; 6 splits of 1,500 make each
+    program's depth one 256-deep step, read whole before the wait), and RMSNorm's."""
     import triton.language as tl
 
     from kernels import gemv_triton, norm
