@@ -49,12 +49,12 @@ def parse_tiles(spec: str) -> tuple:
 
 
 def call(variant: str, x, w, out, silu: bool, tiles: dict) -> None:
-    """kernels/gemv_triton.gemv with PDL off ("library") or on (any other variant), with the
-    variant's tile for w's shape or depth, if it has one."""
+    """kernels/gemv_triton.gemv with PDL off ("library", "nopdl...") or on (any other variant),
+    with the variant's tile for w's shape or depth, if it has one."""
     from kernels import dispatch
     from kernels.gemv_triton import gemv
 
-    dispatch._pdl_devices[x.device.index or 0] = variant != "library"
+    dispatch._pdl_devices[x.device.index or 0] = not variant.startswith(("library", "nopdl"))
     gemv(x, w, None, out, silu, tile=tiles.get(tuple(w.shape), tiles.get(w.shape[1])))
 
 
@@ -97,7 +97,8 @@ def main(argv=None) -> None:
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--tiles", nargs="*", default=[],
-                   help="PDL variants with other tiles by depth (parse_tiles), rows past 1")
+                   help="variants with other tiles by depth (parse_tiles), rows past 1; PDL "
+                   "on unless the name starts with nopdl")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     torch.manual_seed(0)
