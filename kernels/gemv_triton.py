@@ -12,9 +12,11 @@ once for all of them, the same epilogue. (fp32 products on CUDA cores for severa
 1.4-3.7x slower than cuBLAS at 8 rows: every program re-read the activations.)
 
 NOTE: an output's sum depends on K and BLOCK_K only: BLOCK_K follows K (`tiling`), one row's
-BLOCK_N never changes a sum, and from 2 rows the whole tiling follows K. So a column shard of
-a weight (tensor parallelism) gives the same bits as the whole weight. From 2 rows a row's
-bits do not depend on the other rows either.
+BLOCK_N never changes a sum, and from 2 rows the whole tiling follows K and whether the launch
+takes one-step tiles (PDL on a device with the shared memory; on an H200 both tilings gave
+the same bits, benchmarks/probe_pdl.py). So a column shard of a weight (tensor parallelism)
+gives the same bits as the whole weight. From 2 rows a row's bits do not depend on the other
+rows either.
 The launcher reads no tensor values on the host: capturable in a CUDA graph once compiled.
 """
 
@@ -181,9 +183,10 @@ def _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, tile, off
                        stride_ym, HAS_BIAS, SILU_MUL)
 
 
-def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
+def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) for `n` outputs of depth `k` over
-    `rows` rows of activations, or None where cuBLAS is faster. The tiles follow K alone (see the NOTE).
+    `rows` rows of activations, or None where cuBLAS is faster. The tiles follow K and
+    `one_step` alone (see the NOTE).
 
     One row, fitted on an H200 (`python benchmarks/probe_gemv.py`, CUDA-graph replays, weights
     out of L2): one or two rows a program and 1,024-deep steps read the Llama-3-8B shape's
@@ -200,36 +203,34 @@ def tiling(n: int, k: int, rows: int = 1) -> tuple | None:
     few programs to fill the GPU (the default model's down, 576 x 1,536: 36 programs, 4.70 us;
     6 splits 3.93; the 8B shape's down, 4,096 x 14,336: 37.3 us, 3 splits 31.2, cuBLAS 31.0).
     Splitting the 4,096-deep ones paid for o (13.1 -> 11.5 us) and cost qkv, so they stay
-    whole. With PDL a program whose depth is one step reads all its weights before the wait
-    (ONE_STEP): a chain of the default model's layers at 8 rows on an H200 (`probe_pdl.py
-    --tiles`) went from 3.45-3.52 to 2.48-2.50 us a call with shallow weights in one step of
-    1,024 and 1,536-deep ones in 6 one-step splits. Shallow weights in one step need about
-    150 KB of shared memory (Hopper has 227): `one_step_fits` falls back to 128-deep steps."""
+    whole. With PDL (`one_step`) a program whose depth is one step reads all its weights before
+    the wait (ONE_STEP): a chain of the default model's layers on an H200 (`probe_pdl.py
+    --tiles`) went from 3.49-3.50 to 2.38-2.49 us a call at 2-8 rows with shallow weights in one
+    1,024-deep step and 1,536-deep ones in 6 one-step splits. Without PDL those tiles took
+    5.0-5.3 us (against 3.8: a 1,024-deep step of gate and up takes about 150 KB of shared
+    memory, one program an SM), so there the steps stay 128 deep (`one_step_fits`)."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384):
         return None
     if rows == 1:
         return (2 if n >= 65536 else 1), 1024, 4, 4, 1
     # by K alone, like BLOCK_K: a tensor-parallel shard (fewer outputs) keeps the tiling
     if k < 1024:
-        return 32, max(16, triton.next_power_of_2(k)), 4, 1, 1
+        return (32, max(16, triton.next_power_of_2(k)), 4, 1, 1) if one_step else (
+            32, 128, 4, 4, 1)
     if k < 4096:
-        return 32, 256, 4, (1 if triton.cdiv(k, 6) <= 256 else 3), 6
+        return 32, (256 if one_step else 128), 4, (1 if one_step and k <= 1536 else 3), 6
     if k < 8192:
         return 64, 256, 4, 4, 1
     return 32, 256, 4, 3, 3
 
 
-def one_step_fits(tile: tuple, device: torch.device) -> tuple:
-    """`tile`, or 128-deep steps where a one-step tile of a shallow weight (whose gate and up
-    tiles and the activations' sit in shared memory at once) needs more than the device has."""
-    block_n, block_k, warps, _, splits = tile
-    if splits > 1 or block_k <= 128 or device.type != "cuda":
-        return tile
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    if (2 * block_n + 16) * block_k * 2 <= getattr(props, "shared_memory_per_block_optin", 0):
-        return tile
-    return block_n, 128, warps, 4, 1
+def one_step_fits(x: torch.Tensor) -> bool:
+    """Whether x's launches take one-step tiles: with PDL, and where a 1,024-deep step of gate
+    and up (about 150 KB of shared memory) fits in the device's (Hopper: 227 KB)."""
+    if not (x.is_cuda and pdl(x)["PDL"]):
+        return False
+    props = torch.cuda.get_device_properties(x.device)
+    return getattr(props, "shared_memory_per_block_optin", 0) >= (2 * 32 + 16) * 1024 * 2
 
 
 MAX_TILES = 8192  # arrival counters a device keeps: a split launch's BLOCK_N-wide tiles
@@ -253,9 +254,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    block_n, block_k, warps, stages, splits = tile or (
-        one_step_fits(tiling(n_out, k, m) or (32, 128, 4, 4, 1), x.device) if m > 1
-        else tiling(n_out, k, m) or (1, 1024, 4, 4, 1))
+    block_n, block_k, warps, stages, splits = tile or tiling(
+        n_out, k, m, m > 1 and one_step_fits(x)) or (
+        (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
                  BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl(x))

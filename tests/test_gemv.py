@@ -60,7 +60,7 @@ def test_the_tile_width_never_changes_a_sum(monkeypatch, block_n):
 
     x, w = torch.randn(1, 1500), torch.randn(40, 1500)
     one_row = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 1024, 4, 4, 1))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (block_n, 1024, 4, 4, 1))
     assert torch.equal(gemv.linear(x, w, use_triton=True), one_row)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), one_row[:, 17:])
 
@@ -72,9 +72,9 @@ def test_the_rows_kernel_tile_width_never_changes_a_sum(monkeypatch, block_n):
     from kernels import gemv_triton
 
     x, w = torch.randn(3, 1500), torch.randn(80, 1500)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (32, 256, 4, 4, 1))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (32, 256, 4, 4, 1))
     whole = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (block_n, 256, 4, 4, 1))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (block_n, 256, 4, 4, 1))
     assert torch.equal(gemv.linear(x, w, use_triton=True), whole)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), whole[:, 17:])
 
@@ -103,7 +103,7 @@ def test_a_split_launch_matches_its_twin_and_leaves_the_counters_zero(monkeypatc
     64-deep steps over 5 splits), and every arrival counter back at 0 for the next launch."""
     from kernels import gemv_triton
 
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (16, 64, 4, 3, splits))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (16, 64, 4, 3, splits))
     for rows, (n, k) in ((3, (40, 100)), (8, (37, 300))):
         x, w, b = torch.randn(rows, k), torch.randn(2 * n, k) / k ** 0.5, torch.randn(2 * n)
         if silu:
@@ -122,12 +122,12 @@ def test_a_split_launch_keeps_a_rows_bits_in_a_shard_and_among_other_rows(monkey
     from kernels import gemv_triton
 
     x, w = torch.randn(7, 1500), torch.randn(80, 1500)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (16, 256, 4, 3, 3))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (16, 256, 4, 3, 3))
     every = gemv.linear(x, w, use_triton=True)
     assert torch.equal(gemv.linear(x, w, use_triton=True), every)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), every[:, 17:])
     assert torch.equal(gemv.linear(x[2:4], w, use_triton=True), every[2:4])
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (32, 256, 4, 3, 3))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (32, 256, 4, 3, 3))
     assert torch.equal(gemv.linear(x, w, use_triton=True), every)
 
 
@@ -152,23 +152,24 @@ def test_the_fitted_tiling_and_where_cublas_stays():
     assert gemv_triton.tiling(1024, 3072, 8) == (32, 256, 4, 3, 6)  # two steps a split
 
 
-def test_a_one_step_tile_falls_back_to_128_deep_steps_where_shared_memory_is_short(
-        monkeypatch):
-    """A 1,024-deep step of gate and up needs about 150 KB of shared memory: Hopper's 227 KB
-    hold it, a GPU with 99 KB gets 128-deep steps; split and CPU tiles are kept."""
+def test_one_step_tiles_need_pdl_and_the_shared_memory(monkeypatch):
+    """Without PDL, or where a 1,024-deep step of gate and up (about 150 KB of shared memory)
+    does not fit, shallow weights take 128-deep steps and 1,536-deep splits two steps."""
     from types import SimpleNamespace
 
     from kernels import gemv_triton
 
-    one = gemv_triton.tiling(3072, 576, 8)
-    cuda = torch.device("cuda", 0)
-    for optin, want in ((232448, one), (101376, (32, 128, 4, 4, 1))):
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i, o=optin:
+    assert gemv_triton.tiling(960, 576, 8, one_step=False) == (32, 128, 4, 4, 1)
+    assert gemv_triton.tiling(576, 1536, 8, one_step=False) == (32, 128, 4, 3, 6)
+    assert not gemv_triton.one_step_fits(torch.zeros(2, 8))  # no PDL on a CPU tensor
+    x = SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True)
+    monkeypatch.setattr(gemv_triton, "pdl", lambda t: {"PDL": True})
+    for optin, fits in ((232448, True), (101376, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, o=optin:
                             SimpleNamespace(shared_memory_per_block_optin=o))
-        assert gemv_triton.one_step_fits(one, cuda) == want
-    split = gemv_triton.tiling(576, 1536, 8)
-    assert gemv_triton.one_step_fits(split, cuda) == split
-    assert gemv_triton.one_step_fits(one, torch.device("cpu")) == one
+        assert gemv_triton.one_step_fits(x) is fits
+    monkeypatch.setattr(gemv_triton, "pdl", lambda t: {"PDL": False})
+    assert not gemv_triton.one_step_fits(x)
 
 
 def test_only_a_few_rows_on_cuda_outside_autograd_take_the_kernel():
@@ -266,7 +267,7 @@ def test_cuda_split_launches_equal_the_unsplit_sum_in_graphs_too(monkeypatch, sp
     x = torch.randn(gemv.MAX_ROWS, 1536, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(2 * 576, 1536, device="cuda") * 0.02).to(torch.bfloat16)
     whole = gemv.linear_silu_mul(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (16, 128, 4, 3, splits))
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (16, 128, 4, 3, splits))
     first = gemv.linear_silu_mul(x, w, use_triton=True)
     torch.testing.assert_close(first.float(), whole.float(), atol=2e-2, rtol=1.6e-2)
     outs = [gemv.linear_silu_mul(x, w, use_triton=True) for _ in range(200)]
@@ -299,7 +300,7 @@ def test_the_pdl_forms_read_the_first_weights_early_and_keep_the_bits(monkeypatc
 
     x, w = torch.randn(8, 1500), torch.randn(80, 1500) / 40
     tiling = gemv_triton.tiling
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows: (
+    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (
         (16, 256, 4, 3, split) if rows > 1 else tiling(n, k, rows)))
     h, gain = torch.randn(3, 96), torch.randn(96)
 
