@@ -18,7 +18,7 @@ before the wait would show as a difference). The results files of d79f8e8 and 94
 list variants of copies of the kernels ("copy", "pdl", "pdl-early") that the probe then carried.
 
     python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] \
-        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 ...] > out.txt
+        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 ...] [--cublas] > out.txt
 """
 
 from __future__ import annotations
@@ -50,10 +50,19 @@ def parse_tiles(spec: str) -> tuple:
 
 def call(variant: str, x, w, out, silu: bool, tiles: dict) -> None:
     """kernels/gemv_triton.gemv with PDL off ("library", "nopdl...") or on (any other variant),
-    with the variant's tile for w's shape or depth, if it has one."""
-    from kernels import dispatch
+    with the variant's tile for w's shape or depth, if it has one; "cublas": what the model runs
+    past gemv.MAX_ROWS rows (cuBLAS, then the SiLU-and-mul kernel for gate/up)."""
+    import torch.nn.functional as F
+
+    from kernels import dispatch, fused_ops
     from kernels.gemv_triton import gemv
 
+    if variant == "cublas":
+        if silu:
+            fused_ops.silu_and_mul(F.linear(x, w), out=out)
+        else:
+            torch.mm(x, w.t(), out=out)
+        return
     dispatch._pdl_devices[x.device.index or 0] = not variant.startswith(("library", "nopdl"))
     gemv(x, w, None, out, silu, tile=tiles.get(tuple(w.shape), tiles.get(w.shape[1])))
 
@@ -96,6 +105,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--replays", type=int, default=50)
+    p.add_argument("--cublas", action="store_true", help="also cuBLAS (and SiLU-and-mul)")
     p.add_argument("--tiles", nargs="*", default=[],
                    help="variants with other tiles by depth (parse_tiles), rows past 1; PDL "
                    "on unless the name starts with nopdl")
@@ -113,6 +123,7 @@ def main(argv=None) -> None:
         first = None
         variants = [("library", {}), ("lib-pdl", {})] * 2
         variants += [parse_tiles(t) for t in args.tiles] * 2 if rows > 1 else []
+        variants += [("cublas", {})] * 2 if args.cublas else []
         for variant, tiles in variants:
             try:
                 us, out = measure(variant, layers, rows, args.replays, tiles)

@@ -195,7 +195,8 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     model's 1.7-1.9x faster. A wide and shallow weight (the default model's tied LM head,
     49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0.
 
-    2-8 rows, fitted on an H100 (`probe_gemv.py --rows 8`): wide tiles and 256-deep steps on
+    2-16 rows (9-16 fill the tile's 16 padded rows that 8 leave zero), fitted at 8 rows on an
+    H100 (`probe_gemv.py --rows 8`): wide tiles and 256-deep steps on
     the 8B shape's weights (qkv 20.2 against cuBLAS's 20.8 us, gate/up with its SiLU-and-mul
     81.9 against 85.6, its LM head 344 against 391), narrow ones on the default model's (3.3-
     4.9 against 3.5-5.8 us); its tied LM head gains 3% here and stays on cuBLAS. Deep weights
@@ -206,7 +207,8 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     whole. With PDL (`one_step`) a program whose depth is one step reads all its weights before
     the wait (ONE_STEP): a chain of the default model's layers on an H200 (`probe_pdl.py
     --tiles`) went from 3.49-3.50 to 2.38-2.49 us a call at 2-8 rows with shallow weights in one
-    1,024-deep step and 1,536-deep ones in 6 one-step splits. Without PDL those tiles took
+    1,024-deep step and 1,536-deep ones in 6 one-step splits; at 12-16 rows 2.50-2.53, where
+    cuBLAS (then the SiLU-and-mul kernel) took 4.51 (`--cublas`). Without PDL those tiles took
     5.0-5.3 us (against 3.8: a 1,024-deep step of gate and up takes about 150 KB of shared
     memory, one program an SM), so there the steps stay 128 deep (`one_step_fits`)."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384):

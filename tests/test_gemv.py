@@ -31,7 +31,7 @@ def _close_fp32(actual, expected):
 @needs_interpreter
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
 def test_kernel_matches_f_linear(n, k, bias, rows):
     x, w = torch.randn(rows, k), torch.randn(n, k) / k ** 0.5
     b = torch.randn(n) if bias else None
@@ -40,7 +40,7 @@ def test_kernel_matches_f_linear(n, k, bias, rows):
 
 @needs_interpreter
 @pytest.mark.parametrize("n,k", SHAPES[:3])
-@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("rows", [1, 6, 16])
 def test_silu_mul_kernel_matches_twin_and_the_plain_kernel(n, k, rows):
     """The fused epilogue rounds each half's sum first, so it is bitwise the SiLU-and-mul
     kernel over the plain GEMV's output."""
@@ -188,8 +188,8 @@ def test_only_a_few_rows_on_cuda_outside_autograd_take_the_kernel():
 
 
 def test_bad_calls_name_the_shape():
-    with pytest.raises(ValueError, match=r"1 to 8 rows of activations, got x of shape \(9, 16\)"):
-        gemv.linear(torch.randn(9, 16), torch.randn(8, 16), use_triton=True)
+    with pytest.raises(ValueError, match=r"1 to 16 rows of activations, got x of shape \(17, 16\)"):
+        gemv.linear(torch.randn(17, 16), torch.randn(8, 16), use_triton=True)
     with pytest.raises(ValueError, match=r"even row count, got \(7, 16\)"):
         gemv.linear_silu_mul(torch.randn(1, 16), torch.randn(7, 16))
 
