@@ -1,7 +1,8 @@
 """Linear layers that take the few-row GEMV kernel (kernels/gemv_triton.py) where it applies:
 up to MAX_ROWS rows of bf16 or fp16 activations on CUDA, outside autograd (a decode step of
-up to 16 requests, a chain verify of one or two, a draft step). Everything else is `F.linear`, and the
-gate/up projection's `linear_silu_mul` is then `F.linear` followed by the SiLU-and-mul kernel.
+up to 32 requests, a chain verify of up to four, a draft step). Everything else is
+`F.linear`, and the gate/up projection's `linear_silu_mul` is then `F.linear` followed by the
+SiLU-and-mul kernel.
 
 The torch twins (`*_torch`) are the reference; `use_triton` follows kernels/dispatch.py, except
 that None also asks whether the call is one the kernel serves (`gemv_applies`).
@@ -19,7 +20,7 @@ from kernels.dispatch import HAS_TRITON, pick_triton, triton_module
 from kernels.matmul import linear_torch  # noqa: F401 (this op's twin is F.linear as well)
 
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
-MAX_ROWS = 16  # the most activation rows it takes: the tensor-core tile (a batch-2 chain verify)
+MAX_ROWS = 32  # the most activation rows it takes (two of its 16-row tiles; more: cuBLAS)
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, n_out: int | None = None) -> bool:

@@ -97,10 +97,11 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
                  stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, PDL: tl.constexpr):
-    """2 to 16 rows: BLOCK_N outputs of each row a program, on tensor cores (the rows padded
-    to 16, which costs nothing where the weight's read is the bound). SPLITS > 1: program
-    (tile, s) sums K_PER of the depth, and the last of a tile's programs to arrive adds the
-    splits' fp32 sums (`_rows_add_splits`). ONE_STEP (K_PER <= BLOCK_K): a program's depth is
+    """2 or more rows: BLOCK_N outputs of 16 rows a program (program (tile, s, b): rows 16 b
+    to 16 b + 15), on tensor cores (the rows padded to 16, which costs nothing where the
+    weight's read is the bound). SPLITS > 1: program (tile, s, b) sums K_PER of the depth,
+    and the last of a tile's programs to arrive adds the splits' fp32 sums
+    (`_rows_add_splits`). ONE_STEP (K_PER <= BLOCK_K): a program's depth is
     one step, and with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the
     one-row kernel's first step is. Several steps wait first: reading only the first step's
     weights early measured no faster (3.61-3.65 against 3.50 us a call in a chain of the
@@ -110,7 +111,7 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     tile = tl.program_id(0)
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    offs_m = tl.arange(0, 16)
+    offs_m = tl.program_id(2) * 16 + tl.arange(0, 16)
     mask_m = offs_m < M
     cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
@@ -150,12 +151,13 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
         _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
                        HAS_BIAS, SILU_MUL)
     else:
-        _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, tile, offs_m,
+        slot = tl.program_id(2) * tl.num_programs(0) + tile  # this tile of these 16 rows
+        _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, slot, offs_m,
                          mask_m, offs_n, mask_n, stride_ym, HAS_BIAS, SILU_MUL, BLOCK_N, SPLITS)
 
 
 @triton.jit
-def _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, tile, offs_m, mask_m,
+def _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, slot, offs_m, mask_m,
                      offs_n, mask_n, stride_ym, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """Stores this split's fp32 sums; the last of the tile's programs to arrive adds them all
@@ -163,15 +165,15 @@ def _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, tile, off
     One kernel, not a split kernel and a sum kernel: a launch costs about what a small layer's
     read does. The barrier orders every thread's stores before the counter's release; the last
     to arrive (acquire) sees them all and zeroes the counter again."""
-    cell = offs_m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    parts = part_ptr + tile.to(tl.int64) * (SPLITS * 2 * 16 * BLOCK_N) + cell
+    cell = tl.arange(0, 16)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    parts = part_ptr + slot.to(tl.int64) * (SPLITS * 2 * 16 * BLOCK_N) + cell
     mine = parts + tl.program_id(1) * (2 * 16 * BLOCK_N)
     tl.store(mine, acc)
     if SILU_MUL:
         tl.store(mine + 16 * BLOCK_N, acc_up)
     tl.debug_barrier()
-    if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        tl.store(arrived_ptr + tile, 0)
+    if tl.atomic_add(arrived_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+        tl.store(arrived_ptr + slot, 0)
         acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
         for s in tl.static_range(SPLITS):  # ".cg": other SMs wrote them, skip L1
@@ -210,8 +212,11 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     1,024-deep step and 1,536-deep ones in 6 one-step splits; at 12-16 rows 2.50-2.53, where
     cuBLAS (then the SiLU-and-mul kernel) took 4.51 (`--cublas`). Without PDL those tiles took
     5.0-5.3 us (against 3.8: a 1,024-deep step of gate and up takes about 150 KB of shared
-    memory, one program an SM), so there the steps stay 128 deep (`one_step_fits`)."""
-    if rows > MAX_ROWS or (k < 1024 and n > 16384):
+    memory, one program an SM), so there the steps stay 128 deep (`one_step_fits`). Past 16
+    rows a program takes 16 of them: at 32 rows 3.25 against cuBLAS's 4.52, at 64 4.84 against
+    4.62, so MAX_ROWS is 32; deep weights (the 8B shape's), whose reads past 16 rows were not
+    measured, stop at 16."""
+    if rows > MAX_ROWS or (k < 1024 and n > 16384) or (rows > 16 and k >= 4096):
         return None
     if rows == 1:
         return (2 if n >= 65536 else 1), 1024, 4, 4, 1
@@ -256,8 +261,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
+    # past 16 rows the tiles of 16 (where the kernel is forced on a deep weight, too)
     block_n, block_k, warps, stages, splits = tile or tiling(
-        n_out, k, m, m > 1 and one_step_fits(x)) or (
+        n_out, k, min(m, 16), m > 1 and one_step_fits(x)) or (
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
@@ -267,14 +273,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if m == 1:
         _gemv_kernel[(tiles,)](*args, n_out, k, up_offset, weight.stride(0), **flags)
         return out
-    if splits > 1 and tiles > MAX_TILES:
+    blocks = triton.cdiv(m, 16)
+    if splits > 1 and tiles * blocks > MAX_TILES:
         raise ValueError(f"a split launch takes at most {MAX_TILES} tiles of outputs, got "
-                         f"{tiles} ({n_out} outputs, BLOCK_N {block_n})")
+                         f"{tiles * blocks} ({n_out} outputs, BLOCK_N {block_n}, {m} rows)")
     per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    parts = (torch.empty(tiles * splits * 2 * 16 * block_n, dtype=torch.float32,
+    parts = (torch.empty(blocks * tiles * splits * 2 * 16 * block_n, dtype=torch.float32,
                          device=x.device) if splits > 1 else out)
     arrived = arrival_counters(x.device) if splits > 1 else out
-    _rows_kernel[(tiles, splits)](*args, parts, arrived, m, n_out, k, per_split, up_offset,
-                                  x.stride(0), weight.stride(0), out.stride(0), SPLITS=splits,
-                                  ONE_STEP=per_split <= block_k, **flags)
+    _rows_kernel[(tiles, splits, blocks)](
+        *args, parts, arrived, m, n_out, k, per_split, up_offset, x.stride(0), weight.stride(0),
+        out.stride(0), SPLITS=splits, ONE_STEP=per_split <= block_k, **flags)
     return out

@@ -31,7 +31,7 @@ def _close_fp32(actual, expected):
 @needs_interpreter
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 27])
 def test_kernel_matches_f_linear(n, k, bias, rows):
     x, w = torch.randn(rows, k), torch.randn(n, k) / k ** 0.5
     b = torch.randn(n) if bias else None
@@ -60,7 +60,8 @@ def test_the_tile_width_never_changes_a_sum(monkeypatch, block_n):
 
     x, w = torch.randn(1, 1500), torch.randn(40, 1500)
     one_row = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (block_n, 1024, 4, 4, 1))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (block_n, 1024, 4, 4, 1))
     assert torch.equal(gemv.linear(x, w, use_triton=True), one_row)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), one_row[:, 17:])
 
@@ -72,9 +73,11 @@ def test_the_rows_kernel_tile_width_never_changes_a_sum(monkeypatch, block_n):
     from kernels import gemv_triton
 
     x, w = torch.randn(3, 1500), torch.randn(80, 1500)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (32, 256, 4, 4, 1))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (32, 256, 4, 4, 1))
     whole = gemv.linear(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (block_n, 256, 4, 4, 1))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (block_n, 256, 4, 4, 1))
     assert torch.equal(gemv.linear(x, w, use_triton=True), whole)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), whole[:, 17:])
 
@@ -103,7 +106,8 @@ def test_a_split_launch_matches_its_twin_and_leaves_the_counters_zero(monkeypatc
     64-deep steps over 5 splits), and every arrival counter back at 0 for the next launch."""
     from kernels import gemv_triton
 
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (16, 64, 4, 3, splits))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (16, 64, 4, 3, splits))
     for rows, (n, k) in ((3, (40, 100)), (8, (37, 300))):
         x, w, b = torch.randn(rows, k), torch.randn(2 * n, k) / k ** 0.5, torch.randn(2 * n)
         if silu:
@@ -122,13 +126,35 @@ def test_a_split_launch_keeps_a_rows_bits_in_a_shard_and_among_other_rows(monkey
     from kernels import gemv_triton
 
     x, w = torch.randn(7, 1500), torch.randn(80, 1500)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (16, 256, 4, 3, 3))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (16, 256, 4, 3, 3))
     every = gemv.linear(x, w, use_triton=True)
     assert torch.equal(gemv.linear(x, w, use_triton=True), every)
     assert torch.equal(gemv.linear(x, w[17:], use_triton=True), every[:, 17:])
     assert torch.equal(gemv.linear(x[2:4], w, use_triton=True), every[2:4])
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (32, 256, 4, 3, 3))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (32, 256, 4, 3, 3))
     assert torch.equal(gemv.linear(x, w, use_triton=True), every)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("tile", [(16, 64, 4, 1, 3), (32, 128, 4, 1, 1)])
+def test_rows_past_16_run_in_blocks_of_16_with_each_rows_bits(tile):
+    """Past 16 rows a launch has a program per 16 rows (and tile, and split): the twin's
+    result, and each row the bits it has in a call of its own 16-row block, split or not."""
+    from kernels import gemv_triton
+
+    x, w = torch.randn(40, 150), torch.randn(2 * 24, 150) / 150 ** 0.5
+    for silu in (False, True):
+        n = 24 if silu else 48
+        out = gemv_triton.gemv(x, w, None, torch.empty(40, n), silu, tile)
+        want = gemv.linear_silu_mul_torch(x, w) if silu else gemv.linear_torch(x, w)
+        _close_fp32(out, want)
+        for lo in (0, 16, 32):
+            rows = x[lo:lo + 16]
+            alone = gemv_triton.gemv(rows, w, None, torch.empty(len(rows), n), silu, tile)
+            assert torch.equal(out[lo:lo + 16], alone)
+    assert not gemv_triton.arrival_counters(x.device).any()
 
 
 def test_the_fitted_tiling_and_where_cublas_stays():
@@ -139,6 +165,8 @@ def test_the_fitted_tiling_and_where_cublas_stays():
     assert gemv_triton.tiling(128256, 4096) == (2, 1024, 4, 4, 1)
     assert gemv_triton.tiling(4096, 14336) == (1, 1024, 4, 4, 1)
     assert gemv_triton.tiling(4096, 14336, gemv.MAX_ROWS + 1) is None
+    assert gemv_triton.tiling(960, 576, 32) == gemv_triton.tiling(960, 576, 2)
+    assert gemv_triton.tiling(4096, 4096, 17) is None  # deep weights past 16 rows: cuBLAS
     # 2-8 rows: wide tiles on large weights, narrow on small; by K alone
     assert gemv_triton.tiling(4096, 4096, 8) == (64, 256, 4, 4, 1)
     assert gemv_triton.tiling(2048, 4096, 2) == (64, 256, 4, 4, 1)  # a tensor-parallel shard
@@ -188,8 +216,8 @@ def test_only_a_few_rows_on_cuda_outside_autograd_take_the_kernel():
 
 
 def test_bad_calls_name_the_shape():
-    with pytest.raises(ValueError, match=r"1 to 16 rows of activations, got x of shape \(17, 16\)"):
-        gemv.linear(torch.randn(17, 16), torch.randn(8, 16), use_triton=True)
+    with pytest.raises(ValueError, match=r"1 to 32 rows of activations, got x of shape \(33, 16\)"):
+        gemv.linear(torch.randn(33, 16), torch.randn(8, 16), use_triton=True)
     with pytest.raises(ValueError, match=r"even row count, got \(7, 16\)"):
         gemv.linear_silu_mul(torch.randn(1, 16), torch.randn(7, 16))
 
@@ -267,7 +295,8 @@ def test_cuda_split_launches_equal_the_unsplit_sum_in_graphs_too(monkeypatch, sp
     x = torch.randn(gemv.MAX_ROWS, 1536, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(2 * 576, 1536, device="cuda") * 0.02).to(torch.bfloat16)
     whole = gemv.linear_silu_mul(x, w, use_triton=True)
-    monkeypatch.setattr(gemv_triton, "tiling", lambda n, k, rows, one_step=True: (16, 128, 4, 3, splits))
+    monkeypatch.setattr(gemv_triton, "tiling",
+                        lambda n, k, rows, one_step=True: (16, 128, 4, 3, splits))
     first = gemv.linear_silu_mul(x, w, use_triton=True)
     torch.testing.assert_close(first.float(), whole.float(), atol=2e-2, rtol=1.6e-2)
     outs = [gemv.linear_silu_mul(x, w, use_triton=True) for _ in range(200)]
