@@ -39,7 +39,7 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor, n_out: int | None = None
 def _use_kernel(x: torch.Tensor, weight: torch.Tensor, use_triton: bool | None,
                 n_out: int | None = None) -> bool:
     if use_triton is None:
-        return gemv_applies(x, weight, n_out)
+        return gemv_applies(x, weight, n_out) and not _pads(x)
     if use_triton and (x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS):
         raise ValueError(f"the GEMV kernel takes 1 to {MAX_ROWS} rows of activations, got x of "
                          f"shape {tuple(x.shape)}")
@@ -50,13 +50,18 @@ def linear_silu_mul_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return fused_ops.silu_and_mul_torch(F.linear(x, weight))
 
 
-# Inside `bucketed_rows`, GEMMs of more than MAX_ROWS rows run at one of these row counts: the
+# Inside `bucketed_rows`, GEMMs of more than BUCKETED_FROM rows run at one of these row counts: the
 # first cuBLAS call at a row count it has not met costs 0.2-5 ms of host time (H200, bf16, the
 # default model's EAGLE3 head: 4.5 ms at 777 rows, 0.1 ms on the next call at 777), and an eager
 # draft forward (a catch-up over new prompts, or over the positions plain steps passed) meets a
 # new row count nearly every time: the catch-up after 100 plain steps took 11.6 ms at batch 4,
 # 6 of them in two such GEMMs, and 4.1 ms with its rows padded (benchmarks/probe_catchup.py).
 _depth = 0
+# Past 8 rows an eager forward inside `bucketed_rows` pads to a bucket and takes cuBLAS, as it
+# did when the kernel stopped at 8 rows: a draft's eager forward may meet other row counts in
+# the overlapped loop than in the synchronous one, and the deterministic mode's draft tokens
+# must not change with them (tests/test_spec_overlap.py, on the GPU).
+BUCKETED_FROM = 8
 
 
 def row_bucket(rows: int) -> int:
@@ -82,10 +87,15 @@ def bucketed_rows(enabled: bool = True):
         _depth -= int(enabled)
 
 
+def _pads(x: torch.Tensor) -> bool:
+    """Whether x's rows are padded to a bucket (`bucketed_rows`)."""
+    return (bool(_depth) and x.dim() == 2 and x.shape[0] > BUCKETED_FROM
+            and not (x.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
 def _padded(x: torch.Tensor) -> torch.Tensor:
     """x, its rows padded to row_bucket with zeros inside `bucketed_rows`, else x itself."""
-    if (not _depth or x.dim() != 2 or x.shape[0] <= MAX_ROWS
-            or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if not _pads(x):
         return x
     rows = row_bucket(x.shape[0])
     if rows == x.shape[0]:
@@ -96,10 +106,10 @@ def _padded(x: torch.Tensor) -> torch.Tensor:
 
 
 def warm_row_buckets(weights: list, max_rows: int) -> None:
-    """Calls each weight shape's GEMM once at every row bucket above MAX_ROWS up to max_rows,
+    """Calls each weight shape's GEMM once at every row bucket above BUCKETED_FROM up to max_rows,
     so that the first padded call at a bucket (`bucketed_rows`) finds cuBLAS ready."""
     shapes = {(tuple(w.shape), w.dtype, w.device): w for w in weights}  # layers share shapes
-    rows = row_bucket(MAX_ROWS + 1)
+    rows = row_bucket(BUCKETED_FROM + 1)
     with torch.no_grad():
         while rows <= row_bucket(max_rows):
             for w in shapes.values():
