@@ -1,6 +1,6 @@
 """Linear layers that take the few-row GEMV kernel (kernels/gemv_triton.py) where it applies:
-up to MAX_ROWS rows of bf16 or fp16 activations on CUDA, outside autograd (a decode step of
-up to 32 requests, a chain verify of up to four, a draft step). Everything else is
+up to MAX_ROWS rows of bf16 or fp16 activations on CUDA, outside autograd (a decode step of a
+few requests, a batch-1 chain verify, a draft step). Everything else is
 `F.linear`, and the gate/up projection's `linear_silu_mul` is then `F.linear` followed by the
 SiLU-and-mul kernel.
 
@@ -10,6 +10,7 @@ that None also asks whether the call is one the kernel serves (`gemv_applies`).
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import torch
@@ -20,7 +21,26 @@ from kernels.dispatch import HAS_TRITON, pick_triton, triton_module
 from kernels.matmul import linear_torch  # noqa: F401 (this op's twin is F.linear as well)
 
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
-MAX_ROWS = 32  # the most activation rows it takes (two of its 16-row tiles; more: cuBLAS)
+
+
+def _max_rows() -> int:
+    """The most activation rows the kernel takes by default: 8 (a batch-1 chain verify), or
+    SPECPCG_GEMV_MAX_ROWS, up to 32. The kernel runs any row count in programs of 16 rows, and
+    on an H200 a chain of the default model's layers ran faster than cuBLAS up to 32 rows (2.5-
+    3.3 against 4.5 us a call, benchmarks/probe_pdl.py --cublas): no-spec decode at batch 16
+    1.21x, a batch-4 chain verify 1.18x. But a plain decode of 9-32 requests then takes the
+    kernel where their verify (8 rows a request) takes cuBLAS, which rounds otherwise: at 32 the
+    GPU test of bf16 NGRAM against plain decoding saw 8 of 20 outputs identical (every
+    divergence a near tie) under its floor of 10, and the deterministic mode's overlapped
+    STANDALONE cell one accept histogram differ (outputs equal). 8 stays the default until
+    both pass."""
+    value = os.environ.get("SPECPCG_GEMV_MAX_ROWS", "8")
+    if not value.isdigit() or not 1 <= int(value) <= 32:
+        raise ValueError(f"SPECPCG_GEMV_MAX_ROWS={value!r}: expected a whole number from 1 to 32")
+    return int(value)
+
+
+MAX_ROWS = _max_rows()
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, n_out: int | None = None) -> bool:

@@ -214,8 +214,8 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     5.0-5.3 us (against 3.8: a 1,024-deep step of gate and up takes about 150 KB of shared
     memory, one program an SM), so there the steps stay 128 deep (`one_step_fits`). Past 16
     rows a program takes 16 of them: at 32 rows 3.25 against cuBLAS's 4.52, at 64 4.84 against
-    4.62, so MAX_ROWS is 32; deep weights (the 8B shape's), whose reads past 16 rows were not
-    measured, stop at 16."""
+    4.62, so MAX_ROWS may be raised to 32 (kernels/gemv.py says why it is 8); deep weights (the
+    8B shape's), whose reads past 16 rows were not measured, stop at 16."""
     if rows > MAX_ROWS or (k < 1024 and n > 16384) or (rows > 16 and k >= 4096):
         return None
     if rows == 1:
@@ -255,15 +255,16 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
-    """x [M, K] (M <= MAX_ROWS, unit column stride), weight [N, K] with unit column stride,
+    """x [M, K] (any M, in programs of 16 rows; unit column stride), weight [N, K] with unit
+    column stride,
     out [M, N] or, for silu_mul, [M, N / 2] (weight rows: gate, then up), unit column stride.
     tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) instead of `tiling`'s (probe_gemv's
     sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
-    # past 16 rows the tiles of 16 (where the kernel is forced on a deep weight, too)
+    # from 2 rows the tiles follow K alone (whatever rows `tiling` would leave to cuBLAS)
     block_n, block_k, warps, stages, splits = tile or tiling(
-        n_out, k, min(m, 16), m > 1 and one_step_fits(x)) or (
+        n_out, k, min(m, 2), m > 1 and one_step_fits(x)) or (
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
