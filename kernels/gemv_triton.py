@@ -231,13 +231,20 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     return 32, 256, 4, 3, 3
 
 
+_shared_memory: dict = {}  # device index -> bytes a program may take (asked once: eager
+# forwards call this per linear layer)
+
+
 def one_step_fits(x: torch.Tensor) -> bool:
     """Whether x's launches take one-step tiles: with PDL, and where a 1,024-deep step of gate
     and up (about 150 KB of shared memory) fits in the device's (Hopper: 227 KB)."""
     if not (x.is_cuda and pdl(x)["PDL"]):
         return False
-    props = torch.cuda.get_device_properties(x.device)
-    return getattr(props, "shared_memory_per_block_optin", 0) >= (2 * 32 + 16) * 1024 * 2
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if index not in _shared_memory:
+        props = torch.cuda.get_device_properties(index)
+        _shared_memory[index] = getattr(props, "shared_memory_per_block_optin", 0)
+    return _shared_memory[index] >= (2 * 32 + 16) * 1024 * 2
 
 
 MAX_TILES = 8192  # arrival counters a device keeps: a split launch's BLOCK_N-wide tiles

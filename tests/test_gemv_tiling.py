@@ -120,8 +120,11 @@ def test_one_step_tiles_need_pdl_and_the_shared_memory(monkeypatch):
     x = SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True)
     monkeypatch.setattr(gemv_triton, "pdl", lambda t: {"PDL": True})
     for optin, fits in ((232448, True), (101376, False)):
+        monkeypatch.setattr(gemv_triton, "_shared_memory", {})
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, o=optin:
                             SimpleNamespace(shared_memory_per_block_optin=o))
+        assert gemv_triton.one_step_fits(x) is fits
+        monkeypatch.setattr(torch.cuda, "get_device_properties", None)  # asked once
         assert gemv_triton.one_step_fits(x) is fits
     monkeypatch.setattr(gemv_triton, "pdl", lambda t: {"PDL": False})
     assert not gemv_triton.one_step_fits(x)
