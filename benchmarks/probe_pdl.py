@@ -19,6 +19,7 @@ list variants of copies of the kernels ("copy", "pdl", "pdl-early") that the pro
 
     python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] \
         [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 ...] [--cublas] > out.txt
+    python benchmarks/probe_pdl.py --plot OUT.png "LABEL=FILE:VARIANT+FILE:VARIANT" ...
 """
 
 from __future__ import annotations
@@ -100,8 +101,37 @@ def measure(variant: str, layers: list, rows: int, replays: int, tiles: dict) ->
     return start.elapsed_time(end) * 1e3 / replays / (4 * len(layers)), out.clone()
 
 
+def read_results(path: str) -> dict:
+    """{(rows, variant): [us a call, ...]} of a results file this probe wrote."""
+    found: dict = {}
+    for line in open(path):
+        parts = line.split()
+        if len(parts) >= 3 and parts[0].isdigit() and parts[2] != "failed:":
+            found.setdefault((int(parts[0]), parts[1]), []).append(float(parts[2]))
+    return found
+
+
+def plot(path: str, specs: list) -> None:
+    """us a call by rows, a line a series: "LABEL=FILE:VARIANT+FILE:VARIANT..." (each point the
+    median of the variant's lines at those rows)."""
+    panel = {"title": "a chain of the default model's linear layers, us a call",
+             "xlabel": "rows", "ylabel": "us a call", "logx": True, "series": {}}
+    for spec in specs:
+        label, sources = spec.split("=", 1)
+        points = panel["series"].setdefault(label, [])
+        for source in sources.split("+"):
+            file, variant = source.rsplit(":", 1)
+            for (rows, name), values in read_results(file).items():
+                if name == variant:
+                    points.append((rows, common.median(values)))
+    common.line_plot([panel], path, "benchmarks/probe_pdl.py results")
+    print(f"plot: {path}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plot", nargs="+", metavar=("PNG", "SERIES"), default=None,
+                   help="plot results files instead: PNG, then LABEL=FILE:VARIANT+... each")
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--replays", type=int, default=50)
@@ -110,6 +140,8 @@ def main(argv=None) -> None:
                    help="variants with other tiles by depth (parse_tiles), rows past 1; PDL "
                    "on unless the name starts with nopdl")
     args = p.parse_args(argv)
+    if args.plot:
+        return plot(args.plot[0], args.plot[1:])
     dev = torch.device("cuda")
     torch.manual_seed(0)
 
