@@ -1,8 +1,7 @@
 """Linear layers that take the few-row GEMV kernel (kernels/gemv_triton.py) where it applies:
 up to MAX_ROWS rows of bf16 or fp16 activations on CUDA, outside autograd (a decode step of a
-few requests, a batch-1 chain verify, a draft step). Everything else is
-`F.linear`, and the gate/up projection's `linear_silu_mul` is then `F.linear` followed by the
-SiLU-and-mul kernel.
+few requests, a batch-1 chain verify, a draft step). Everything else is `F.linear`, and the
+gate/up projection's `linear_silu_mul` is then `F.linear` followed by the SiLU-and-mul kernel.
 
 The torch twins (`*_torch`) are the reference; `use_triton` follows kernels/dispatch.py, except
 that None also asks whether the call is one the kernel serves (`gemv_applies`).

@@ -101,9 +101,9 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     to 16 b + 15), on tensor cores (the rows padded to 16, which costs nothing where the
     weight's read is the bound). SPLITS > 1: program (tile, s, b) sums K_PER of the depth,
     and the last of a tile's programs to arrive adds the splits' fp32 sums
-    (`_rows_add_splits`). ONE_STEP (K_PER <= BLOCK_K): a program's depth is
-    one step, and with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the
-    one-row kernel's first step is. Several steps wait first: reading only the first step's
+    (`_rows_add_splits`). ONE_STEP (K_PER <= BLOCK_K): a program's depth is one step, and
+    with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the one-row
+    kernel's first step is. Several steps wait first: reading only the first step's
     weights early measured no faster (3.61-3.65 against 3.50 us a call in a chain of the
     default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py)."""
     if PDL:
@@ -197,9 +197,8 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     model's 1.7-1.9x faster. A wide and shallow weight (the default model's tied LM head,
     49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0.
 
-    2-16 rows (9-16 fill the tile's 16 padded rows that 8 leave zero), fitted at 8 rows on an
-    H100 (`probe_gemv.py --rows 8`): wide tiles and 256-deep steps on
-    the 8B shape's weights (qkv 20.2 against cuBLAS's 20.8 us, gate/up with its SiLU-and-mul
+    2-16 rows (a program's 16 rows cost what 8 do), fitted at 8 rows on an H100 (`probe_gemv.py
+    --rows 8`): wide tiles and 256-deep steps on the 8B shape's weights (qkv 20.2 against cuBLAS's 20.8 us, gate/up with its SiLU-and-mul
     81.9 against 85.6, its LM head 344 against 391), narrow ones on the default model's (3.3-
     4.9 against 3.5-5.8 us); its tied LM head gains 3% here and stays on cuBLAS. Deep weights
     split K (`probe_gemv.py --rows 8 --splits ...`, one H200): their unsplit launches have too
