@@ -198,9 +198,10 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     49,152 x 576) is the exception: cuBLAS 16.0 us, the best tiling here 17.0.
 
     2-16 rows (a program's 16 rows cost what 8 do), fitted at 8 rows on an H100 (`probe_gemv.py
-    --rows 8`): wide tiles and 256-deep steps on the 8B shape's weights (qkv 20.2 against cuBLAS's 20.8 us, gate/up with its SiLU-and-mul
-    81.9 against 85.6, its LM head 344 against 391), narrow ones on the default model's (3.3-
-    4.9 against 3.5-5.8 us); its tied LM head gains 3% here and stays on cuBLAS. Deep weights
+    --rows 8`): wide tiles and 256-deep steps on the 8B shape's weights (qkv 20.2 against
+    cuBLAS's 20.8 us, gate/up with its SiLU-and-mul 81.9 against 85.6, its LM head 344 against
+    391), narrow ones on the default model's (3.3-4.9 against 3.5-5.8 us); its tied LM head
+    gains 3% here and stays on cuBLAS. Deep weights
     split K (`probe_gemv.py --rows 8 --splits ...`, one H200): their unsplit launches have too
     few programs to fill the GPU (the default model's down, 576 x 1,536: 36 programs, 4.70 us;
     6 splits 3.93; the 8B shape's down, 4,096 x 14,336: 37.3 us, 3 splits 31.2, cuBLAS 31.0).
