@@ -39,6 +39,11 @@ def triton_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.{name}")
 
 
+def cuda_index(device: torch.device) -> int:
+    """A CUDA device's index (the current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 _pdl_devices: dict = {}
 
 
@@ -54,7 +59,7 @@ def pdl(x: torch.Tensor) -> dict:
     1,696 tok/s."""
     if not x.is_cuda:
         return {"PDL": False}
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    index = cuda_index(x.device)
     if index not in _pdl_devices:
         _pdl_devices[index] = (os.environ.get("SPECPCG_PDL", "1") != "0"
                                and torch.cuda.get_device_capability(index)[0] >= 9

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dispatch import pdl
+from kernels.dispatch import cuda_index, pdl
 from kernels.gemv import MAX_ROWS
 
 
@@ -240,7 +240,7 @@ def one_step_fits(x: torch.Tensor) -> bool:
     and up (about 150 KB of shared memory) fits in the device's (Hopper: 227 KB)."""
     if not (x.is_cuda and pdl(x)["PDL"]):
         return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    index = cuda_index(x.device)
     if index not in _shared_memory:
         props = torch.cuda.get_device_properties(index)
         _shared_memory[index] = getattr(props, "shared_memory_per_block_optin", 0)

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dispatch import cuda_index
+
 try:  # host-built TMA descriptors (Triton >= 3.4); without them no launch asks for TMA
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
@@ -180,8 +182,7 @@ def tiling_for(n: int, k: int, device: torch.device) -> Tiling:
     """The tiling for a weight [n, k] on `device`. NOTE: it must never read M."""
     if device.type != "cuda":
         return Tiling(num_stages=1)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return cuda_tiling(n, k, _sm_count(index))
+    return cuda_tiling(n, k, _sm_count(cuda_index(device)))
 
 
 def cuda_tiling(n: int, k: int, sms: int) -> Tiling:
@@ -242,7 +243,7 @@ def launch_for(m: int, n: int, device: torch.device) -> Launch:
     CUDA (TMA loads where the GPU has them); else the decode launch (the workspace for split K)."""
     if device.type != "cuda":
         return Launch()
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     return cuda_launch(m, n, _sm_count(index), _has_tma(index))
 
 
