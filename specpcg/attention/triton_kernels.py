@@ -222,6 +222,18 @@ def _padded_head_dim(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
+def _keys_a_block(head_dim: int, cpu: bool) -> int:
+    """Keys a decode program loads at once. A function of the model alone, never of the batch:
+    the blocks set the order of the softmax's sums, and a query keeps its bits in any batch."""
+    # NOTE: 128 keys of 64 dims (the default model) are one split in one load, where 64 were
+    # two dependent loads: 0.4-1.2 us less a call on an H200 (benchmarks/probe_decode_attn.py).
+    # Keys of 128 dims stay at 64: in blocks of 128 a batch-16 decode at short contexts was
+    # slower (11.6 -> 14.8 us).
+    if cpu:
+        return 32
+    return 128 if head_dim <= 64 else 64
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # NOTE: fp32 must not silently drop to tf32 on GPU, or fp32 runs stop matching the reference.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -320,7 +332,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         NODES=nodes_per_program, NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len,
         MAX_SPLITS=max_splits, DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(nodes_per_program * group_size)),
-        BLOCK_N=32 if cpu else 64, BLOCK_D=block_d,
+        BLOCK_N=_keys_a_block(head_dim, cpu), BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2, **pdl(q),
     )
 
