@@ -315,7 +315,8 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     group_size = num_heads // num_kv_heads
     block_d = _padded_head_dim(head_dim)
     cpu = q.device.type == "cpu"
-    split_len = split_len_for(q.device)
+    split_len, block_n = split_len_for(q.device), _keys_a_block(head_dim, cpu)
+    assert split_len % block_n == 0, "a split is whole blocks: its sums' order is the blocks'"
     max_splits = triton.cdiv(req_to_token.shape[1], split_len)  # a row's most keys
     mid_out = torch.empty(num_reqs, num_heads, max_splits, head_dim, dtype=torch.float32,
                           device=q.device)  # [bs, H, S, D] per-split normalised outputs
@@ -332,7 +333,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         NODES=nodes_per_program, NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len,
         MAX_SPLITS=max_splits, DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(nodes_per_program * group_size)),
-        BLOCK_N=_keys_a_block(head_dim, cpu), BLOCK_D=block_d,
+        BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2, **pdl(q),
     )
 
