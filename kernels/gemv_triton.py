@@ -22,6 +22,8 @@ The launcher reads no tensor values on the host: capturable in a CUDA graph once
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
@@ -231,8 +233,11 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     return 32, 256, 4, 3, 3
 
 
-_shared_memory: dict = {}  # device index -> bytes a program may take (asked once: eager
-# forwards call this per linear layer)
+@lru_cache(maxsize=None)  # asked once a device: eager forwards ask per linear layer
+def _shared_memory(index: int) -> int:
+    """Bytes of shared memory a program may take on device `index`."""
+    props = torch.cuda.get_device_properties(index)
+    return getattr(props, "shared_memory_per_block_optin", 0)
 
 
 def one_step_fits(x: torch.Tensor) -> bool:
@@ -240,11 +245,7 @@ def one_step_fits(x: torch.Tensor) -> bool:
     and up (about 150 KB of shared memory) fits in the device's (Hopper: 227 KB)."""
     if not (x.is_cuda and pdl(x)["PDL"]):
         return False
-    index = cuda_index(x.device)
-    if index not in _shared_memory:
-        props = torch.cuda.get_device_properties(index)
-        _shared_memory[index] = getattr(props, "shared_memory_per_block_optin", 0)
-    return _shared_memory[index] >= (2 * 32 + 16) * 1024 * 2
+    return _shared_memory(cuda_index(x.device)) >= (2 * 32 + 16) * 1024 * 2
 
 
 MAX_TILES = 8192  # arrival counters a device keeps: a split launch's BLOCK_N-wide tiles
@@ -262,9 +263,8 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
-    """x [M, K] (any M, in programs of 16 rows; unit column stride), weight [N, K] with unit
-    column stride,
-    out [M, N] or, for silu_mul, [M, N / 2] (weight rows: gate, then up), unit column stride.
+    """x [M, K] (any M, in programs of 16 rows), weight [N, K], and out [M, N] or, for
+    silu_mul, [M, N / 2] (weight rows: gate, then up), each with unit column stride.
     tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) instead of `tiling`'s (probe_gemv's
     sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape

@@ -120,7 +120,7 @@ def test_one_step_tiles_need_pdl_and_the_shared_memory(monkeypatch):
     x = SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True)
     monkeypatch.setattr(gemv_triton, "pdl", lambda t: {"PDL": True})
     for optin, fits in ((232448, True), (101376, False)):
-        monkeypatch.setattr(gemv_triton, "_shared_memory", {})
+        gemv_triton._shared_memory.cache_clear()
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d, o=optin:
                             SimpleNamespace(shared_memory_per_block_optin=o))
         assert gemv_triton.one_step_fits(x) is fits
@@ -128,6 +128,7 @@ def test_one_step_tiles_need_pdl_and_the_shared_memory(monkeypatch):
         assert gemv_triton.one_step_fits(x) is fits
     monkeypatch.setattr(gemv_triton, "pdl", lambda t: {"PDL": False})
     assert not gemv_triton.one_step_fits(x)
+    gemv_triton._shared_memory.cache_clear()  # not the patched device's answer for later tests
 
 
 @pytest.mark.cuda
