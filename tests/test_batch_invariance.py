@@ -185,6 +185,25 @@ def test_one_launch_merges_every_split_and_leaves_its_counters_at_zero(programs)
                                    atol=1e-5, rtol=1e-5)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("unroll", [2, 3, 8])
+def test_merging_splits_a_round_at_a_time_keeps_the_plain_loops_bits(unroll, monkeypatch):
+    """The merge takes MERGE_UNROLL splits a round; a round past a row's last split (10, 5, 1
+    and 0 splits here, 32 keys each on CPU) must leave the sums as the plain loop had them."""
+    from specpcg.attention import triton_kernels
+
+    lens = [300, 129, 7, 0, 250]
+    k_buf, v_buf, r2t = _world([n or 1 for n in lens])
+    q = torch.randn(len(lens), H, D, generator=torch.Generator().manual_seed(19))
+    rows = list(range(len(lens)))
+    outs = []
+    for rounds in (1, unroll):
+        monkeypatch.setattr(triton_kernels, "MERGE_UNROLL", rounds)
+        outs.append(_decode(q, k_buf, v_buf, r2t, rows, lens, 1))
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[1][3], torch.zeros(H, D)) and not torch.isnan(outs[1]).any()
+
+
 def _stacked_against_one_a_program(device, dtype, lens, width, programs, heads=H, kv_heads=HKV,
                                    dim=D):
     """A chain verify of `width` nodes per request (node j sees its row up to itself) run with

@@ -114,7 +114,7 @@ def _decode_split_kernel(
     scale_log2,
     HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
     NODES: tl.constexpr, NUM_PROGRAMS: tl.constexpr, SPLIT_LEN: tl.constexpr,
-    MAX_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, MERGE_UNROLL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Programs (c, kv head, p): the comment above says what each covers. PDL: dispatch.pdl."""
@@ -184,33 +184,42 @@ def _decode_split_kernel(
         tl.store(counter, 0)
         _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
                       out_ptr + query * stride_out_tok + heads * stride_out_head,
-                      HEAD_DIM, BLOCK_H, BLOCK_D)
+                      HEAD_DIM, BLOCK_H, BLOCK_D, MERGE_UNROLL)
 
 
 @triton.jit
 def _merge_splits(mid_out_ptr, mid_lse_ptr, mid_rows, num_splits, mask_h, offs_d, mask_d,
                   out_rows_ptr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
+                  BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
     """Merges each row's split results in split order (an online log-sum-exp merge), skipping
     empty splits, so the result depends only on the splits. Loads bypass L1 (".cg"): other
-    programs wrote the splits, and an SM's L1 may hold the lines of an earlier launch."""
+    programs wrote the splits, and an SM's L1 may hold the lines of an earlier launch.
+
+    UNROLL splits a round: their loads go out together, not one L2 round trip a split. A
+    split past the row's last reads as an empty one (lse -inf, zeros), which leaves the sums as
+    they were, so the result is the plain loop's."""
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for split in range(0, num_splits):
-        lse = tl.load(mid_lse_ptr + mid_rows + split, mask=mask_h, other=float("-inf"),
-                      cache_modifier=".cg")
-        part = tl.load(mid_out_ptr + (mid_rows + split)[:, None] * HEAD_DIM + offs_d[None, :],
-                       mask=mask_h[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
-        seen = lse > float("-inf")
-        m_new = tl.where(seen, tl.maximum(m, lse), m)
-        # Where both are -inf (nothing seen yet, an empty split) the shift is 0, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        scale = tl.exp2(m - m_shift)
-        w = tl.where(seen, tl.exp2(lse - m_shift), 0.0)
-        acc = acc * scale[:, None] + w[:, None] * part
-        total = total * scale + w
-        m = m_new
+    for first in range(0, num_splits, UNROLL):
+        for j in tl.static_range(UNROLL):
+            split = first + j
+            # The split as a [H] tensor: the interpreter's loads take no scalar-made masks.
+            there = mask_h & (tl.zeros([BLOCK_H], dtype=tl.int32) + split < num_splits)
+            lse = tl.load(mid_lse_ptr + mid_rows + split, mask=there, other=float("-inf"),
+                          cache_modifier=".cg")
+            part = tl.load(mid_out_ptr + (mid_rows + split)[:, None] * HEAD_DIM
+                           + offs_d[None, :], mask=there[:, None] & mask_d[None, :], other=0.0,
+                           cache_modifier=".cg")
+            seen = lse > float("-inf")
+            m_new = tl.where(seen, tl.maximum(m, lse), m)
+            # Where both are -inf (nothing seen yet, an empty split) the shift is 0, not NaN.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            scale = tl.exp2(m - m_shift)
+            w = tl.where(seen, tl.exp2(lse - m_shift), 0.0)
+            acc = acc * scale[:, None] + w[:, None] * part
+            total = total * scale + w
+            m = m_new
     # seq_len 0 (a padded request) leaves no split: output zeros, not NaN.
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_rows_ptr[:, None] + offs_d[None, :],
@@ -276,6 +285,20 @@ def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     )
 
 
+# Splits whose merge loads go out together (see _merge_splits), in programs of one query.
+MERGE_UNROLL = 8
+
+
+def _merge_rounds(block_h: int, max_splits: int) -> int:
+    """Splits a round in the merge of a program of block_h query rows. A decode program (16
+    rows) takes MERGE_UNROLL: a chain of the default model's layers on an H200 went from 17.6 to
+    15.2 us a call at 4,096 keys and 10.7 to 9.8 at 2,048, batch 1, no slower at 256
+    (benchmarks/probe_decode_attn.py). A verify program (8 nodes: 32 rows) keeps the plain
+    loop: its splits are [32, 64] sums each, and 8 a round took 7.9 -> 9.1 us at 1,024 keys
+    (4 a round: 8.7). The bits are the plain loop's either way."""
+    return min(MERGE_UNROLL, max_splits) if block_h <= 16 else 1
+
+
 def split_len_for(device: torch.device) -> int:
     """Keys per decode split (a multiple of the block size)."""
     return 32 if device.type == "cpu" else 128
@@ -314,6 +337,7 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
     assert arrived.dtype == torch.int32 and arrived.numel() >= num_reqs * num_kv_heads
     group_size = num_heads // num_kv_heads
     block_d = _padded_head_dim(head_dim)
+    block_h = max(16, triton.next_power_of_2(nodes_per_program * group_size))
     cpu = q.device.type == "cpu"
     split_len, block_n = split_len_for(q.device), _keys_a_block(head_dim, cpu)
     assert split_len % block_n == 0, "a split is whole blocks: its sums' order is the blocks'"
@@ -331,8 +355,8 @@ def decode_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_l
         scale * LOG2_E,
         HEAD_DIM=head_dim, GROUP_SIZE=group_size, NUM_HEADS=num_heads,
         NODES=nodes_per_program, NUM_PROGRAMS=num_kv_splits, SPLIT_LEN=split_len,
-        MAX_SPLITS=max_splits, DOT_PRECISION=_dot_precision(q.dtype),
-        BLOCK_H=max(16, triton.next_power_of_2(nodes_per_program * group_size)),
+        MAX_SPLITS=max_splits, MERGE_UNROLL=_merge_rounds(block_h, max_splits),
+        DOT_PRECISION=_dot_precision(q.dtype), BLOCK_H=block_h,
         BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=4, num_stages=1 if cpu else 2, **pdl(q),
     )
