@@ -7,10 +7,13 @@ chain-verify widths (--nodes: queries a request, each node seeing the row up to 
 prints one JSON line a measurement: us a call, and whether the chain's output has the bits of
 the first variant's. Variants: "this" (specpcg/attention/triton_kernels.py of this checkout)
 and any --module NAME=PATH (another copy of that file, e.g. another commit's), run alternately,
-each twice.
+each twice. A chain verify's nodes share a program (nodes_per_program = --nodes) unless --stack
+S also runs each variant with S nodes a program ("NAME/S", where S divides the nodes): the
+programs a request then double or more, each with fewer query rows; the bits must not change.
 
     python benchmarks/probe_decode_attn.py [--batches 1 4 16] [--contexts 64 256 1024 4096] \
-        [--nodes 1 8] [--module old=devrun/old/specpcg/attention/triton_kernels.py] > out.jsonl
+        [--nodes 1 8] [--module old=devrun/old/specpcg/attention/triton_kernels.py] \
+        [--stack 4] > out.jsonl
     python benchmarks/probe_decode_attn.py --shape llama-3-8b --layers 32 ...
     python benchmarks/probe_decode_attn.py --plot OUT.png RESULTS.jsonl [VARIANT ...]
 """
@@ -57,11 +60,12 @@ def step_inputs(batch: int, context: int, nodes: int, dev) -> dict:
 
 
 def measure(module, pools: list, inputs: dict, batch: int, nodes: int, heads: tuple,
-            replays: int) -> tuple:
-    """(us a call, the chain's output) of the layers' calls replayed from one graph."""
+            replays: int, stack: int) -> tuple:
+    """(us a call, the chain's output) of the layers' calls replayed from one graph, `stack`
+    of a request's nodes a program."""
     dev = pools[0][0].device
     queries, (heads, kv_heads, head_dim) = batch * nodes, heads
-    splits = module.pick_num_kv_splits(queries // nodes, kv_heads,
+    splits = module.pick_num_kv_splits(queries // stack, kv_heads,
                                        torch.cuda.get_device_properties(dev).multi_processor_count)
     torch.manual_seed(1)
     bufs = [torch.randn(queries, heads, head_dim, device=dev, dtype=torch.bfloat16)
@@ -74,7 +78,7 @@ def measure(module, pools: list, inputs: dict, batch: int, nodes: int, heads: tu
             module.decode_attention(
                 bufs[i % 2], k, v, bufs[(i + 1) % 2], inputs["req_to_token"],
                 inputs["req_pool_indices"], inputs["seq_lens"], queries, splits,
-                head_dim ** -0.5, arrived=arrived, nodes_per_program=nodes)
+                head_dim ** -0.5, arrived=arrived, nodes_per_program=stack)
     chain()  # compile outside the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -85,6 +89,15 @@ def measure(module, pools: list, inputs: dict, batch: int, nodes: int, heads: tu
     graph.replay()
     torch.cuda.synchronize()
     return us, bufs[len(pools) % 2].clone()
+
+
+def runs(variants: list, nodes: int, stacks: list) -> list:
+    """(name, module, nodes a program) of one panel: each variant with all its nodes in one
+    program, then with each of `stacks` that divides them ("NAME/S"); all of it twice."""
+    out = [(name, module, nodes) for name, module in variants]
+    out += [(f"{name}/{s}", module, s) for s in stacks if s < nodes and nodes % s == 0
+            for name, module in variants]
+    return out * 2
 
 
 def plot(path: str, results: str, variants: list, shape: str) -> None:
@@ -120,6 +133,8 @@ def main(argv=None) -> None:
     p.add_argument("--nodes", nargs="+", type=int, default=[1, 8])
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--module", nargs="*", default=[], metavar="NAME=PATH")
+    p.add_argument("--stack", nargs="*", type=int, default=[], metavar="S",
+                   help="also S of a request's nodes a program (verify panels)")
     args = p.parse_args(argv)
     if args.plot:
         if len(args.plot) < 2:
@@ -138,14 +153,15 @@ def main(argv=None) -> None:
                 pools = layer_pools(args.layers, batch, context, nodes, heads, dev)
                 inputs = step_inputs(batch, context, nodes, dev)
                 first = None
-                for name, module in variants * 2:
+                for name, module, stack in runs(variants, nodes, args.stack):
                     us, out = measure(module, pools, inputs, batch, nodes, heads,
-                                      args.replays)
+                                      args.replays, stack)
                     first = out if first is None else first
                     print(json.dumps({
                         "bench": "probe_decode_attn", "shape": args.shape, "variant": name,
                         "batch": batch,
-                        "nodes": nodes, "context": context, "layers": args.layers,
+                        "nodes": nodes, "stack": stack, "context": context,
+                        "layers": args.layers,
                         "us_per_call": round(us, 3), "bits_of_first": torch.equal(out, first),
                         "commit": common.git_commit(), "machine": machine}), flush=True)
 

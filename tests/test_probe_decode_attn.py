@@ -46,3 +46,12 @@ def test_a_plot_has_a_panel_a_batch_and_a_line_a_named_variant_of_one_shape(tmp_
     assert drawn[1]["series"] == {"main": [(64, 7.0)]}
     with pytest.raises(ValueError, match="no results of shape llama-3-8b and variants"):
         probe_decode_attn.plot(str(tmp_path / "o.png"), str(results), ["new"], "llama-3-8b")
+
+
+def test_a_verify_panel_also_runs_each_variant_with_fewer_nodes_a_program():
+    a, b = object(), object()
+    runs = probe_decode_attn.runs([("this", a), ("main", b)], 8, [4, 3, 8, 2])
+    assert runs[:6] == [("this", a, 8), ("main", b, 8), ("this/4", a, 4), ("main/4", b, 4),
+                        ("this/2", a, 2), ("main/2", b, 2)]
+    assert runs[6:] == runs[:6]  # twice, alternating
+    assert probe_decode_attn.runs([("this", a)], 1, [4]) == [("this", a, 1)] * 2
