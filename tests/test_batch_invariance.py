@@ -205,10 +205,10 @@ def test_merging_splits_a_round_at_a_time_keeps_the_plain_loops_bits(unroll, mon
 
 
 def _stacked_against_one_a_program(device, dtype, lens, width, programs, heads=H, kv_heads=HKV,
-                                   dim=D):
+                                   dim=D, stack=None):
     """A chain verify of `width` nodes per request (node j sees its row up to itself) run with
-    one program taking each request's nodes together and with a program a node:
-    (stacked, single)."""
+    one program taking each request's nodes together (or `stack` of them) and with a program
+    a node: (stacked, single)."""
     from specpcg.attention.triton_kernels import decode_attention
 
     k_buf, v_buf, r2t = _world(lens, 13, kv_heads, dim, max(lens))
@@ -218,12 +218,23 @@ def _stacked_against_one_a_program(device, dtype, lens, width, programs, heads=H
     rows = torch.arange(len(lens), dtype=torch.int32).repeat_interleave(width)
     seq = torch.tensor([m - width + 1 + j for m in lens for j in range(width)], dtype=torch.int32)
     outs = []
-    for nodes in (width, 1):
+    for nodes in (stack or width, 1):
         out = torch.full_like(q, float("nan"))
         decode_attention(q, k_buf, v_buf, out, r2t.to(device), rows.to(device), seq.to(device),
                          n, programs, dim ** -0.5, nodes_per_program=nodes)
         outs.append(out)
     return outs
+
+
+@needs_interpreter
+@pytest.mark.parametrize("stack", [8, 4, 2])
+def test_a_requests_nodes_in_programs_of_any_size_give_the_same_bits(stack):
+    """8 nodes of 3 query heads a KV head: 24 rows a program (its merge one split a round), 12
+    (decode's shape: 8 splits a round) or 6, against a program a node."""
+    stacked, single = _stacked_against_one_a_program("cpu", torch.float32, [300, 40, 129], 8,
+                                                     4, heads=6, kv_heads=2, stack=stack)
+    assert torch.equal(stacked, single)
+    assert not torch.isnan(stacked).any()
 
 
 @needs_interpreter
