@@ -33,7 +33,6 @@ common.add_repo_to_path()
 SHAPES = {"smollm2-135m": (9, 3, 64), "llama-3-8b": (32, 8, 128)}  # heads, KV heads, head dim
 
 
-
 def load_module(name: str, path: str):
     spec = importlib.util.spec_from_file_location(f"probe_attn_{name}", path)
     module = importlib.util.module_from_spec(spec)
