@@ -304,10 +304,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     m, k = x.shape
     n_out = out.shape[-1]
     # from 2 rows the tiles follow K alone (whatever rows `tiling` would leave to cuBLAS)
-    block_n, block_k, warps, stages, splits, *chunks = tile or tiling(
+    block_n, block_k, warps, stages, splits, *rest = tile or tiling(
         n_out, k, min(m, 2), m > 1 and one_step_fits(x)) or (
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
-    chunks = chunks[0] if chunks else 1
+    chunks = rest[0] if rest else 1
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
                  BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl(x))
