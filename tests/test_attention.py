@@ -436,3 +436,21 @@ def test_the_deterministic_mode_keeps_verify_on_the_decode_kernel():
     assert EngineConfig().resolve_verify_kernel() == "split_k"  # the default: decode queries
     cfg = EngineConfig(enable_deterministic_inference=True, triton_verify_kernel="extend")
     assert cfg.resolve_verify_kernel() == "extend"
+
+
+def test_a_verify_of_few_requests_splits_their_nodes_into_programs_of_16_rows():
+    """Nodes a program: all of them while their rows fit in 16; past that, while the programs
+    stay within the SMs, the most that fit and divide the width."""
+    from specpcg.attention.triton_backend import TritonAttnBackend
+
+    cache = _make_cache("cpu", torch.float32, 16)
+    backend = TritonAttnBackend(cache, 9, 3, 16, 0.25)  # 3 query heads a KV head
+    backend._num_sms = 132
+    assert backend._nodes_a_program(1, 8) == 4  # 12 rows: two programs a request
+    assert backend._nodes_a_program(22, 8) == 4  # 22 x 3 KV heads x 2 = 132 programs
+    assert backend._nodes_a_program(23, 8) == 8  # past the SMs: one program a request
+    assert backend._nodes_a_program(1, 5) == 5 and backend._nodes_a_program(1, 7) == 7
+    assert backend._nodes_a_program(1, 4) == 4  # 12 rows fit
+    wide = TritonAttnBackend(cache, 64, 2, 16, 0.25)  # 32 query heads a KV head
+    wide._num_sms = 132
+    assert wide._nodes_a_program(1, 8) == 8  # not one node fits in 16 rows

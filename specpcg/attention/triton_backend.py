@@ -161,7 +161,7 @@ class TritonAttnBackend(AttentionBackend):
         With stack_chain_nodes one kernel program takes a request's nodes: a program a node
         read each key once a node (the 8B shape's verify attention at batch 64 took 3.3 ms a
         step on the H100, its decode's 0.9 ms; stacked, 1.3 ms)."""
-        n = self._size_verify(num_reqs, width, width if self._stacks_nodes() else 1)
+        n = self._size_verify(num_reqs, width, self._nodes_a_program(num_reqs, width))
         self._verify_req[:n].view(num_reqs, width).copy_(
             req_rows[:num_reqs, None].expand(num_reqs, width))
         seq = self._verify_seq[:n].view(num_reqs, width)
@@ -177,6 +177,23 @@ class TritonAttnBackend(AttentionBackend):
         bits (H100, tests/test_batch_invariance.py), where bf16 was bitwise the same."""
         fp32_gpu = self.device.type == "cuda" and self.kv_cache.pool.dtype == torch.float32
         return self.stack_chain_nodes and not fp32_gpu
+
+    def _nodes_a_program(self, num_reqs: int, width: int) -> int:
+        """A chain verify's nodes a kernel program. All of a request's, unless their query rows
+        (nodes x heads a KV head) pass the 16 a decode program takes and the programs are few
+        beside the SMs: then the most nodes (2 or more) that fit in 16 rows and divide the
+        width, so a request's nodes take two or more programs of decode's shape (whose merge
+        takes 8 splits a round). Which programs take which nodes never changes a result
+        (tests/test_batch_invariance.py)."""
+        if not self._stacks_nodes():
+            return 1
+        group = self.num_heads // self.num_kv_heads
+        if width * group <= 16:
+            return width
+        fit = max((d for d in range(1, width + 1) if width % d == 0 and d * group <= 16),
+                  default=1)
+        few = num_reqs * self.num_kv_heads * (width // fit) <= self._num_sms
+        return fit if fit > 1 and few else width  # one node a program shares no key loads
 
     def _size_verify(self, num_reqs: int, width: int, nodes: int) -> int:
         """Room for num_reqs * width decode queries, `nodes` of them a kernel program, and
