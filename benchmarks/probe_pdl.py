@@ -38,8 +38,8 @@ HIDDEN, QKV, INTER = 576, 960, 1536  # the default model's shapes
 
 def parse_tiles(spec: str) -> tuple:
     """"NAME:576=32,128,4,1,5:960x576=32,1024,4,1,1" -> (NAME, {576: (32, 128, 4, 1, 5),
-    (960, 576): ...}): tiles (BLOCK_N, BLOCK_K, warps, stages, SPLITS[, CHUNKS]) by depth or
-    by a weight's shape (which wins), with PDL on; other weights keep the library's tiling."""
+    (960, 576): ...}): tiles (BLOCK_N, BLOCK_K, warps, stages, SPLITS) by depth or by a
+    weight's shape (which wins), with PDL on; other weights keep the library's tiling."""
     name, *pairs = spec.split(":")
     tiles = {}
     for pair in pairs:

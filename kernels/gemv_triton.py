@@ -98,8 +98,7 @@ def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, st
 def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_PER, UP_OFFSET,
                  stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, PDL: tl.constexpr,
-                 CHUNKS: tl.constexpr = 1):
+                 SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, PDL: tl.constexpr):
     """2 or more rows: BLOCK_N outputs of 16 rows a program (program (tile, s, b): rows 16 b
     to 16 b + 15), on tensor cores (the rows padded to 16, which costs nothing where the
     weight's read is the bound). SPLITS > 1: program (tile, s, b) sums K_PER of the depth,
@@ -108,8 +107,7 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the one-row
     kernel's first step is. Several steps wait first: reading only the first step's
     weights early measured no faster (3.61-3.65 against 3.50 us a call in a chain of the
-    default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py). CHUNKS > 1 (one
-    step only): `_rows_chunked`."""
+    default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -122,10 +120,7 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k_lo = tl.program_id(1) * K_PER
     k_hi = tl.minimum(k_lo + K_PER, K)
-    if ONE_STEP and CHUNKS > 1:
-        acc, acc_up = _rows_chunked(x_ptr, cols, offs_m, mask_m, mask_n, k_lo, k_hi, UP_OFFSET,
-                                    stride_xm, stride_wn, SILU_MUL, BLOCK_K, CHUNKS, PDL)
-    elif ONE_STEP:
+    if ONE_STEP:
         offs_k = k_lo + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k_hi
         mask = mask_k[:, None] & mask_n[None, :]
@@ -161,34 +156,6 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
         slot = tl.program_id(2) * tl.num_programs(0) + tile  # this tile of these 16 rows
         _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, slot, offs_m,
                          mask_m, offs_n, mask_n, stride_ym, HAS_BIAS, SILU_MUL, BLOCK_N, SPLITS)
-
-
-@triton.jit
-def _rows_chunked(x_ptr, cols, offs_m, mask_m, mask_n, k_lo, k_hi, UP_OFFSET, stride_xm,
-                  stride_wn, SILU_MUL: tl.constexpr, BLOCK_K: tl.constexpr,
-                  CHUNKS: tl.constexpr, PDL: tl.constexpr):
-    """A one-step program's sums as CHUNKS independent dots over BLOCK_K / CHUNKS of the depth
-    each (one batched dot), added in a fixed order. One dot over the whole step is a chain of
-    BLOCK_K / 16 tensor-core steps a warp, each waiting on the one before; chunks are shorter
-    chains that run side by side. The bits follow K, BLOCK_K and CHUNKS, as the steps' do."""
-    depth: tl.constexpr = BLOCK_K // CHUNKS
-    chunk = tl.arange(0, CHUNKS)[:, None, None] * depth
-    k_w = k_lo + chunk + tl.arange(0, depth)[None, :, None]  # [C, depth, 1]
-    mask_w = (k_w < k_hi) & mask_n[None, None, :]
-    w = tl.load(cols[None, :, :] + k_w, mask=mask_w, other=0.0)  # [C, depth, BLOCK_N]
-    up = w
-    if SILU_MUL:
-        up = tl.load(cols[None, :, :] + UP_OFFSET * stride_wn + k_w, mask=mask_w, other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    k_x = k_lo + chunk + tl.arange(0, depth)[None, None, :]  # [C, 1, depth]
-    x = tl.load(x_ptr + offs_m[None, :, None] * stride_xm + k_x,
-                mask=mask_m[None, :, None] & (k_x < k_hi), other=0.0)  # [C, 16, depth]
-    acc = tl.sum(tl.dot(x, w), 0)
-    acc_up = acc
-    if SILU_MUL:
-        acc_up = tl.sum(tl.dot(x, up), 0)
-    return acc, acc_up
 
 
 @triton.jit
@@ -298,16 +265,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """x [M, K] (any M, in programs of 16 rows), weight [N, K], and out [M, N] or, for
     silu_mul, [M, N / 2] (weight rows: gate, then up), each with unit column stride.
-    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS[, CHUNKS]) instead of `tiling`'s
-    (probe_gemv's and probe_pdl's sweeps; SPLITS and CHUNKS apply from 2 rows, CHUNKS to
-    one-step programs). Returns out."""
+    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) instead of `tiling`'s (probe_gemv's
+    sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
     # from 2 rows the tiles follow K alone (whatever rows `tiling` would leave to cuBLAS)
-    block_n, block_k, warps, stages, splits, *rest = tile or tiling(
+    block_n, block_k, warps, stages, splits = tile or tiling(
         n_out, k, min(m, 2), m > 1 and one_step_fits(x)) or (
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
-    chunks = rest[0] if rest else 1
     args = (x, weight, bias if bias is not None else weight, out)
     flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
                  BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl(x))
@@ -321,13 +286,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError(f"a split launch takes at most {MAX_TILES} tiles of outputs, got "
                          f"{tiles * blocks} ({n_out} outputs, BLOCK_N {block_n}, {m} rows)")
     per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    if chunks > 1 and (per_split > block_k or block_k % chunks or block_k // chunks < 16):
-        raise ValueError(f"CHUNKS={chunks} needs one-step programs whose BLOCK_K ({block_k}) "
-                         f"is chunks of 16 or more (depth a program {per_split})")
     parts = (torch.empty(blocks * tiles * splits * 2 * 16 * block_n, dtype=torch.float32,
                          device=x.device) if splits > 1 else out)
     arrived = arrival_counters(x.device) if splits > 1 else out
     _rows_kernel[(tiles, splits, blocks)](
         *args, parts, arrived, m, n_out, k, per_split, up_offset, x.stride(0), weight.stride(0),
-        out.stride(0), SPLITS=splits, ONE_STEP=per_split <= block_k, CHUNKS=chunks, **flags)
+        out.stride(0), SPLITS=splits, ONE_STEP=per_split <= block_k, **flags)
     return out

@@ -155,32 +155,3 @@ def test_cuda_split_launches_equal_the_unsplit_sum_in_graphs_too(monkeypatch, sp
     torch.cuda.synchronize()
     assert all(torch.equal(o, first) for o in outs + replayed)
     assert not gemv_triton.arrival_counters(x.device).any()
-
-
-@needs_interpreter
-@pytest.mark.parametrize("tile", [(16, 256, 4, 1, 1, 4), (16, 128, 4, 1, 3, 2)])
-def test_a_one_step_program_in_chunks_matches_its_twin_and_keeps_a_rows_bits(tile):
-    """CHUNKS dots side by side over a one-step program's depth (200 deep: the last chunk
-    partly past K), split or not: the twin's result with and without SiLU-and-mul, each row
-    its bits among other rows and in a column shard."""
-    from kernels import gemv_triton
-
-    x, w = torch.randn(7, 200), torch.randn(2 * 24, 200) / 200 ** 0.5
-    for silu in (False, True):
-        n = 24 if silu else 48
-        out = gemv_triton.gemv(x, w, None, torch.empty(7, n), silu, tile)
-        _close_fp32(out, gemv.linear_silu_mul_torch(x, w) if silu else gemv.linear_torch(x, w))
-        alone = gemv_triton.gemv(x[3:5], w, None, torch.empty(2, n), silu, tile)
-        assert torch.equal(out[3:5], alone)
-    every = gemv_triton.gemv(x, w, None, torch.empty(7, 48), False, tile)
-    shard = gemv_triton.gemv(x, w[16:], None, torch.empty(7, 32), False, tile)
-    assert torch.equal(shard, every[:, 16:])
-
-
-def test_chunks_need_one_step_programs_of_16_deep_chunks():
-    from kernels import gemv_triton
-
-    x, w = torch.randn(4, 300), torch.randn(32, 300)
-    for tile in ((16, 128, 4, 1, 1, 2), (16, 64, 4, 1, 5, 8)):  # 3 steps; 8-deep chunks
-        with pytest.raises(ValueError, match="CHUNKS="):
-            gemv_triton.gemv(x, w, None, torch.empty(4, 32), False, tile)
