@@ -8,6 +8,8 @@ after what --before names ran in that process. Each --before runs in a process o
   torch's cache);
 - engine+hf: both, alternating, as tests/test_cuda_engine.py's greedy test does before its
   batch test (on one H200 at 61dd918 the next engine's first batch of 8 went wrong there);
+- engine+hf+emptied: the same, then a collection and torch.cuda.empty_cache(), so the engine's
+  memory comes from the driver, not from blocks the earlier work left in torch's cache;
 - poison: 10 GiB of 0xFF bytes (NaN as floats) allocated and freed, so the engine's memory comes
   from torch's cache holding them;
 - ids: request ids moved on by 4 (the engine+hf case's offset).
@@ -15,7 +17,7 @@ after what --before names ran in that process. Each --before runs in a process o
 One JSON line per --before: identical outputs, the first differing token of each prompt and the
 first batched output's head.
 
-    python benchmarks/probe_second_engine.py [--before none engine hf engine+hf poison ids]
+    python benchmarks/probe_second_engine.py [--before none engine hf engine+hf engine+hf+emptied poison ids]
         [--prompts 24] [--tokens 32] [--device cuda] [--out FILE]
 """
 
@@ -33,7 +35,9 @@ import common
 
 common.add_repo_to_path()
 
-BEFORE = ("none", "engine", "hf", "engine+hf", "poison", "ids")
+BEFORE = ("none", "engine", "hf", "engine+hf", "engine+hf+emptied", "poison", "ids")
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "List three primes:",
+           "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:")
 POISON_BYTES = 10 << 30
 
 
@@ -64,8 +68,11 @@ def _run_before(before: str, device: str) -> None:
 
         for _ in range(4):
             next(core._request_ids)
-    elif before in ("engine", "hf", "engine+hf"):
+    elif before.startswith(("engine", "hf")):
         _generate_before(before, device)
+        if before.endswith("+emptied"):
+            gc.collect()
+            torch.cuda.empty_cache()
 
 
 def _generate_before(before: str, device: str) -> None:
@@ -74,7 +81,7 @@ def _generate_before(before: str, device: str) -> None:
     first = _engine(device, dtype="bfloat16") if "engine" in before else None
     hf = (common.load_hf_model(default_model_path(), torch.device(device), torch.bfloat16)
           if "hf" in before else None)
-    for prompt in ("The capital of France is", "def fibonacci(n):", "List three primes:"):
+    for prompt in PROMPTS:  # the greedy test's
         ids = [1, 2, 3] if first is None else first.tokenizer.encode(prompt)
         if first is not None:
             first.generate(input_ids=ids, sampling_params={"max_new_tokens": 32,
