@@ -192,6 +192,10 @@ class TritonAttnBackend(AttentionBackend):
             return width
         fit = max((d for d in range(1, width + 1) if width % d == 0 and d * group <= 16),
                   default=1)
+        # NOTE: a second program a request reads its keys again. On one H200 (8 nodes;
+        # benchmarks/probe_decode_attn.py --stack 4) 4 nodes a program took batch 1 at 4,096 keys
+        # from 22.3 to 17.3 us a call (default model) and 40.6 to 26.7 (8B shape), but the 8B
+        # shape at batch 16 from 15.1 to 19.7 at 256 keys: so only while programs are few.
         few = num_reqs * self.num_kv_heads * (width // fit) <= self._num_sms
         return fit if fit > 1 and few else width  # one node a program shares no key loads
 
