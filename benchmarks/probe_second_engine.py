@@ -17,8 +17,8 @@ after what --before names ran in that process. Each --before runs in a process o
 One JSON line per --before: identical outputs, the first differing token of each prompt and the
 first batched output's head.
 
-    python benchmarks/probe_second_engine.py [--before none engine hf engine+hf engine+hf+emptied poison ids]
-        [--prompts 24] [--tokens 32] [--device cuda] [--out FILE]
+    python benchmarks/probe_second_engine.py [--before none engine hf engine+hf
+        engine+hf+emptied poison ids] [--prompts 24] [--tokens 32] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
