@@ -132,8 +132,9 @@ class TritonAttnBackend(AttentionBackend):
         tree_mask = batch.tree_mask
         bs, width, _ = tree_mask.shape
         if stride or bs != num_reqs:
-            raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, got "
-                             f"mask {tuple(tree_mask.shape)} for {num_reqs} requests, stride {stride}")
+            raise ValueError(f"a tree batch needs one [E, K] mask per request and packed rows, "
+                             f"got mask {tuple(tree_mask.shape)} for {num_reqs} requests, "
+                             f"stride {stride}")
         n = self._size_verify(num_reqs, width, nodes=1)
         # NOTE: rows as wide as the pool's, whatever the batch's longest sequence: the decode
         # kernel's split count is a compile-time constant of that width, so a width that grew
