@@ -41,16 +41,6 @@ PROMPTS = ("The capital of France is", "def fibonacci(n):", "List three primes:"
 POISON_BYTES = 10 << 30
 
 
-def first_differences(alone: list, batched: list) -> list:
-    """For each prompt, the first token where the batched output differs (None: identical;
-    the shorter length where one output is the other's prefix)."""
-    firsts = []
-    for a, b in zip(alone, batched):
-        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        firsts.append(min(len(a), len(b)) if k is None and len(a) != len(b) else k)
-    return firsts
-
-
 def _engine(device: str, **kw):
     from specpcg import Engine
 
@@ -94,6 +84,7 @@ def _generate_before(before: str, device: str) -> None:
 
 def worker(spec: dict) -> dict:
     from specpcg.gsm8k import build_prompts
+    from tests.matrix_common import first_divergence
 
     t0 = time.perf_counter()
     _run_before(spec["before"], spec["device"])
@@ -103,8 +94,7 @@ def worker(spec: dict) -> dict:
     alone = [engine.generate(prompt=p, sampling_params=params)["output_ids"] for p in prompts]
     batched = [o["output_ids"] for i in range(0, len(prompts), 8)
                for o in engine.generate(prompt=prompts[i:i + 8], sampling_params=params)]
-    firsts = first_differences(alone, batched)
-    gc.collect()
+    firsts = [first_divergence(b, a) for a, b in zip(alone, batched)]
     return {"bench": "probe_second_engine", **spec,
             "identical": sum(k is None for k in firsts), "first_difference": firsts,
             "batched_head": batched[0][:8], "alone_head": alone[0][:8],

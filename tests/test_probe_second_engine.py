@@ -1,5 +1,6 @@
-"""benchmarks/probe_second_engine.py: how it reads a batch against decoding alone, and one run
-on the CPU, where a batch keeps every output of decoding alone."""
+"""benchmarks/probe_second_engine.py: how it reads a batch against decoding alone
+(tests.matrix_common.first_divergence), and one run on the CPU, where a batch keeps every output
+of decoding alone."""
 
 import sys
 from pathlib import Path
@@ -8,11 +9,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import probe_second_engine  # noqa: E402
 
 
-def test_first_differences_name_the_first_token_that_differs():
+def test_first_divergence_names_the_first_token_that_differs():
+    from tests.matrix_common import first_divergence
+
     alone = [[5, 6, 7], [5, 6, 7], [5, 6], [5, 6, 7]]
     batched = [[5, 6, 7], [5, 9, 7], [5, 6, 2], [5, 6]]
     # identical; differs at 1; the batch ran on past alone's end; the batch stopped early
-    assert probe_second_engine.first_differences(alone, batched) == [None, 1, 2, 2]
+    assert [first_divergence(b, a) for a, b in zip(alone, batched)] == [None, 1, 2, 2]
 
 
 def test_a_cpu_run_after_moving_request_ids_on_reports_every_output_identical():

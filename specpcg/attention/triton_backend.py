@@ -6,6 +6,8 @@ decode graph captured with this backend reads the live batch's lengths on every 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from kernels.tree_rows import tree_path_rows
@@ -188,17 +190,16 @@ class TritonAttnBackend(AttentionBackend):
         (tests/test_batch_invariance.py)."""
         if not self._stacks_nodes():
             return 1
-        group = self.num_heads // self.num_kv_heads
-        if width * group <= 16:
-            return width
-        fit = max((d for d in range(1, width + 1) if width % d == 0 and d * group <= 16),
-                  default=1)
+        fit = _largest_divisor_at_most(width, 16 // (self.num_heads // self.num_kv_heads))
         # NOTE: a second program a request reads its keys again. On one H200 (8 nodes;
         # benchmarks/probe_decode_attn.py --stack 4) 4 nodes a program took batch 1 at 4,096 keys
         # from 22.3 to 17.3 us a call (default model) and 40.6 to 26.7 (8B shape), but the 8B
         # shape at batch 16 from 15.1 to 19.7 at 256 keys: so only while programs are few.
-        few = num_reqs * self.num_kv_heads * (width // fit) <= self._num_sms
-        return fit if fit > 1 and few else width  # one node a program shares no key loads
+        # All of a request's nodes where they fit in 16 rows (fit == width) or where none does
+        # (fit 0); one node a program (fit 1) would share no key loads.
+        if fit > 1 and num_reqs * self.num_kv_heads * (width // fit) <= self._num_sms:
+            return fit
+        return width
 
     def _size_verify(self, num_reqs: int, width: int, nodes: int) -> int:
         """Room for num_reqs * width decode queries, `nodes` of them a kernel program, and
@@ -257,3 +258,10 @@ class TritonAttnBackend(AttentionBackend):
             # Padding rows hold no request; zeros keep NaN/garbage out of the layers after us.
             out[num_real:].zero_()
         return out
+
+
+@lru_cache(maxsize=None)
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of n that is at most cap (0 where cap < 1). Cached: a verify's width
+    and the model's heads repeat every step."""
+    return max((d for d in range(1, min(n, cap) + 1) if n % d == 0), default=0)
