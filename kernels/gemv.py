@@ -144,6 +144,13 @@ def bucketed_linear(x: torch.Tensor, weight: torch.Tensor,
     return out if padded is x else out[:x.shape[0]]
 
 
+def prepare_capture(device: torch.device) -> None:
+    """Makes the kernel's process-wide state on `device` (its split launches' arrival counters)
+    eagerly, as every CUDA graph capture that may run the kernel needs first."""
+    if device.type == "cuda" and HAS_TRITON:
+        triton_module("gemv_triton").arrival_counters(device)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            use_triton: bool | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias), as F.linear."""

@@ -253,10 +253,17 @@ _arrived: dict = {}
 
 
 def arrival_counters(device: torch.device) -> torch.Tensor:
-    """The device's zeroed counters for split launches (each launch leaves them zero). Made on
-    the first call, which is an eager one: a kernel is compiled before any graph captures it."""
+    """The device's zeroed counters for split launches (each launch leaves them zero), shared by
+    every engine in the process. Made eagerly (`kernels.gemv.prepare_capture`), never inside a
+    capture: made there, they lived in the graph's pool and only that graph's replay zeroed
+    them. On one H200 a second engine's batches of 8 then read another's leftover bytes as
+    arrivals (6,912 of 8,192 counters nonzero) and went wrong from their second token."""
     key = (device.type, device.index)
     if key not in _arrived:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"the GEMV kernel's arrival counters for {device} must be made before a CUDA "
+                "graph capture: call kernels.gemv.prepare_capture(device) before capturing")
         _arrived[key] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
     return _arrived[key]
 

@@ -155,3 +155,41 @@ def test_cuda_split_launches_equal_the_unsplit_sum_in_graphs_too(monkeypatch, sp
     torch.cuda.synchronize()
     assert all(torch.equal(o, first) for o in outs + replayed)
     assert not gemv_triton.arrival_counters(x.device).any()
+
+
+@needs_interpreter
+def test_the_arrival_counters_are_never_first_made_inside_a_capture(monkeypatch):
+    """Made inside a CUDA graph capture, the counters would live in the graph's pool, zeroed
+    only when that graph replays: asking for them first there is an error naming the call that
+    makes them beforehand; once made, a capture gets the same tensor."""
+    from kernels import gemv_triton
+
+    monkeypatch.setattr(gemv_triton, "_arrived", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"cuda:0.*prepare_capture\(device\)"):
+        gemv_triton.arrival_counters(torch.device("cuda", 0))
+    assert gemv_triton._arrived == {}
+    made = torch.zeros(gemv_triton.MAX_TILES, dtype=torch.int32)
+    gemv_triton._arrived[("cuda", 0)] = made  # as prepare_capture leaves it, eagerly
+    assert gemv_triton.arrival_counters(torch.device("cuda", 0)) is made
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prepare_capture_makes_zeroed_counters_a_capture_then_uses():
+    from kernels import gemv_triton
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    gemv.prepare_capture(device)
+    counters = gemv_triton._arrived[(device.type, device.index)]
+    assert not counters.any()
+    x = torch.randn(8, 1536, dtype=torch.bfloat16, device=device)
+    w = torch.randn(576, 1536, dtype=torch.bfloat16, device=device)
+    gemv.linear(x, w, use_triton=True)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv.linear(x, w, use_triton=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert gemv_triton.arrival_counters(device) is counters and not counters.any()
+    torch.testing.assert_close(out.float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import gemv
 from specpcg.core import CaptureHiddenMode
 from specpcg.graphs.buckets import decode_batch_buckets, piecewise_token_buckets
 from specpcg.graphs.policy import (decide_decode_graph, decide_piecewise, piecewise_serves_decode,
@@ -50,6 +51,8 @@ def build_graphs(cfg, model_runner, context_len: int,
     dec_decision = decide_decode_graph(cfg, device.type, attn.name, attn.supports_cuda_graph,
                                        decode_only=draft and attn.decode_graph_only)
     pool = torch.cuda.graph_pool_handle() if (pcg_decision.enabled or dec_decision.enabled) else None
+    if pool is not None:
+        gemv.prepare_capture(device)  # the piecewise warm-up's bucket is too wide for the kernel
     decode = piecewise = None
     # Piecewise first: its buckets are the larger ones, and a shared pool fills largest first.
     if pcg_decision.enabled:
