@@ -258,8 +258,8 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     capture: made there, they lived in the graph's pool and only that graph's replay zeroed
     them. On one H200 a second engine's batches of 8 then read another's leftover bytes as
     arrivals (6,912 of 8,192 counters nonzero) and went wrong from their second token."""
-    key = (device.type, device.index)
-    if key not in _arrived:
+    key = (device.type, cuda_index(device) if device.type == "cuda" else device.index)
+    if key not in _arrived:  # a bare "cuda" (an engine's device) and a tensor's "cuda:0" share
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"the GEMV kernel's arrival counters for {device} must be made before a CUDA "

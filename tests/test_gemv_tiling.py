@@ -179,8 +179,8 @@ def test_the_arrival_counters_are_never_first_made_inside_a_capture(monkeypatch)
 def test_prepare_capture_makes_zeroed_counters_a_capture_then_uses():
     from kernels import gemv_triton
 
+    gemv.prepare_capture(torch.device("cuda"))  # an engine's bare device: the tensors' index
     device = torch.device("cuda", torch.cuda.current_device())
-    gemv.prepare_capture(device)
     counters = gemv_triton._arrived[(device.type, device.index)]
     assert not counters.any()
     x = torch.randn(8, 1536, dtype=torch.bfloat16, device=device)
