@@ -14,8 +14,11 @@ after what --before names ran in that process. Each --before runs in a process o
   from torch's cache holding them;
 - ids: request ids moved on by 4 (the engine+hf case's offset).
 
-One JSON line per --before: identical outputs, the first differing token of each prompt and the
-first batched output's head.
+One JSON line per --before: identical outputs, the first differing token of each prompt, the
+first batched output's head, and how many of the GEMV kernel's arrival counters (shared by every
+engine in the process) were nonzero when the engine under test was made (None: never made).
+On one H200 at 6fdd2c7, `engine` left 6,912 of 8,192 nonzero and the next engine's batches went
+wrong: the counters had been made inside a capture (fixed in c248ae0 and 57e3c6c).
 
     python benchmarks/probe_second_engine.py [--before none engine hf engine+hf
         engine+hf+emptied poison ids] [--prompts 24] [--tokens 32] [--device cuda] [--out FILE]
@@ -82,12 +85,26 @@ def _generate_before(before: str, device: str) -> None:
     del first, hf  # no gc.collect: as a test function's locals go
 
 
+def _arrival_counters_nonzero(device: str):
+    """Nonzero arrival counters of the GEMV kernel on `device`, or None where none were made."""
+    from kernels.dispatch import HAS_TRITON, cuda_index
+
+    dev = torch.device(device)
+    if not (HAS_TRITON and dev.type == "cuda"):
+        return None
+    from kernels import gemv_triton
+
+    counters = gemv_triton._arrived.get((dev.type, cuda_index(dev)))
+    return None if counters is None else int((counters != 0).sum())
+
+
 def worker(spec: dict) -> dict:
     from specpcg.gsm8k import build_prompts
     from tests.matrix_common import first_divergence
 
     t0 = time.perf_counter()
     _run_before(spec["before"], spec["device"])
+    counters_nonzero = _arrival_counters_nonzero(spec["device"])
     engine = _engine(spec["device"], attention_backend=spec["attention_backend"])
     prompts, _ = build_prompts(spec["prompts"], num_shots=1)
     params = {"max_new_tokens": spec["tokens"], "temperature": 0}
@@ -98,6 +115,7 @@ def worker(spec: dict) -> dict:
     return {"bench": "probe_second_engine", **spec,
             "identical": sum(k is None for k in firsts), "first_difference": firsts,
             "batched_head": batched[0][:8], "alone_head": alone[0][:8],
+            "arrival_counters_nonzero": counters_nonzero,
             "wall_s": time.perf_counter() - t0, **common.machine_info(engine.device)}
 
 

@@ -26,4 +26,5 @@ def test_a_cpu_run_after_moving_request_ids_on_reports_every_output_identical():
                                        "device": "cpu", "attention_backend": "torch"})
     assert line["identical"] == 2 and line["first_difference"] == [None, None]
     assert line["batched_head"] == line["alone_head"] and len(line["alone_head"]) >= 1
+    assert line["arrival_counters_nonzero"] is None  # a CPU engine never makes them
     assert next(core._request_ids) >= before + 1 + 4 + 2 * 2  # 4 skipped, 2 alone, 2 batched

@@ -27,7 +27,8 @@ class GraphSet:
                 "decode_graph": self.decode_decision.reason}
 
     def info(self) -> dict:
-        pcg = {**self.piecewise_decision.as_dict(), **(self.piecewise.info() if self.piecewise else {})}
+        pcg = {**self.piecewise_decision.as_dict(),
+               **(self.piecewise.info() if self.piecewise else {})}
         dec = {**self.decode_decision.as_dict(), **(self.decode.info() if self.decode else {})}
         out = {"piecewise_cuda_graph": pcg, "cuda_graph": dec}
         if self.stage is not None:
@@ -50,7 +51,8 @@ def build_graphs(cfg, model_runner, context_len: int,
     pcg_decision = decide_piecewise(cfg, device.type)
     dec_decision = decide_decode_graph(cfg, device.type, attn.name, attn.supports_cuda_graph,
                                        decode_only=draft and attn.decode_graph_only)
-    pool = torch.cuda.graph_pool_handle() if (pcg_decision.enabled or dec_decision.enabled) else None
+    captures = pcg_decision.enabled or dec_decision.enabled
+    pool = torch.cuda.graph_pool_handle() if captures else None
     if pool is not None:
         gemv.prepare_capture(device)  # the piecewise warm-up's bucket is too wide for the kernel
     decode = piecewise = None
