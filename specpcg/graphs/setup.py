@@ -53,7 +53,7 @@ def build_graphs(cfg, model_runner, context_len: int,
                                        decode_only=draft and attn.decode_graph_only)
     captures = pcg_decision.enabled or dec_decision.enabled
     pool = torch.cuda.graph_pool_handle() if captures else None
-    if pool is not None:
+    if captures:
         gemv.prepare_capture(device)  # the piecewise warm-up's bucket is too wide for the kernel
     decode = piecewise = None
     # Piecewise first: its buckets are the larger ones, and a shared pool fills largest first.
