@@ -42,6 +42,12 @@ def _capture_once(body, pool):
     return _NoReplay(), body()
 
 
+def stub_cuda_timing() -> None:
+    """What a capture times and measures on CUDA, made no-ops on CPU."""
+    torch.cuda.synchronize = lambda *a: None
+    torch.cuda.memory_allocated = lambda *a: 0
+
+
 def graph_engine(path: str, max_bs: int):
     """A CPU engine whose DECODE steps replay graphs that do nothing."""
     import specpcg.graphs.decode_runner as decode_runner
@@ -50,8 +56,7 @@ def graph_engine(path: str, max_bs: int):
     from specpcg.graphs.buckets import decode_batch_buckets
 
     decode_runner.warm_and_capture = _capture_once
-    torch.cuda.synchronize = lambda *a: None  # the capture's timing, on CPU
-    torch.cuda.memory_allocated = lambda *a: 0
+    stub_cuda_timing()
     engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                     attention_backend="triton", max_total_tokens=max_bs * 512,
                     max_running_requests=max_bs)
