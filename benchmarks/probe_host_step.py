@@ -73,38 +73,48 @@ def graph_engine(path: str, max_bs: int):
     return engine
 
 
-def step_us(engine, batch: int, steps: int, repeats: int) -> tuple:
-    """Over the repeats: the median, min and max of a run's median time between two decode
-    calls of the scheduler (each launches a step and reads the one before: one step of host
-    work), the median of a run's mean (what throughput sees: rare slow steps count), and the
-    slowest step."""
+def call_gaps(engine, method: str, batch: int, new_tokens: int, repeats: int,
+              check) -> list:
+    """Per repeat, after a warm-up generate: the seconds between successive calls of
+    `Scheduler.<method>` while `batch` requests generate `new_tokens` tokens each (EOS
+    ignored). check(calls) raises where a run's call count shows steps that took another path."""
     from specpcg.scheduler import Scheduler
 
     stamps = []
-    real = Scheduler._run_overlapped
+    real = getattr(Scheduler, method)
 
     def stamped(self):
         stamps.append(time.perf_counter())
         return real(self)
 
-    Scheduler._run_overlapped = stamped
+    setattr(Scheduler, method, stamped)
     prompts = [[(7 * i + j) % 100 + 3 for j in range(12 + i % 5)] for i in range(batch)]
-    params = {"max_new_tokens": steps, "temperature": 0, "ignore_eos": True}
+    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    runs = []
     try:
         engine.generate(input_ids=prompts, sampling_params=params)  # warm-up
-        per_run = []
         for _ in range(repeats):
             stamps.clear()
             engine.generate(input_ids=prompts, sampling_params=params)
-            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-            assert len(gaps) >= steps - 2, f"{len(gaps)} overlapped decode calls"
-            per_run.append((common.median(gaps) * 1e6, sum(gaps) / len(gaps) * 1e6,
-                            max(gaps) * 1e6))
+            check(len(stamps))
+            runs.append([b - a for a, b in zip(stamps, stamps[1:])])
     finally:
-        Scheduler._run_overlapped = real
-    medians = [r[0] for r in per_run]
+        setattr(Scheduler, method, real)
+    return runs
+
+
+def step_us(engine, batch: int, steps: int, repeats: int) -> tuple:
+    """Over the repeats: the median, min and max of a run's median time between two decode
+    calls of the scheduler (each launches a step and reads the one before: one step of host
+    work), the median of a run's mean (what throughput sees: rare slow steps count), and the
+    slowest step."""
+    def check(calls: int) -> None:
+        assert calls >= steps - 1, f"{calls} overlapped decode calls"
+
+    runs = call_gaps(engine, "_run_overlapped", batch, steps, repeats, check)
+    medians = [common.median(g) * 1e6 for g in runs]
     return (common.median(medians), min(medians), max(medians),
-            common.median(r[1] for r in per_run), max(r[2] for r in per_run))
+            common.median(sum(g) / len(g) * 1e6 for g in runs), max(max(g) for g in runs) * 1e6)
 
 
 def main(argv=None) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the capture-time bodies and the prefills
@@ -29,7 +28,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the capture-time bodies and th
 import torch  # noqa: E402
 
 import common  # noqa: E402
-from probe_host_step import _capture_once, stub_cuda_timing  # noqa: E402
+from probe_host_step import _capture_once, call_gaps, stub_cuda_timing  # noqa: E402
 
 common.add_repo_to_path()
 
@@ -70,34 +69,15 @@ def spec_engine(path: str, max_bs: int, tokens: int):
 def step_us(engine, batch: int, steps: int, repeats: int, tokens: int) -> tuple:
     """Over the repeats: the median, min and max of a run's median time between two
     overlapped speculative calls, and the median of a run's mean."""
-    from specpcg.scheduler import Scheduler
+    def check(calls: int) -> None:
+        if calls != steps + 1:  # each call queues a step, and one more reads the last
+            raise RuntimeError(f"{calls} overlapped speculative calls for {steps} steps: some "
+                               "steps did not overlap")
 
-    stamps = []
-    real = Scheduler._run_spec_overlapped
-
-    def stamped(self):
-        stamps.append(time.perf_counter())
-        return real(self)
-
-    Scheduler._run_spec_overlapped = stamped
-    prompts = [[(7 * i + j) % 100 + 3 for j in range(12 + i % 5)] for i in range(batch)]
-    params = {"max_new_tokens": steps * tokens, "temperature": 0, "ignore_eos": True}
-    try:
-        engine.generate(input_ids=prompts, sampling_params=params)  # warm-up
-        per_run = []
-        for _ in range(repeats):
-            stamps.clear()
-            engine.generate(input_ids=prompts, sampling_params=params)
-            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-            if len(stamps) != steps + 1:  # each call queues a step, and one more reads the last
-                raise RuntimeError(f"{len(stamps)} overlapped speculative calls for {steps} "
-                                   "steps: some steps did not overlap")
-            per_run.append((common.median(gaps) * 1e6, sum(gaps) / len(gaps) * 1e6))
-    finally:
-        Scheduler._run_spec_overlapped = real
-    medians = [r[0] for r in per_run]
+    runs = call_gaps(engine, "_run_spec_overlapped", batch, steps * tokens, repeats, check)
+    medians = [common.median(g) * 1e6 for g in runs]
     return (common.median(medians), min(medians), max(medians),
-            common.median(r[1] for r in per_run))
+            common.median(sum(g) / len(g) * 1e6 for g in runs))
 
 
 def main(argv=None) -> list:
