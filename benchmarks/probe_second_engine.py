@@ -87,14 +87,14 @@ def _generate_before(before: str, device: str) -> None:
 
 def _arrival_counters_nonzero(device: str):
     """Nonzero arrival counters of the GEMV kernel on `device`, or None where none were made."""
-    from kernels.dispatch import HAS_TRITON, cuda_index
+    from kernels.dispatch import HAS_TRITON
 
     dev = torch.device(device)
     if not (HAS_TRITON and dev.type == "cuda"):
         return None
     from kernels import gemv_triton
 
-    counters = gemv_triton._arrived.get((dev.type, cuda_index(dev)))
+    counters = gemv_triton.made_arrival_counters(dev)
     return None if counters is None else int((counters != 0).sum())
 
 

@@ -57,7 +57,9 @@ def spec_engine(path: str, max_bs: int, tokens: int):
     graphs = overlap.graphs = step_graph.SpecStepGraphs(
         overlap.dec, engine.runner, engine.draft.step_round(decode, max_bs), None, False)
     graphs.capture()
-    for out in graphs.state.out.values():  # each row: accept every draft, emit 3, 4, ...
+    # Each row: all w - 1 drafts accepted, nodes 3, 4, ... in path order (the root, 3, is not
+    # emitted), bonus 3, the nodes' order unchanged.
+    for out in graphs.state.out.values():
         w = (out.shape[1] - 2) // 2
         out[:, 0] = w - 1
         out[:, 1] = 3

@@ -252,14 +252,24 @@ MAX_TILES = 8192  # arrival counters a device keeps: a split launch's BLOCK_N-wi
 _arrived: dict = {}
 
 
+def _device_key(device: torch.device) -> tuple:
+    """A bare "cuda" (an engine's device) and a tensor's "cuda:0" are one key."""
+    return device.type, cuda_index(device) if device.type == "cuda" else device.index
+
+
+def made_arrival_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's counters if something made them already, else None (none are made)."""
+    return _arrived.get(_device_key(device))
+
+
 def arrival_counters(device: torch.device) -> torch.Tensor:
     """The device's zeroed counters for split launches (each launch leaves them zero), shared by
     every engine in the process. Made eagerly (`kernels.gemv.prepare_capture`), never inside a
     capture: made there, they lived in the graph's pool and only that graph's replay zeroed
     them. On one H200 a second engine's batches of 8 then read another's leftover bytes as
     arrivals (6,912 of 8,192 counters nonzero) and went wrong from their second token."""
-    key = (device.type, cuda_index(device) if device.type == "cuda" else device.index)
-    if key not in _arrived:  # a bare "cuda" (an engine's device) and a tensor's "cuda:0" share
+    key = _device_key(device)
+    if key not in _arrived:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"the GEMV kernel's arrival counters for {device} must be made before a CUDA "

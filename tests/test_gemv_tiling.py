@@ -169,6 +169,7 @@ def test_the_arrival_counters_are_never_first_made_inside_a_capture(monkeypatch)
     with pytest.raises(RuntimeError, match=r"cuda:0.*prepare_capture\(device\)"):
         gemv_triton.arrival_counters(torch.device("cuda", 0))
     assert gemv_triton._arrived == {}
+    assert gemv_triton.made_arrival_counters(torch.device("cuda", 0)) is None
     made = torch.zeros(gemv_triton.MAX_TILES, dtype=torch.int32)
     gemv_triton._arrived[("cuda", 0)] = made  # as prepare_capture leaves it, eagerly
     assert gemv_triton.arrival_counters(torch.device("cuda", 0)) is made
@@ -181,8 +182,8 @@ def test_prepare_capture_makes_zeroed_counters_a_capture_then_uses():
 
     gemv.prepare_capture(torch.device("cuda"))  # an engine's bare device: the tensors' index
     device = torch.device("cuda", torch.cuda.current_device())
-    counters = gemv_triton._arrived[(device.type, device.index)]
-    assert not counters.any()
+    counters = gemv_triton.made_arrival_counters(device)
+    assert counters is not None and not counters.any()
     x = torch.randn(8, 1536, dtype=torch.bfloat16, device=device)
     w = torch.randn(576, 1536, dtype=torch.bfloat16, device=device)
     gemv.linear(x, w, use_triton=True)  # compile outside the capture
