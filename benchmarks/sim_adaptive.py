@@ -25,7 +25,7 @@ finish estimate when nothing waits, over each request's last N shadow verifies.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
-        [--shadow-finish N] [--catch-up A_MS B_US] [--sequence]
+        [--shadow-finish N] [--catch-up A_MS B_US [--untold-lag]] [--sequence]
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ PLAIN_RATE = {1: 932, 2: 868, 4: 876, 8: 855, 16: 836, 32: 700, 64: 626}
 STEP_S = None
 ALPHAS = None
 CATCH_UP = None  # --catch-up: (seconds, seconds per position) of a switch into speculation
+# With --catch-up the controller is told the positions a switch would catch up on, as the
+# engine tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last
+# speculative one, as before the engine counted the prompts.
+TELL_LAG = True
 
 
 def step_seconds(spec: bool, batch: int) -> float:
@@ -144,7 +148,8 @@ def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
     if policy != "adaptive":
         return policy == "spec"
     finish = Finish.of(running, remaining=tuple(new_tokens - r.out for r in running))
-    return ctrl.use_spec(len(running), finish)
+    behind = sum(r.behind for r in running) if CATCH_UP is not None and TELL_LAG else None
+    return ctrl.use_spec(len(running), finish, behind)
 
 
 def switch_seconds(spec: bool, last, running: list) -> float:
@@ -315,14 +320,17 @@ def main(argv=None) -> None:
                         "(pinned and no-spec systems); --alphas and --spreads are then unused")
     p.add_argument("--catch-up", type=float, nargs=2, default=None, metavar=("A_MS", "B_US"),
                    help="a switch into speculation costs A ms and B us per missed position")
+    p.add_argument("--untold-lag", action="store_true",
+                   help="with --catch-up, the controller counts only plain steps' positions")
     p.add_argument("--sequence", action="store_true",
                    help="--batches in order on one controller, one untimed and two timed "
                         "batches each (bench_adaptive's engine)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
-    global STEP_S, ALPHAS, CATCH_UP
+    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG
     if args.catch_up:
         CATCH_UP = (args.catch_up[0] / 1e3, args.catch_up[1] / 1e6)
+    TELL_LAG = not args.untold_lag
     if args.calibrate:
         STEP_S, ALPHAS = calibrate(args.calibrate)
         args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
@@ -343,6 +351,7 @@ def main(argv=None) -> None:
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
                       "sequence": args.sequence,
                       "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
+                      "lag_told": bool(args.catch_up) and TELL_LAG,
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,

@@ -42,6 +42,12 @@ class DraftWorker:
     def propose(self, reqs: list, spec) -> Proposal:
         raise NotImplementedError
 
+    def catch_up_positions(self, reqs: list) -> Optional[int]:
+        """The positions these requests' next round would first catch up on (what a switch
+        from plain steps into speculation costs: specpcg/speculative/switches.py); None: the
+        draft has no catch-up that grows with them (NGRAM)."""
+        return None
+
     @property
     def overlap_context_len(self) -> int:
         """The longest request whose steps can overlap: the draft's own cache's context."""

@@ -38,6 +38,14 @@ class RoundDrafting:
 
     round = None
 
+    def catch_up_positions(self, reqs: list) -> int:
+        """Every position a request's draft KV lacks: a new request's whole prompt, and each
+        plain step since its last round (a model's forward over each, eager when it does not fit
+        the round's width). The states live in `_reqs` by rid, counting `num_cached`."""
+        known = self._reqs
+        return sum(r.seq_len - (known[r.rid].num_cached if r.rid in known else 0)
+                   for r in reqs)
+
     def _propose_chain(self, reqs: list, states: list, spec) -> Proposal:
         rnd = self.round
         bs = rnd.bucket(len(reqs)) if rnd is not None else None

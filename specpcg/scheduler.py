@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import logging
 from collections import deque
+from functools import partial
 
 import torch
 
@@ -149,7 +150,8 @@ class Scheduler:
                 self.adaptive.skip(bs)
             # Nothing waiting: the running batch is all there is, so finishing it is the goal.
             finish = None if self.waiting else (lambda: Finish.of(self.running))
-            self._speculate = not capped and self.adaptive.use_spec(bs, finish)
+            behind = partial(self.spec.draft.catch_up_positions, self.running)
+            self._speculate = not capped and self.adaptive.use_spec(bs, finish, behind)
         return self._speculate
 
     def _guarded(self, carried: list, run) -> list:

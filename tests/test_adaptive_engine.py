@@ -16,7 +16,7 @@ class _Recorder:
         self.spec, self.records, self.interrupts, self.seconds = spec, [], 0, []
         self.ended = []
 
-    def use_spec(self, batch_size, finish=None):
+    def use_spec(self, batch_size, finish=None, behind=None):
         return self.spec
 
     def record(self, batch_size, spec, tokens, seconds):
@@ -95,7 +95,7 @@ class _SpecThenPlain(_Recorder):
         super().__init__(True)
         self.asked = 0
 
-    def use_spec(self, batch_size, finish=None):
+    def use_spec(self, batch_size, finish=None, behind=None):
         self.asked += 1
         return self.asked <= 2
 
@@ -128,7 +128,7 @@ class Alternating(AdaptiveSpeculation):
         super().__init__()
         self.turn = 0
 
-    def use_spec(self, batch_size: int, finish=None) -> bool:
+    def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
         self.turn += 1
         return self.turn % 2 == 1
 
@@ -155,7 +155,7 @@ class Stretches(AdaptiveSpeculation):
         super().__init__()
         self.plain, self.turn = plain, -1
 
-    def use_spec(self, batch_size: int, finish=None) -> bool:
+    def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
         self.turn += 1
         return self.turn % (self.plain + 1) == 0
 
@@ -302,3 +302,41 @@ def test_the_cli_refuses_a_bad_cap_by_name_without_a_traceback(capsys):
     err = capsys.readouterr().err
     assert "speculative_disable_by_batch_size must be a positive integer, got 0" in err
     assert "Traceback" not in err
+
+
+class _LagRecorder(_Recorder):
+    """Keeps, each step, the draft's lag it is told (use_spec's `behind`) beside the running
+    requests' lengths."""
+
+    def __init__(self, spec: bool, scheduler):
+        super().__init__(spec)
+        self.scheduler, self.lags = scheduler, []
+
+    def use_spec(self, batch_size, finish=None, behind=None):
+        self.lags.append((behind(), [r.seq_len for r in self.scheduler.running]))
+        return self.spec
+
+    def info(self) -> dict:  # what the engine reports of its controller
+        return {}
+
+
+@pytest.mark.parametrize("algo", ["STANDALONE", "EAGLE3"])
+def test_the_controller_is_told_the_drafts_whole_lag_prompts_included(world, algo):
+    """A switch into speculation catches the draft up on every position it lacks: a request's
+    whole prompt, then each plain step. Held to plain steps the draft never ran, so the lag is
+    every running request's length; speculating, each step leaves it at most a verify's
+    path and its root."""
+    draft = world.exact if algo == "STANDALONE" else world.heads[algo]
+    for spec in (False, True):
+        engine = _engine(world.noisy, algo, draft)
+        rec = engine.scheduler.adaptive = _LagRecorder(spec, engine.scheduler)
+        engine.generate(input_ids=world.prompts, sampling_params=world.params)
+        assert len(rec.lags) > 5
+        if not spec:
+            assert all(lag == sum(lens) for lag, lens in rec.lags)
+            continue
+        later = [(lag, lens) for (lag, lens), (_, before) in zip(rec.lags[1:], rec.lags)
+                 if len(lens) == len(before)]  # the same batch a step on: no prompt in it
+        path = engine.scheduler.spec.tokens_per_request + 1
+        assert later and all(lag <= path * len(lens) for lag, lens in later), later
+        _check_no_leak(engine)

@@ -93,6 +93,7 @@ class AdaptiveSpeculation:
         # Plain steps since the last speculative one, and the positions the draft's catch-up
         # covers at the switch into speculation chosen last (switches.py).
         self._plain_run, self._catch_up = 0, None
+        self._behind = None  # this step's use_spec `behind` (_lag)
         # The last step's side and bucket; whether this step's batch came from another bucket.
         self._last_choice, self._last_key, self._arrived = None, None, False
         self.accepts = deque(maxlen=KEPT_ACCEPTS)  # finished requests' (finish.priors)
@@ -103,12 +104,16 @@ class AdaptiveSpeculation:
         # bench_adaptive's adaptive-whole-budget).
         self.look_close = LOOK_CLOSE
 
-    def use_spec(self, batch_size: int, finish=None) -> bool:
+    def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
         given when no request is waiting (module docstring): a Finish, or a function that makes
-        one, called only on the steps that re-choose (REDECIDE_EVERY)."""
+        one, called only on the steps that re-choose (REDECIDE_EVERY). behind: the positions a
+        switch into speculation would catch the draft up on (`DraftWorker.catch_up_positions`),
+        or a function that counts them, called only on the steps that price a switch; None:
+        the plain steps since the last speculative one times the batch size."""
         key = bucket_of(batch_size)
         b = self._bucket(key)
+        self._behind = behind
         self._arrived = self._last_key not in (None, key)
         if self._shadow is not None:
             b.shadow = self._shadow
@@ -143,15 +148,12 @@ class AdaptiveSpeculation:
                                    else EXPLORE_EVERY)
                 b.explored_from = None
             b.since_explore += 1
-            # look_every is never below explore_every: the cheap test first spares the window
-            # sums look_wait reads on most steps (the host's work between two steps).
-            if (b.since_explore >= b.explore_every
-                    and b.since_explore >= b.look_every(choice, batch_size)):  # look again
+            if self._look_due(b, choice, batch_size):  # look again
                 b.since_explore, b.explored_from = 0, choice
                 b.explore_left, choice = EXPLORE_STEPS - 1, not choice
         self.chosen[(key, "spec" if choice else "decode")] += 1
         if choice and self._plain_run:
-            self._catch_up = self._plain_run * batch_size
+            self._catch_up = self._lag(batch_size)
         self._plain_run = 0 if choice else self._plain_run + 1
         self._last_choice, self._last_key = choice, key
         return choice
@@ -182,7 +184,32 @@ class AdaptiveSpeculation:
         # keep the bucket's choice (the other lost 0.6-1.8% in 5 of 27 simulated NGRAM cells).
         current = self._last_choice if b.explored_from is None and finish is not None else None
         return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
-                             self.accepts, current, self._plain_run * batch_size)
+                             self.accepts, current,
+                             self._lag(batch_size) if finish is not None else None)
+
+    def _look_due(self, b: "Bucket", choice: bool, batch_size: int) -> bool:
+        """Whether the bucket looks at the other side now. look_every is never below
+        explore_every: the cheap test first spares the window sums look_wait reads on most
+        steps (the host's work between two steps). From plain steps, with the draft's lag
+        known, the look must also fit what its catch-up would cost now: the lag counts the
+        prompts, which the plain steps alone leave out (NOTE: STANDALONE at batch 16 on an
+        H200, 8a313a9, looked as if its catch-ups were a tenth of their size, and ran 0.95x
+        no-spec where plain steps ran 1.01x)."""
+        if not (b.since_explore >= b.explore_every
+                and b.since_explore >= b.look_every(choice, batch_size)):
+            return False
+        if choice or b.shadowed or self._behind is None:
+            return True
+        return b.since_explore >= b.look_wait(False, batch_size, self._lag(batch_size))
+
+    def _lag(self, batch_size: int) -> int:
+        """The positions a switch into speculation catches the draft up on (use_spec's
+        `behind`, counted once a step)."""
+        if self._behind is None:
+            return self._plain_run * batch_size
+        if callable(self._behind):
+            self._behind = self._behind()
+        return self._behind if self._behind is not None else self._plain_run * batch_size
 
     def _bucket(self, key: int) -> "Bucket":
         if key not in self._buckets:  # (setdefault would build a bucket every step)

@@ -86,13 +86,15 @@ class Bucket:
             return EXPLORE_MAX_EVERY
         return max(self.explore_every, self.look_wait(spec, batch_size))
 
-    def look_wait(self, spec: bool, batch_size: int) -> float:
+    def look_wait(self, spec: bool, batch_size: int, behind: Optional[int] = None) -> float:
         """Steps of the chosen (`spec`) side between two looks so that a look costs at most
         LOOK_BUDGET of the time: its two switches, as measured, and its EXPLORE_STEPS steps of
         the other side, each losing what that step's tokens would have cost on the chosen one.
         From plain steps the switch into speculation catches up on every position the wait
         passed (switches.py): each step of the wait adds its share of the look's cost, and
-        where that share is past the budget no wait is long enough."""
+        where that share is past the budget no wait is long enough. behind: from plain steps,
+        the positions a look now would catch up on (prompts included): the wait is then the
+        steps whose budget pays for that look."""
         side, other = self.side(spec), self.side(not spec)
         rate = self.tok_s(spec)
         if side.step_s <= 0 or rate <= 0:
@@ -103,6 +105,8 @@ class Bucket:
             into = self.switches.cost(True)
         elif spec:  # back into speculation after the look's own plain steps
             into = fit.at(EXPLORE_STEPS * batch_size)
+        elif behind is not None:  # the lag now: the wait's positions are in it
+            into = fit.at(behind)
         else:
             into, grows = fit.fixed, fit.per_position * batch_size
         budget = LOOK_BUDGET * self.look_share(spec) * side.step_s - grows

@@ -16,7 +16,10 @@ mean switch said 9.0 ms, against 1.5 ms plain steps. So a switch into speculatio
 positions are known is priced as a line fitted over every bucket's recent catch-ups, fixed
 seconds plus seconds per position (`CatchUpFit`): the longer a batch runs plain, the more its
 next look costs, and where a step's positions cost more than a look may spend per step, no
-wait makes a look cheap enough (adaptive.py, `look_wait`).
+wait makes a look cheap enough (adaptive.py, `look_wait`). The positions are those the draft
+says it lacks (`DraftWorker.catch_up_positions`): a request's whole prompt until its first
+speculative step, then each plain step. Counted as the plain steps times the batch size, a look
+into a batch that had run plain steps since its prefill was priced without its prompts.
 """
 
 from __future__ import annotations
