@@ -36,9 +36,10 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # 8 of them instead of rates alone (`finish_recent8`); and "adaptive-whole-budget": every look
 # gets all of LOOK_BUDGET, however far behind the other side is (`whole_budget`); and
 # "adaptive-cap63": adaptive with speculative_disable_by_batch_size=63 (batches of 64 and more
-# decode plain, as SGLang turns speculation off at batch >= 64).
+# decode plain, as SGLang turns speculation off at batch >= 64); and "adaptive-untold": not
+# told the draft's lag (`untold_lag`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
-                 "adaptive-cap63")
+                 "adaptive-cap63", "adaptive-untold")
 CAP = 63
 
 
@@ -97,12 +98,22 @@ def rates_only(engine) -> None:
     """The engine's adaptive controller without the finish estimate (adaptive-rate)."""
     adaptive = engine.scheduler.adaptive
     choose = adaptive.use_spec
-    adaptive.use_spec = lambda batch_size, finish=None: choose(batch_size, None)
+    adaptive.use_spec = lambda batch_size, finish=None, behind=None: choose(batch_size, None,
+                                                                             behind)
 
 
 def plain_only(engine) -> None:
     """The engine's adaptive controller choosing plain steps at every step (plain)."""
-    engine.scheduler.adaptive.use_spec = lambda batch_size, finish=None: False
+    engine.scheduler.adaptive.use_spec = lambda batch_size, finish=None, behind=None: False
+
+
+def untold_lag(engine) -> None:
+    """The controller as before the draft told it its lag (adaptive-untold): a switch into
+    speculation priced by the plain steps' positions alone, without the prompts the draft has
+    not run on."""
+    adaptive = engine.scheduler.adaptive
+    choose = adaptive.use_spec
+    adaptive.use_spec = lambda batch_size, finish=None, behind=None: choose(batch_size, finish)
 
 
 def finish_recent8(engine) -> None:
@@ -122,7 +133,7 @@ def whole_budget(engine) -> None:
 
 
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
-         "adaptive-whole-budget": whole_budget}
+         "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag}
 
 
 def untrained_drafts(algos: list, model_path) -> dict:

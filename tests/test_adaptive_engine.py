@@ -340,3 +340,27 @@ def test_the_controller_is_told_the_drafts_whole_lag_prompts_included(world, alg
         path = engine.scheduler.spec.tokens_per_request + 1
         assert later and all(lag <= path * len(lens) for lag, lens in later), later
         _check_no_leak(engine)
+
+
+@pytest.mark.parametrize("hold", ["adaptive-rate", "plain", "adaptive-untold"])
+def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
+    """bench_adaptive's systems that wrap the controller's use_spec are called as the
+    scheduler calls it; adaptive-untold alone keeps the draft's lag from the controller."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_adaptive
+
+    engine = _engine(world.noisy, "STANDALONE", world.exact, disable_adaptive_speculation=False)
+    adaptive, told = engine.scheduler.adaptive, []
+    choose = adaptive.use_spec
+    adaptive.use_spec = lambda bs, finish=None, behind=None: told.append(behind) or choose(
+        bs, finish, behind)
+    bench_adaptive.HOLDS[hold](engine)
+    outs = engine.generate(input_ids=world.prompts[:3], sampling_params=world.params[:3])
+    assert all(len(o["output_ids"]) > 1 for o in outs)
+    if hold == "plain":
+        assert not told and outs[0]["meta_info"]["plain_decode_tokens"] > 0
+    else:
+        assert told and all((b is None) == (hold == "adaptive-untold") for b in told)

@@ -217,7 +217,8 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
     from specpcg.speculative.step_graph import SpecStepGraphs
 
     # Adaptive (the depth ladder's widths are captured), speculating at every step.
-    monkeypatch.setattr(AdaptiveSpeculation, "use_spec", lambda self, n, finish=None: True)
+    monkeypatch.setattr(AdaptiveSpeculation, "use_spec",
+                        lambda self, n, finish=None, behind=None: True)
     widths = []
 
     def cycle(self, bs):
