@@ -25,7 +25,8 @@ finish estimate when nothing waits, over each request's last N shadow verifies.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
-        [--shadow-finish N] [--catch-up A_MS B_US [--untold-lag]] [--sequence]
+        [--shadow-finish N] [--catch-up A_MS B_US [--untold-lag] [--prompt-len N]]
+        [--rates h100-nextn|h200-weak-eagle3] [--sequence]
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ MEAN_ACCEPT = 2.6  # tokens a verify at the rates below (NEXTN's chat accept len
 # Per-request tok/s by bucket: speculative steps and plain ones (H100, dae63fc).
 SPEC_RATE = {1: 1460, 2: 1280, 4: 1353, 8: 1441, 16: 1213, 32: 1000, 64: 779}
 PLAIN_RATE = {1: 932, 2: 868, 4: 876, 8: 855, 16: 836, 32: 700, 64: 626}
+# --rates NAME: (MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE) measured elsewhere. "h200-weak-eagle3":
+# the adaptive engine's buckets with an EAGLE3 head trained 2.8 minutes (offline accept length
+# 1.71 at (3, 1, 4); H200, 800b3e5, adaptive_weak_eagle3_314_800b3e5_h200.jsonl; buckets 2, 8
+# and 32, barely measured there, read between their neighbours), a draft that ties plain steps.
+RATES = {
+    "h100-nextn": (MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE),
+    "h200-weak-eagle3": (1.75, {1: 1834, 2: 1500, 4: 1300, 8: 1300, 16: 1288, 32: 1000, 64: 896},
+                         {1: 1771, 2: 1450, 4: 1359, 8: 1100, 16: 969, 32: 800, 64: 677}),
+}
 
 
 # --calibrate: step seconds per (speculative?, bucket) and the requests' accept chances,
@@ -122,7 +132,7 @@ class SimRequest:
     shadow_tokens: int = 0
     shadow_verifies: int = 0
     unjudged: int = 0
-    behind: int = PROMPT_LEN  # positions its draft has not caught up on (--catch-up)
+    behind: int = 0  # positions its draft has not caught up on (--catch-up): PROMPT_LEN first
 
 
 def _shadow(rng: random.Random, r: SimRequest, got: int, new_tokens: int, growth: bool,
@@ -181,7 +191,8 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     growth: acceptance rises along each output (`_alpha_at`); shadow: the controller gets
     shadow verifies, each request keeping its last `shadow` (0: none; module docstring)."""
     running = [SimRequest(rng.choice(ALPHAS) if ALPHAS is not None
-                          else min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97))
+                          else min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97),
+                          behind=PROMPT_LEN)
                for _ in range(batch)]
     seconds, last = 0.0, None
     while running:
@@ -299,6 +310,7 @@ def render_plot(records: list, path) -> None:
 
 
 def main(argv=None) -> None:
+    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
     p.add_argument("--alphas", type=float, nargs="+", default=[0.7],
@@ -320,6 +332,10 @@ def main(argv=None) -> None:
                         "(pinned and no-spec systems); --alphas and --spreads are then unused")
     p.add_argument("--catch-up", type=float, nargs=2, default=None, metavar=("A_MS", "B_US"),
                    help="a switch into speculation costs A ms and B us per missed position")
+    p.add_argument("--rates", choices=sorted(RATES), default="h100-nextn",
+                   help="measured step rates the simulated steps take (RATES)")
+    p.add_argument("--prompt-len", type=int, default=PROMPT_LEN,
+                   help="with --catch-up, the positions a new request's draft misses")
     p.add_argument("--untold-lag", action="store_true",
                    help="with --catch-up, the controller counts only plain steps' positions")
     p.add_argument("--sequence", action="store_true",
@@ -327,7 +343,8 @@ def main(argv=None) -> None:
                         "batches each (bench_adaptive's engine)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
     args = p.parse_args(argv)
-    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG
+    MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
+    PROMPT_LEN = args.prompt_len
     if args.catch_up:
         CATCH_UP = (args.catch_up[0] / 1e3, args.catch_up[1] / 1e6)
     TELL_LAG = not args.untold_lag
@@ -351,7 +368,8 @@ def main(argv=None) -> None:
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
                       "sequence": args.sequence,
                       "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
-                      "lag_told": bool(args.catch_up) and TELL_LAG,
+                      "lag_told": bool(args.catch_up) and TELL_LAG, "rates": args.rates,
+                      "prompt_len": PROMPT_LEN,
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,

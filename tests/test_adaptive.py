@@ -467,7 +467,7 @@ def test_simulated_catch_up_prices_a_switch_into_speculation_by_missed_positions
     assert sim.switch_seconds(False, False, running) == 0.0
     assert sim.switch_seconds(False, True, running) == pytest.approx(
         sim.SWITCH_STEPS * sim.step_seconds(False, 2))
-    fresh = [sim.SimRequest(0.7) for _ in range(2)]  # prompts not caught up on yet
+    fresh = [sim.SimRequest(0.7, behind=sim.PROMPT_LEN) for _ in range(2)]  # new prompts
     assert sim.switch_seconds(True, None, fresh) == pytest.approx(
         0.004 + 2 * sim.PROMPT_LEN * 1e-6)
     # Pinned speculation pays one catch-up, its first step's, over both prompts.
@@ -475,6 +475,10 @@ def test_simulated_catch_up_prices_a_switch_into_speculation_by_missed_positions
     monkeypatch.setattr(sim, "CATCH_UP", (0.0, 0.0))
     free = sim.run_batch("spec", None, random.Random(0), 2, 0.0, new_tokens=8)
     assert pinned - free == pytest.approx(0.004 + 2 * sim.PROMPT_LEN * 1e-6)
+    monkeypatch.setattr(sim, "CATCH_UP", (0.004, 1e-6))
+    monkeypatch.setattr(sim, "PROMPT_LEN", 300)  # --prompt-len 300
+    longer = sim.run_batch("spec", None, random.Random(0), 2, 0.0, new_tokens=8)
+    assert longer - free == pytest.approx(0.004 + 2 * 300 * 1e-6)
     monkeypatch.setattr(sim, "CATCH_UP", None)  # one plain step per switch, either way
     assert sim.switch_seconds(True, False, running) == pytest.approx(
         sim.SWITCH_STEPS * sim.step_seconds(False, 2))
