@@ -192,9 +192,11 @@ class AdaptiveSpeculation:
         explore_every: the cheap test first spares the window sums look_wait reads on most
         steps (the host's work between two steps). From plain steps, with the draft's lag
         known, the look must also fit what its catch-up would cost now: the lag counts the
-        prompts, which the plain steps alone leave out (NOTE: STANDALONE at batch 16 on an
-        H200, 8a313a9, looked as if its catch-ups were a tenth of their size, and ran 0.95x
-        no-spec where plain steps ran 1.01x)."""
+        prompts, which the plain steps alone leave out. NOTE: told the lag or not, STANDALONE
+        at batch 16 on an H200 ran 0.96 / 0.95x no-spec side by side (800b3e5), the
+        difference within the rounds' spread; simulated, where plain steps win, told ran
+        1.000-1.001 of the faster pinned side against 0.979-0.988 (README, "The draft's
+        whole lag")."""
         if not (b.since_explore >= b.explore_every
                 and b.since_explore >= b.look_every(choice, batch_size)):
             return False
