@@ -207,11 +207,9 @@ class AdaptiveSpeculation:
     def _lag(self, batch_size: int) -> int:
         """The positions a switch into speculation catches the draft up on (use_spec's
         `behind`, counted once a step)."""
-        if self._behind is None:
-            return self._plain_run * batch_size
         if callable(self._behind):
-            self._behind = self._behind()
-        return self._behind if self._behind is not None else self._plain_run * batch_size
+            self._behind = self._behind()  # None where the draft has no catch-up (NGRAM)
+        return self._plain_run * batch_size if self._behind is None else self._behind
 
     def _bucket(self, key: int) -> "Bucket":
         if key not in self._buckets:  # (setdefault would build a bucket every step)
