@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 
 import common
 
@@ -136,6 +137,13 @@ HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": f
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag}
 
 
+def switch_counts(engine) -> Counter:
+    """The adaptive controller's switches of side so far by what chose them (empty without
+    adaptive speculation)."""
+    adaptive = engine.scheduler.adaptive
+    return adaptive.switches() if adaptive is not None else Counter()
+
+
 def untrained_drafts(algos: list, model_path) -> dict:
     """Drafts that predict badly, where speculation must not cost speed: random heads of the
     model's shape, and for STANDALONE the model's first STANDALONE_LAYERS layers, untrained."""
@@ -215,6 +223,7 @@ def run_all(args) -> None:
         engines = build_engines(args, algo, draft, setting)
         prompts = prompts or prompts_for(engines["no-spec"], max(args.batches), args.prompt_len)
         for bs in args.batches:
+            before = {s: switch_counts(e) for s, e in engines.items()}
             rates, rounds = interleaved_rates(engines, prompts[:bs], params, args.repeats)
             base = common.median(rates["no-spec"])
             for system in args.systems[1:]:
@@ -233,6 +242,9 @@ def run_all(args) -> None:
                     "plain_decode_tokens_per_round": [plain_tokens(out) for out in rounds[system]],
                     "plain_decode_tokens": plain_tokens(rounds[system][-1]),
                     "adaptive_buckets": adaptive, "draft": draft,
+                    # this size's rounds (the untimed one included): switches of side by what
+                    # chose them (adaptive.SWITCH_WHY), every bucket the batches shrank through
+                    "switches_by_why": dict(switch_counts(engine) - before[system]),
                     "chain_depth": common.chain_depth(engine),
                     **common.machine_info(engine.device)})
                 print(f"[bench_adaptive] {label:8} {system:8} bs {bs:3} "

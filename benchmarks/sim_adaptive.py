@@ -6,8 +6,9 @@ probability, drawn around a mean with a spread across requests; a step's seconds
 per-request rates measured on an H100 (NEXTN (3, 1, 4) on the default model, bench_adaptive at
 dae63fc), with 5% noise. Batches run one after another on one controller, as in a served engine.
 A line per (acceptance, spread, batch): simulated seconds of pinned speculation, of plain
-decoding and of adaptive, and adaptive's speed against the faster pinned side. A switch of side
-costs SWITCH_STEPS plain steps more, unrecorded, as on a GPU (the per-call log of
+decoding and of adaptive, adaptive's speed against the faster pinned side, and its switches of
+side by what chose them (`adaptive_switches`: a look, the finish estimate, a warm-up, ...).
+A switch of side costs SWITCH_STEPS plain steps more, unrecorded, as on a GPU (the per-call log of
 probe_adaptive_steps.py: each switch drains the overlapped pipeline and leaves a call that only
 launches its step); prefills are left out, so it checks the decisions, not the engine. With
 --catch-up A B a switch into speculation costs instead what a draft's catch-up does: A ms and B
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import common
@@ -235,7 +237,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
     first batch). shadow_finish: shadow verifies priced by the finish estimate over each
     request's last `shadow_finish` (0: on rates alone, over the engine's RECENT)."""
     keep = (shadow_finish or RECENT) if shadow or shadow_finish else 0
-    out = {}
+    out = {"switches": Counter()}
     for policy in ("spec", "plain", "adaptive"):
         total = 0.0
         for seed in range(seeds):
@@ -247,6 +249,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
                                       mean_alpha=mean_alpha, growth=growth, shadow=keep))
                 ctrl.interrupt()  # the next batch's prefill
             total += sum(each)
+            out["switches"] += ctrl.switches()
             if seed == 0:
                 out[policy + "_seed0"] = each
         out[policy] = total
@@ -258,15 +261,19 @@ def simulate_sequence(sizes: list, spread: float, seeds: int, mean_alpha: float 
     """--sequence: batch sizes in order on one controller per seed, as bench_adaptive runs one
     engine (one untimed batch of each size, then `timed` timed ones): {size: {policy: timed
     seconds over all seeds}}. Priors and switch costs carry over from the sizes before."""
-    out = {b: dict.fromkeys(("spec", "plain", "adaptive"), 0.0) for b in sizes}
+    out = {b: {**dict.fromkeys(("spec", "plain", "adaptive"), 0.0), "switches": Counter()}
+           for b in sizes}
     for policy in ("spec", "plain", "adaptive"):
         for seed in range(seeds):
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
             for b in sizes:
                 for i in range(1 + timed):
+                    before = ctrl.switches()
                     seconds = run_batch(policy, ctrl, rng, b, spread, mean_alpha=mean_alpha)
                     ctrl.interrupt()
                     out[b][policy] += seconds if i else 0.0
+                    if i:  # the timed batches' switches, the tail's smaller buckets included
+                        out[b]["switches"] += ctrl.switches() - before
     return out
 
 
@@ -375,6 +382,8 @@ def main(argv=None) -> None:
                       "shadow_finish": args.shadow_finish,
                       "look_budget": bucket.LOOK_BUDGET, "calibrated": args.calibrate,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
+                      # adaptive's switches of side by what chose them, over the seeds
+                      "adaptive_switches": dict(sorted(t["switches"].items())),
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
                       "seed0_batches_s": {p: t[p + "_seed0"] for p in
                                           ("spec", "plain", "adaptive")},

@@ -783,3 +783,19 @@ def test_a_look_from_plain_steps_waits_until_its_budget_pays_the_catch_up_of_the
     # The look, when it comes, costs no more than the budget of the steps since the last one.
     cost = 0.003 + 1e-6 * recorded + 0.0005 + EXPLORE_STEPS * (0.003 - 1.8 * 0.0015)
     assert cost <= LOOK_BUDGET * 0.0015 * (told - 2 * WARMUP_STEPS) * 1.05
+
+
+def test_switches_are_counted_by_what_chose_them():
+    """Every switch of side is counted once, under what chose the step that switched: the
+    warm-up (speculation first, then plain steps), the choice on rates (requests waiting), each
+    look (into the other side and back) and a batch above the user's cap."""
+    ctrl = AdaptiveSpeculation()
+    picks = _run(ctrl, 16, spec_rate=1200, decode_rate=1000, steps=4 * EXPLORE_EVERY)
+    switches = ctrl.info()["16"]["switches"]
+    assert picks[:WARMUP_STEPS] == [True] * WARMUP_STEPS and not picks[WARMUP_STEPS]
+    assert switches["warm-up"] == 1 and switches["rates"] == 1, switches
+    looks = _bursts(picks[2 * WARMUP_STEPS + 1:], False)
+    assert looks and switches["look"] == 2 * len(looks), (switches, looks)
+    assert sum(switches.values()) == sum(a != b for a, b in zip(picks, picks[1:]))
+    ctrl.skip(16)  # speculating, then a step the cap holds to plain decoding
+    assert ctrl.info()["16"]["switches"]["cap"] == 1

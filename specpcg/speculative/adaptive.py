@@ -79,12 +79,19 @@ TAIL_TOKENS = 16
 # step at batch 64 on a 2-core CPU, while a step of the default model at batch 64 lasts about
 # 1.6 ms on an H100 and the host prepares the next one within it.
 REDECIDE_EVERY = 8
+# What chose a step that switched side (info()'s "switches"): the side borrowed for the step
+# after a prefill, a bucket's warm-up, a batch's tail staying on its side, a look at the other
+# side (into it and back), the choice on rates (requests waiting, or shadow verifies) or on the
+# finish estimate (nothing waiting), and a batch above the user's cap (`skip`).
+SWITCH_WHY = ("borrowed", "warm-up", "tail", "look", "rates", "finish", "cap")
 
 
 class AdaptiveSpeculation:
     def __init__(self):
         self._buckets: dict = {}  # bucket -> Bucket
         self.chosen: Counter = Counter()  # (bucket, "spec" | "decode") -> steps run
+        # (bucket, why) -> switches of side, by what chose the step that switched (SWITCH_WHY)
+        self.switched: Counter = Counter()
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds, positions) of a switch step, until the next
@@ -120,37 +127,30 @@ class AdaptiveSpeculation:
         if b.shadowed and self.shadow_rates_only:
             finish = None  # rates alone (module docstring), at a batch's tail too
         if self._interrupted:  # not measured: it spends no warm-up step and no look
-            choice = self._borrowed(key)
+            choice, why = self._borrowed(key), "borrowed"
         elif b.spec.steps < WARMUP_STEPS or b.decode.steps < WARMUP_STEPS:
             if self._last_spec is not None and ends_within(finish, TAIL_TOKENS):
-                choice = self._last_spec  # a batch's tail (TAIL_TOKENS): no warm-up
+                choice, why = self._last_spec, "tail"  # a batch's tail: no warm-up
             else:
-                choice = b.spec.steps < WARMUP_STEPS  # speculation's steps first
+                choice, why = b.spec.steps < WARMUP_STEPS, "warm-up"  # speculation's first
         elif b.explore_left:
             b.explore_left -= 1
-            choice = not b.explored_from
+            choice, why = not b.explored_from, "look"
         else:
-            if b.explored_from is not None:  # a look just ended
-                b.side(not b.explored_from).restart_if_changed(EXPLORE_STEPS - 1)
+            looked = b.explored_from  # the side a look just ended back to, or None
+            if looked is not None:
+                b.side(not looked).restart_if_changed(EXPLORE_STEPS - 1)
                 b.last_finish = None  # set again if this choice estimates the finish
             choice = self._choose(b, finish, batch_size)
-            if b.explored_from is not None:  # did the look change the choice?
-                other = b.side(not choice)
-                # The wait grows only once the other side's window is full, or its steps lose
-                # beyond their spread (`Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH): a
-                # few noisy steps must not shut a side out for a thousand steps.
-                confirmed = choice == b.explored_from and (
-                    len(other.recent) == WINDOW
-                    or (key >= CONFIRM_MIN_BATCH and (other.clearly_slower(b.tok_s(choice))
-                                                      or b.finish_keeps(choice))))
-                waited = max(b.explore_every, int(b.look_wait(choice, batch_size)))
-                b.explore_every = (min(2 * waited, EXPLORE_MAX_EVERY) if confirmed
-                                   else EXPLORE_EVERY)
-                b.explored_from = None
+            why = "look" if choice == looked else "rates" if finish is None else "finish"
+            if looked is not None:
+                self._end_look(b, choice, key, batch_size)
             b.since_explore += 1
             if self._look_due(b, choice, batch_size):  # look again
                 b.since_explore, b.explored_from = 0, choice
-                b.explore_left, choice = EXPLORE_STEPS - 1, not choice
+                b.explore_left, choice, why = EXPLORE_STEPS - 1, not choice, "look"
+        if self._last_choice is not None and choice != self._last_choice:
+            self.switched[(key, why)] += 1
         self.chosen[(key, "spec" if choice else "decode")] += 1
         if choice and self._plain_run:
             self._catch_up = self._lag(batch_size)
@@ -165,8 +165,24 @@ class AdaptiveSpeculation:
         key = bucket_of(batch_size)
         self._bucket(key)  # reported by info()
         self.chosen[(key, "decode")] += 1
+        if self._last_choice:
+            self.switched[(key, "cap")] += 1
         self._plain_run += 1
         self._last_choice, self._last_key = False, key
+
+    def _end_look(self, b: "Bucket", choice: bool, key: int, batch_size: int) -> None:
+        """A look just ended: whether it confirmed the choice sets the wait before the next.
+        The wait grows only once the other side's window is full, or its steps lose beyond
+        their spread (`Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH): a few noisy steps
+        must not shut a side out for a thousand steps."""
+        other = b.side(not choice)
+        confirmed = choice == b.explored_from and (
+            len(other.recent) == WINDOW
+            or (key >= CONFIRM_MIN_BATCH and (other.clearly_slower(b.tok_s(choice))
+                                              or b.finish_keeps(choice))))
+        waited = max(b.explore_every, int(b.look_wait(choice, batch_size)))
+        b.explore_every = min(2 * waited, EXPLORE_MAX_EVERY) if confirmed else EXPLORE_EVERY
+        b.explored_from = None
 
     def _choose(self, b: "Bucket", finish, batch_size: int) -> bool:
         """The bucket's side for this step: re-chosen on rates alone while requests wait or
@@ -257,6 +273,13 @@ class AdaptiveSpeculation:
             b.switches.add(spec, pending[2] - seconds, pending[3])
         b.side(spec).add(tokens / batch_size, seconds)
 
+    def switches(self) -> Counter:
+        """Switches of side so far by what chose them (SWITCH_WHY), every bucket."""
+        out = Counter()
+        for (_, why), n in self.switched.items():
+            out[why] += n
+        return out
+
     def shadow(self, accept_length: Optional[float]) -> None:
         """The running batch's accept length by its shadow verifies (their tokens per verify,
         cut at the depth its steps verify: specpcg/speculative/shadow.py), for the next step's
@@ -286,5 +309,7 @@ class AdaptiveSpeculation:
                              "spec_steps": self.chosen[(key, "spec")],
                              "shadow_tokens_per_verify": (round(b.per_req(True), 3)
                                                           if b.shadowed else None),
-                             "decode_steps": self.chosen[(key, "decode")]}
+                             "decode_steps": self.chosen[(key, "decode")],
+                             "switches": {why: n for (k, why), n in sorted(self.switched.items())
+                                          if k == key}}
         return out
