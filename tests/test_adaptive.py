@@ -789,6 +789,8 @@ def test_switches_are_counted_by_what_chose_them():
     """Every switch of side is counted once, under what chose the step that switched: the
     warm-up (speculation first, then plain steps), the choice on rates (requests waiting), each
     look (into the other side and back) and a batch above the user's cap."""
+    from specpcg.speculative.adaptive import SWITCH_WHY
+
     ctrl = AdaptiveSpeculation()
     picks = _run(ctrl, 16, spec_rate=1200, decode_rate=1000, steps=4 * EXPLORE_EVERY)
     switches = ctrl.info()["16"]["switches"]
@@ -799,3 +801,5 @@ def test_switches_are_counted_by_what_chose_them():
     assert sum(switches.values()) == sum(a != b for a, b in zip(picks, picks[1:]))
     ctrl.skip(16)  # speculating, then a step the cap holds to plain decoding
     assert ctrl.info()["16"]["switches"]["cap"] == 1
+    assert set(ctrl.switches()) <= set(SWITCH_WHY) and sum(ctrl.switches().values()) == sum(
+        ctrl.info()["16"]["switches"].values())
