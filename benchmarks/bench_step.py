@@ -50,9 +50,12 @@ def random_head_dir(algo: str, model_path: str) -> str:
     import torch
 
     from drafts.head_checkpoint import random_head, save_head
+    from specpcg.models.build import SHAPE_PREFIX, preset_config
     from specpcg.models.loader import load_checkpoint
 
-    cfg, _ = load_checkpoint(model_path)
+    # A shape preset has no checkpoint: the head is shaped for its config.
+    cfg = (preset_config(model_path) if model_path.startswith(SHAPE_PREFIX)
+           else load_checkpoint(model_path)[0])
     # EAGLE3's own smaller vocabulary, as trained heads have (a tiny test model's is smaller
     # than 8,192: half of it there).
     draft_vocab = min(8192, cfg.vocab_size // 2) if algo == "EAGLE3" else 0

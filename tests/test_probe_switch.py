@@ -62,3 +62,23 @@ def test_catchup_probe_times_both_profiles_the_outer_and_unwraps():
     by_cum = probe_catchup.top(prof, "cumtime", n=3)
     assert by_cum[0][0].endswith("(catch_up_to_paths)") and by_cum[0][1] == 1
     assert by_cum[0][3] >= by_cum[1][3] >= by_cum[2][3]  # cumulative us, largest first
+
+
+def test_an_untrained_head_is_shaped_for_a_shape_preset():
+    """The probes' --untrained head on a random-weight shape (no checkpoint, no staging): its
+    checkpoint names the preset's sizes, and an engine on that shape loads it."""
+    import json
+
+    from bench_step import random_head_dir
+
+    from specpcg import Engine
+
+    path = random_head_dir("EAGLE3", "shape:smollm2-135m")
+    cfg = json.load(open(Path(path) / "config.json"))
+    assert cfg["hidden_size"] == 576 and cfg["vocab_size"] == 49152
+    engine = Engine(model_path="shape:smollm2-135m", device="cpu", dtype="float32",
+                    skip_tokenizer_init=True, speculative_algorithm="EAGLE3",
+                    speculative_draft_model_path=path, max_total_tokens=512, show_progress=False)
+    out = engine.generate(input_ids=[[5, 6, 7]], sampling_params={"max_new_tokens": 3})
+    assert len(out[0]["output_ids"]) == 3
+    engine.shutdown()
