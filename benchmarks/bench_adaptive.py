@@ -38,9 +38,10 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # gets all of LOOK_BUDGET, however far behind the other side is (`whole_budget`); and
 # "adaptive-cap63": adaptive with speculative_disable_by_batch_size=63 (batches of 64 and more
 # decode plain, as SGLang turns speculation off at batch >= 64); and "adaptive-untold": not
-# told the draft's lag (`untold_lag`).
+# told the draft's lag (`untold_lag`); and "adaptive-symmetric": into speculation only where it
+# is SWITCH_MARGIN faster, as out of it (`symmetric`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
-                 "adaptive-cap63", "adaptive-untold")
+                 "adaptive-cap63", "adaptive-untold", "adaptive-symmetric")
 CAP = 63
 
 
@@ -133,8 +134,17 @@ def whole_budget(engine) -> None:
     engine.scheduler.adaptive.look_close = float("inf")
 
 
+def symmetric(engine) -> None:
+    """The margin into speculation as before SPEC_HOME (adaptive-symmetric): SWITCH_MARGIN
+    faster, as out of it, even where a look from plain steps costs the draft's catch-up."""
+    from specpcg.speculative.bucket import SWITCH_MARGIN
+
+    engine.scheduler.adaptive.into_spec = SWITCH_MARGIN
+
+
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
-         "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag}
+         "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
+         "adaptive-symmetric": symmetric}
 
 
 def switch_counts(engine) -> Counter:

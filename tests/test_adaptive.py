@@ -803,3 +803,33 @@ def test_switches_are_counted_by_what_chose_them():
     assert ctrl.info()["16"]["switches"]["cap"] == 1
     assert set(ctrl.switches()) <= set(SWITCH_WHY) and sum(ctrl.switches().values()) == sum(
         ctrl.info()["16"]["switches"].values())
+
+
+def _spec_share_near_a_tie(into_spec=None, shadow=None) -> float:
+    """Batch 16 with requests waiting: speculation 2% slower per request than plain steps
+    (2 tokens in 2.04 plain steps' time). The share of steps after the warm-up that speculate."""
+    ctrl = AdaptiveSpeculation()
+    if into_spec is not None:
+        ctrl.into_spec = into_spec
+    picks = []
+    for _ in range(400):
+        ctrl.shadow(shadow)
+        use = ctrl.use_spec(16)
+        picks.append(use)
+        ctrl.record(16, use, 16 * (2 if use else 1), 2.04e-3 if use else 1e-3)
+    after = picks[2 * WARMUP_STEPS + 2:]
+    return sum(after) / len(after)
+
+
+def test_from_plain_steps_a_near_tie_goes_to_speculation_whose_looks_cost_less():
+    """Within SPEC_HOME of plain steps, a bucket on plain steps switches into speculation and
+    stays (plain steps are not SWITCH_MARGIN faster): a look from there costs a switch, not the
+    draft's catch-up on every prompt and plain position. With the margin into speculation
+    SWITCH_MARGIN, as adaptive-symmetric sets it, or with shadow verifies (NGRAM: no catch-up),
+    it stays on plain steps but for its looks."""
+    from specpcg.speculative.bucket import SPEC_HOME, SWITCH_MARGIN
+
+    assert 0.02 < SPEC_HOME < SWITCH_MARGIN
+    assert _spec_share_near_a_tie() > 0.9
+    assert _spec_share_near_a_tie(into_spec=SWITCH_MARGIN) < 0.1
+    assert _spec_share_near_a_tie(shadow=2.0) < 0.1

@@ -5,6 +5,7 @@ steps that resolved tokens."""
 import pytest
 
 from specpcg.speculative.adaptive import AdaptiveSpeculation
+from specpcg.speculative.bucket import SPEC_HOME, SWITCH_MARGIN
 from tests.eagle_world import (ALGOS, SETTINGS, _check_no_leak, _engine,  # noqa: F401
                                _exact_outputs_all_accepted, plain, world)
 
@@ -342,10 +343,12 @@ def test_the_controller_is_told_the_drafts_whole_lag_prompts_included(world, alg
         _check_no_leak(engine)
 
 
-@pytest.mark.parametrize("hold", ["adaptive-rate", "plain", "adaptive-untold"])
+@pytest.mark.parametrize("hold", ["adaptive-rate", "plain", "adaptive-untold",
+                                  "adaptive-symmetric"])
 def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     """bench_adaptive's systems that wrap the controller's use_spec are called as the
-    scheduler calls it; adaptive-untold alone keeps the draft's lag from the controller."""
+    scheduler calls it; adaptive-untold alone keeps the draft's lag from the controller;
+    adaptive-symmetric's buckets want speculation SWITCH_MARGIN faster to switch into it."""
     import sys
     from pathlib import Path
 
@@ -364,3 +367,5 @@ def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
         assert not told and outs[0]["meta_info"]["plain_decode_tokens"] > 0
     else:
         assert told and all((b is None) == (hold == "adaptive-untold") for b in told)
+    margins = {b._into_spec_margin() for b in adaptive._buckets.values()}
+    assert margins == ({SWITCH_MARGIN} if hold == "adaptive-symmetric" else {-SPEC_HOME})

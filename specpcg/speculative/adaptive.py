@@ -12,7 +12,8 @@ EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs
 steps of the slower side, and a look waits long enough that it costs at most LOOK_BUDGET of the
 time (its switches as measured, and its steps on the slower side: NGRAM at batch 1 on the H100
 spent about a tenth of its steps in looks at 0.6x the plain rate, and ran 0.94x no-spec). The
-side in use keeps its place unless the other is SWITCH_MARGIN faster.
+side in use keeps its place unless the other is SWITCH_MARGIN faster; from plain steps, where
+a draft catches up to switch, speculation need only come within SPEC_HOME of them (bucket.py).
 
 Only steady-state steps count: the first step after a switch of side, and the first after a
 prefill, are not recorded; nor is an overlapped plain call that only launched its step. A step
@@ -61,7 +62,7 @@ from collections import Counter, deque
 from typing import Optional
 
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
-                                        LOOK_CLOSE, Bucket, bucket_of)
+                                        LOOK_CLOSE, SPEC_HOME, Bucket, bucket_of)
 from specpcg.speculative.finish import KEPT_ACCEPTS, ends_within, finished_accept
 from specpcg.speculative.rates import WINDOW
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
@@ -110,6 +111,10 @@ class AdaptiveSpeculation:
         # LOOK_CLOSE for buckets made from now on (inf: every look gets the whole LOOK_BUDGET,
         # bench_adaptive's adaptive-whole-budget).
         self.look_close = LOOK_CLOSE
+        # How much faster than plain steps speculation must be to switch into it, for buckets
+        # made from now on (SPEC_HOME; SWITCH_MARGIN: as out of it, bench_adaptive's
+        # adaptive-symmetric).
+        self.into_spec = -SPEC_HOME
 
     def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -230,7 +235,7 @@ class AdaptiveSpeculation:
     def _bucket(self, key: int) -> "Bucket":
         if key not in self._buckets:  # (setdefault would build a bucket every step)
             self._buckets[key] = Bucket(switches=SwitchCosts(self._switches),
-                                         look_close=self.look_close)
+                                         look_close=self.look_close, into_spec=self.into_spec)
         return self._buckets[key]
 
     def _borrowed(self, key: int) -> bool:

@@ -31,6 +31,16 @@ LOOK_BUDGET = 0.03
 # about 3% (H200, EAGLE3 and NEXTN at batch 16 and 64, 388d735: each round of bench_adaptive
 # with a look ran 3-6% below the rounds without one, as fast as an engine held to plain steps).
 LOOK_CLOSE = 0.10
+# Into speculation from plain steps, speculation need only come within this much of plain
+# steps' speed, not SWITCH_MARGIN faster, where a draft catches up to switch (not NGRAM's shadowed
+# buckets). A look from plain steps costs the draft's catch-up on every prompt and plain position
+# (an eager forward, 3-6 ms on an H200 at batch 16-64: benchmarks/probe_catchup.py), a look from
+# speculation a switch and the look's own few positions. So in a near-tie speculation is the
+# cheaper side to stay on: on an H200, EAGLE3 heads that tied plain steps ran bench_adaptive's
+# mostly speculating rounds at no-spec's speed and its mostly plain rounds, with a look, 5% below
+# (800b3e5). Simulated (benchmarks/sim_adaptive.py, H200 weak-head rates, 60 cells): 0.977 ->
+# 0.980 of the faster pinned side, worst cell 0.904 -> 0.928; with shadow verifies it lost.
+SPEC_HOME = 0.03
 
 
 @dataclass
@@ -54,6 +64,7 @@ class Bucket:
     # of this bucket's step; None: not measured that way.
     shadow: Optional[float] = None
     look_close: float = LOOK_CLOSE  # the controller's (AdaptiveSpeculation.look_close)
+    into_spec: float = -SPEC_HOME  # the controller's (AdaptiveSpeculation.into_spec)
 
     def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
@@ -145,7 +156,8 @@ class Bucket:
         a step of b requests taking step_s(spec, b) seconds); the side running now (`current`,
         else the side chosen last) keeps its place unless the other is faster by SWITCH_MARGIN
         (each switch costs a slow step, switches.py; into speculation, a catch-up over `behind`
-        positions). NOTE: a batch shrinking into a bucket that last chose the other side
+        positions), or, into speculation, within SPEC_HOME of plain steps where a draft catches
+        up (`_into_spec_margin`). NOTE: a batch shrinking into a bucket that last chose the other side
         compared from that side: its switch went unpriced."""
         if current is not None and self.spec_chosen is not None:  # not its first choice
             self.spec_chosen = current
@@ -166,9 +178,14 @@ class Bucket:
             self.spec_chosen = spec >= plain
         elif self.spec_chosen and plain > spec * (1 + SWITCH_MARGIN):
             self.spec_chosen = False
-        elif not self.spec_chosen and spec > plain * (1 + SWITCH_MARGIN):
+        elif not self.spec_chosen and spec > plain * (1 + self._into_spec_margin()):
             self.spec_chosen = True
         return self.spec_chosen
+
+
+    def _into_spec_margin(self) -> float:
+        """How much faster than plain steps speculation must be to switch into it."""
+        return SWITCH_MARGIN if self.shadowed else self.into_spec
 
 
 def _per_bucket(step_s):
