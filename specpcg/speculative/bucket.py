@@ -38,8 +38,9 @@ LOOK_CLOSE = 0.10
 # speculation a switch and the look's own few positions. So in a near-tie speculation is the
 # cheaper side to stay on: on an H200, EAGLE3 heads that tied plain steps ran bench_adaptive's
 # mostly speculating rounds at no-spec's speed and its mostly plain rounds, with a look, 5% below
-# (800b3e5). Simulated (benchmarks/sim_adaptive.py, H200 weak-head rates, 60 cells): 0.977 ->
-# 0.980 of the faster pinned side, worst cell 0.904 -> 0.928; with shadow verifies it lost.
+# (800b3e5). With this margin such a head ran 0.993x no-spec over 8 cells of two runs, against
+# 0.971x with SWITCH_MARGIN side by side (H200, 5276c67, README). Simulated (H200 weak-head
+# rates, 60 cells): 0.977 -> 0.980 of the faster pinned side; with shadow verifies it lost.
 SPEC_HOME = 0.03
 
 
@@ -157,8 +158,8 @@ class Bucket:
         else the side chosen last) keeps its place unless the other is faster by SWITCH_MARGIN
         (each switch costs a slow step, switches.py; into speculation, a catch-up over `behind`
         positions), or, into speculation, within SPEC_HOME of plain steps where a draft catches
-        up (`_into_spec_margin`). NOTE: a batch shrinking into a bucket that last chose the other side
-        compared from that side: its switch went unpriced."""
+        up (`_into_spec_margin`). NOTE: a batch shrinking into a bucket that last chose the
+        other side compared from that side: its switch went unpriced."""
         if current is not None and self.spec_chosen is not None:  # not its first choice
             self.spec_chosen = current
         spec, plain = self.tok_s(True), self.tok_s(False)
