@@ -183,7 +183,6 @@ class Bucket:
             self.spec_chosen = True
         return self.spec_chosen
 
-
     def _into_spec_margin(self) -> float:
         """How much faster than plain steps speculation must be to switch into it."""
         return SWITCH_MARGIN if self.shadowed else self.into_spec
