@@ -2,12 +2,13 @@
 same prompts pinned to speculation and without speculation (--systems: one per process keeps
 each engine's GPU memory its own).
 
-Per system and batch size, one untimed batch, then one batch with every scheduler call logged:
-its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step in
-flight), the running batch, the wall seconds, the tokens it appended and the fewest and most
+Per system and batch size, one untimed batch, then --rounds batches (the adaptive engine's
+state carrying from one to the next, as in bench_adaptive's repeats) with every scheduler call
+logged: its kind (prefill, plain, spec, a synchronous decode, a flush of the other side's step
+in flight), the running batch, the wall seconds, the tokens it appended and the fewest and most
 outputs a running request holds after it; and every step the adaptive controller recorded
-(side, tokens, seconds), every choice it made and every side it borrowed for a step after a
-prefill. The summary line per system and batch sums each kind's calls, lists each request's
+(side, tokens, seconds), every choice it made, every side it borrowed for a step after a
+prefill, and every step's side with what chose it where it switched ("use"). The summary line per system and batch sums each kind's calls, lists each request's
 accept length, sets the controller's recorded rates beside the calls' real ones (a side whose
 recorded steps run faster than its calls do is over-measured), and sums the host's time outside
 the calls ("outside": before the first, between two, after the last, the largest gaps).
@@ -18,7 +19,7 @@ speculative steps beside pinned speculation's steady ones.
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
         [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--script P S]
-        [--out FILE]
+        [--rounds N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import common
 
 common.add_repo_to_path()
+
+from specpcg.speculative.bucket import bucket_of  # noqa: E402
 
 SYSTEMS = ("no-spec", "pinned", "adaptive")
 CALLS = {"_run_prefill": "prefill", "_run_overlapped": "plain", "_run_spec_overlapped": "spec",
@@ -77,9 +80,9 @@ def instrument(engine) -> list:
         s.adaptive.record = logged
         choose = s.adaptive._choose
 
-        def chosen(b, finish):
+        def chosen(b, finish, *rest):
             b.last_finish = None
-            spec = choose(b, finish)
+            spec = choose(b, finish, *rest)
             log.append({"kind": "choose", "bs": len(s.running), "spec": spec,
                         "waiting": len(s.waiting), "finish_s": b.last_finish,
                         "rates": [b.spec.tok_s, b.decode.tok_s],
@@ -96,7 +99,26 @@ def instrument(engine) -> list:
                         "buckets": {k: b.spec_chosen for k, b in s.adaptive._buckets.items()}})
             return spec
         s.adaptive._borrowed = borrowed_logged
+        wrap_use_spec(s.adaptive, log)
     return log
+
+
+def wrap_use_spec(ctrl, log: list) -> None:
+    """Logs every step's side ("use"), with what chose it where the side switched
+    (adaptive.SWITCH_WHY), the bucket's steps since and between its looks, and the draft's lag
+    where the controller counted it for this step."""
+    use_spec = ctrl.use_spec
+
+    def used(batch_size, finish=None, behind=None):
+        before = Counter(ctrl.switched)
+        spec = use_spec(batch_size, finish, behind)
+        b = ctrl._buckets[bucket_of(batch_size)]
+        why = [why for (_, why), n in (ctrl.switched - before).items() if n]
+        log.append({"kind": "use", "bs": batch_size, "spec": spec, "why": why[0] if why else None,
+                    "since_look": b.since_explore, "look_every": b.explore_every,
+                    "lag": ctrl._behind if isinstance(ctrl._behind, int) else None})
+        return spec
+    ctrl.use_spec = used
 
 
 def gaps(log: list, start: float, end: float) -> dict:
@@ -119,7 +141,7 @@ def summary(log: list, wall: float, tokens: int) -> dict:
     kinds = defaultdict(lambda: {"calls": 0, "s": 0.0, "tokens": 0})
     rec = defaultdict(lambda: {"steps": 0, "s": 0.0, "per_req": 0.0})
     for e in log:
-        if e["kind"] in ("choose", "borrowed"):
+        if e["kind"] in ("choose", "borrowed", "use"):
             continue
         if e["kind"] == "record":
             r = rec["spec" if e["spec"] else "plain"]
@@ -143,6 +165,38 @@ def summary(log: list, wall: float, tokens: int) -> dict:
             "recorded": dict(rec), "plain_spec_switches": switches}
 
 
+def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, params: dict,
+                 out) -> None:
+    """One batch with every scheduler call logged: its summary line printed, and with `out`
+    each call's line then the summary appended."""
+    log = instrument(engine)
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    end = time.perf_counter()
+    wall = end - t0
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
+            "script": args.script if system == "adaptive" else None,
+            "batch": bs, "round": rnd, **summary(log, wall, tokens),
+            "outside": gaps(log, t0, end),
+            "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
+                                     for o in outs),
+            **common.machine_info(engine.device)}
+    print(json.dumps(line), flush=True)
+    if out:
+        for e in log:
+            out.write(json.dumps({"system": system, "batch": bs, "round": rnd, **e}) + "\n")
+        out.write(json.dumps(line) + "\n")
+    for name in CALLS:  # drop the wrappers
+        engine.scheduler.__dict__.pop(name, None)
+    for ov in (engine.scheduler.overlap, engine.scheduler.spec_overlap):
+        if ov is not None:
+            ov.__dict__.pop("flush", None)
+    if engine.scheduler.adaptive is not None:
+        for name in ("record", "_choose", "_borrowed", "use_spec"):
+            engine.scheduler.adaptive.__dict__.pop(name, None)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None)
@@ -152,6 +206,9 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="logged batches per size, after the untimed one (bench_adaptive's "
+                        "--repeats: the adaptive engine's state carries from one to the next)")
     p.add_argument("--script", type=int, nargs=2, default=None, metavar=("PLAIN", "SPEC"))
     p.add_argument("--out", default=None,
                    help="append JSON lines: one per call, then the summary")
@@ -175,31 +232,8 @@ def main(argv=None) -> None:
         for bs in args.batches:
             prompts = prompts_for(engine, max(args.batches), 128)[:bs]
             engine.generate(input_ids=prompts, sampling_params=params)
-            log = instrument(engine)
-            t0 = time.perf_counter()
-            outs = engine.generate(input_ids=prompts, sampling_params=params)
-            end = time.perf_counter()
-            wall = end - t0
-            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-            line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
-                    "script": args.script if system == "adaptive" else None,
-                    "batch": bs, **summary(log, wall, tokens), "outside": gaps(log, t0, end),
-                    "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
-                                             for o in outs),
-                    **common.machine_info(engine.device)}
-            print(json.dumps(line), flush=True)
-            if out:
-                for e in log:
-                    out.write(json.dumps({"system": system, "batch": bs, **e}) + "\n")
-                out.write(json.dumps(line) + "\n")
-            for name in CALLS:  # drop the wrappers
-                engine.scheduler.__dict__.pop(name, None)
-            for ov in (engine.scheduler.overlap, engine.scheduler.spec_overlap):
-                if ov is not None:
-                    ov.__dict__.pop("flush", None)
-            if engine.scheduler.adaptive is not None:
-                for name in ("record", "_choose", "_borrowed"):
-                    engine.scheduler.adaptive.__dict__.pop(name, None)
+            for rnd in range(args.rounds):
+                logged_round(engine, args, system, bs, rnd, prompts, params, out)
         # NOTE: shutdown alone left the next engine no memory for its KV cache (H100, 7f5f586).
         close(engine)
     if out:
