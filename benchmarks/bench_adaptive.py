@@ -39,9 +39,10 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # "adaptive-cap63": adaptive with speculative_disable_by_batch_size=63 (batches of 64 and more
 # decode plain, as SGLang turns speculation off at batch >= 64); and "adaptive-untold": not
 # told the draft's lag (`untold_lag`); and "adaptive-symmetric": into speculation only where it
-# is SWITCH_MARGIN faster, as out of it (`symmetric`).
+# is SWITCH_MARGIN faster, as out of it (`symmetric`); and "adaptive-unflushed": the step a
+# switch flushes left uncounted (`unflushed`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
-                 "adaptive-cap63", "adaptive-untold", "adaptive-symmetric")
+                 "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed")
 CAP = 63
 
 
@@ -142,9 +143,16 @@ def symmetric(engine) -> None:
     engine.scheduler.adaptive.into_spec = SWITCH_MARGIN
 
 
+def unflushed(engine) -> None:
+    """The step a switch flushes left uncounted, as before `AdaptiveSpeculation.flushed`
+    (adaptive-unflushed): a switch into speculation without the draft's catch-up that ran
+    before that step's read, a look's last speculative step unrecorded."""
+    engine.scheduler.adaptive.count_flushed = False
+
+
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
-         "adaptive-symmetric": symmetric}
+         "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed}
 
 
 def switch_counts(engine) -> Counter:

@@ -22,6 +22,7 @@ from specpcg.sampler import record_input_logprobs, record_output_logprobs, sampl
 from specpcg.speculative.finish import Finish
 from specpcg.speculative.overlap import SpecOverlap
 from specpcg.speculative.shadow import ShadowVerify, accept_length
+from specpcg.speculative.step_clock import StepClock
 from specpcg.transfer import to_device
 
 logger = logging.getLogger("specpcg")
@@ -68,8 +69,7 @@ class Scheduler:
                        if adaptive is not None and spec is not None
                        and ShadowVerify.supported(spec.draft) else None)
         self._speculate = None  # adaptive: the next decode step's choice, made once per step
-        self._last_decode_end = None  # when the last decode step returned (None: a prefill since)
-        self._launched_only = False  # the last overlapped call resolved no step (see _record)
+        self.clock = StepClock(self)  # each decode step's seconds, for the controller
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -103,13 +103,14 @@ class Scheduler:
             done += self._guarded(reqs, lambda: self.spec_overlap.catch_up(reqs))
         for name, ov in (("plain", self.overlap), ("spec", self.spec_overlap)):
             if ov is not None and ov.inflight is not None and kind != name:
-                done += self._guarded(list(ov.inflight.reqs), ov.flush)  # the host's view first
+                carried = list(ov.inflight.reqs)
+                before = sum(len(r.output_ids) for r in carried)
+                done += self._guarded(carried, ov.flush)  # the host's view first
                 kind = self._overlap_kind()
-                if self._last_decode_end is not None:  # that side's last step (_record)
-                    self._last_decode_end = time.perf_counter()
+                self.clock.flushed(name == "spec", carried, before)
         picked = self._schedule_prefill()
         if picked:
-            self._last_decode_end = None
+            self.clock.prefill()
             if self.adaptive is not None:
                 # The next step's draft first catches up on these prompts: not a step's speed.
                 self.adaptive.interrupt()
@@ -118,9 +119,7 @@ class Scheduler:
             run = {"plain": self._run_overlapped, "spec": self._run_spec_overlapped}.get(
                 kind, self._run_decode)
             done += self._guarded(list(self.running), run)
-            if not self._launched_only:
-                self._last_decode_end = time.perf_counter()
-            self._launched_only = False
+            self.clock.step_done()
             self._shadow_verify()
         return done
 
@@ -266,8 +265,8 @@ class Scheduler:
         resolves = self.overlap.inflight is not None  # else this call only launches
         finished = self.overlap.step()
         if resolves:
-            self._record(bs, False, bs, start)
-        self._launched_only = not resolves
+            self.clock.record(bs, False, bs, start)
+        self.clock.launched_only = not resolves
         return finished
 
     def _run_spec_overlapped(self) -> list:
@@ -277,23 +276,9 @@ class Scheduler:
         self._speculate = None
         finished, tokens = self.spec_overlap.step()
         if tokens:
-            self._record(bs, True, tokens, start)
-        self._launched_only = not tokens
+            self.clock.record(bs, True, tokens, start)
+        self.clock.launched_only = not tokens
         return finished
-
-    def _record(self, batch_size: int, speculated: bool, tokens: int, start: float) -> None:
-        """A decode step's speed, for adaptive speculation. Both kinds of step end in a read
-        of their tokens, so they are timed alike, from the end of the decode step before (the
-        call's start after a prefill): the host's work between two steps is the step's too
-        (with overlap it runs while the device computes; a call timed alone left it out, the
-        more so for the side that hands back more tokens a step). A call that only launched
-        its step leaves the start as it was, so the switch step carries the launch: timed from
-        the launch, switches looked free (H200, NGRAM at batch 64: 6 looks in 128 steps, 0.90x
-        no-spec, probe_adaptive_steps.py)."""
-        if self.adaptive is not None:
-            if self._last_decode_end is not None:
-                start = min(start, self._last_decode_end)
-            self.adaptive.record(batch_size, speculated, tokens, time.perf_counter() - start)
 
     def _run_decode(self) -> list:
         speculate = self._next_speculates()
@@ -308,7 +293,7 @@ class Scheduler:
             finished = self._append_and_finish(reqs, emitted)
         else:
             finished, tokens = self._plain_decode(reqs), len(reqs)
-        self._record(len(reqs), speculate, tokens, start)
+        self.clock.record(len(reqs), speculate, tokens, start)
         return finished
 
     def _plain_decode(self, reqs: list) -> list:

@@ -15,7 +15,7 @@ class _Recorder:
 
     def __init__(self, spec: bool):
         self.spec, self.records, self.interrupts, self.seconds = spec, [], 0, []
-        self.ended = []
+        self.ended, self.flushes = [], []
 
     def use_spec(self, batch_size, finish=None, behind=None):
         return self.spec
@@ -27,6 +27,9 @@ class _Recorder:
     def interrupt(self):
         self.interrupts += 1
         self.records.append("prefill")
+
+    def flushed(self, batch_size, spec, tokens, seconds):
+        self.flushes.append((batch_size, spec, tokens, seconds))
 
     def finished(self, req):
         self.ended.append((req.rid, req.spec_verify_ct, req.spec_accepted_drafts))
@@ -344,11 +347,12 @@ def test_the_controller_is_told_the_drafts_whole_lag_prompts_included(world, alg
 
 
 @pytest.mark.parametrize("hold", ["adaptive-rate", "plain", "adaptive-untold",
-                                  "adaptive-symmetric"])
+                                  "adaptive-symmetric", "adaptive-unflushed"])
 def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     """bench_adaptive's systems that wrap the controller's use_spec are called as the
     scheduler calls it; adaptive-untold alone keeps the draft's lag from the controller;
-    adaptive-symmetric's buckets want speculation SWITCH_MARGIN faster to switch into it."""
+    adaptive-symmetric's buckets want speculation SWITCH_MARGIN faster to switch into it;
+    adaptive-unflushed's controller leaves flushed steps uncounted."""
     import sys
     from pathlib import Path
 
@@ -369,3 +373,4 @@ def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
         assert told and all((b is None) == (hold == "adaptive-untold") for b in told)
     margins = {b._into_spec_margin() for b in adaptive._buckets.values()}
     assert margins == ({SWITCH_MARGIN} if hold == "adaptive-symmetric" else {-SPEC_HOME})
+    assert adaptive.count_flushed == (hold != "adaptive-unflushed")

@@ -96,6 +96,12 @@ class AdaptiveSpeculation:
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
         self._switch = None  # (bucket, side, seconds, positions) of a switch step, until the next
+        # Seconds the step flushed at a switch into speculation took beyond a plain step (the
+        # draft's catch-up ran before its read): the switch step's too (`flushed`).
+        self._switch_extra = 0.0
+        # False: flushed steps are not counted, as before `flushed` (bench_adaptive's
+        # adaptive-unflushed).
+        self.count_flushed = True
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
         self._switches = SwitchCosts(keep=KEPT_EVERYWHERE)  # every bucket's (switches.py)
         # Plain steps since the last speculative one, and the positions the draft's catch-up
@@ -264,12 +270,14 @@ class AdaptiveSpeculation:
         docstring)."""
         switched, self._last_spec = self._last_spec is not None and spec != self._last_spec, spec
         interrupted, self._interrupted = self._interrupted, False
+        extra, self._switch_extra = self._switch_extra, 0.0
         if seconds <= 0 or interrupted or batch_size <= 0:
             return
         key = bucket_of(batch_size)
         b = self._bucket(key)
         pending = self._switch
-        self._switch = (key, spec, seconds, self._catch_up if spec else None) if switched else None
+        self._switch = ((key, spec, seconds + extra, self._catch_up if spec else None)
+                        if switched else None)
         if switched:
             return
         if pending is not None and pending[:2] == (key, spec):
@@ -277,6 +285,24 @@ class AdaptiveSpeculation:
             # step, not the side's window, which a change of speed leaves stale.
             b.switches.add(spec, pending[2] - seconds, pending[3])
         b.side(spec).add(tokens / batch_size, seconds)
+
+    def flushed(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
+        """The step in flight of the side a switch leaves (overlap scheduling), read at the
+        switch, `seconds` from the end of the step before it. Out of speculation it is a steady
+        speculative step, recorded: a look's last step (else its only steady one after the
+        switch step; at batch 1 a look then measured one step's accept length). Into
+        speculation the draft caught up on the host before that read (SpecOverlap.catch_up):
+        what the step took beyond a plain step is the switch's, added to the switch step's
+        seconds. NOTE: uncounted, a STANDALONE draft's catch-ups of 2-18 ms priced every switch
+        into speculation at about 1 ms (H200, 283c27a, probe_adaptive_steps.py)."""
+        if not self.count_flushed or seconds <= 0 or batch_size <= 0:
+            return
+        if spec:
+            self.record(batch_size, True, tokens, seconds)
+            return
+        b = self._buckets.get(bucket_of(batch_size))
+        if b is not None and b.decode.step_s > 0:
+            self._switch_extra = max(seconds - b.decode.step_s, 0.0)
 
     def switches(self) -> Counter:
         """Switches of side so far by what chose them (SWITCH_WHY), every bucket."""
