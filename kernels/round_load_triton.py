@@ -8,7 +8,11 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Triton specializes integer arguments on == 1 and on divisibility by 16, so each new batch
+# size class (1; 16, 32, 64; the rest) compiled a variant of this copy inside a serving step:
+# 78 ms within a timed batch of 4 on an H200 (STANDALONE, benchmarks/probe_jit.py, d14091e).
+# A copy gains nothing from the specialization: one variant serves every size.
+@triton.jit(do_not_specialize=["stride_ids", "stride_r2t", "n", "W", "STEPS"])
 def _load_round_kernel(rows_ptr, first_ptr, lens_ptr, roots_ptr, ids_ptr, r2t_ptr, out_ptr,
                        stride_ids, stride_r2t, n, W, STEPS, SINK: tl.constexpr,
                        BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr):
