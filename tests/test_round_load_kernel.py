@@ -41,3 +41,38 @@ def test_triton_matches_the_twin(n, w, steps):
             assert values["chain"][:, i].tolist() == r2t[rows[i], p + k:p + k + steps].tolist()
     with pytest.raises(ValueError, match="out must hold"):
         load_round(rows, first_pos, lens, roots, ids, r2t, steps, 0, got[:-1])
+
+
+@pytest.mark.cuda
+def test_one_compiled_variant_serves_every_batch_size():
+    """The kernel loads an overlapped step's round outside any graph, at each batch size the
+    running batch passes through: a variant compiled per size class (Triton specializes
+    integers on == 1 and on divisibility by 16) stalled a serving step for the compile."""
+    from triton import knobs
+
+    keys = []
+
+    def seen(**kw):
+        if getattr(kw.get("fn"), "name", "") == "_load_round_kernel":
+            keys.append(str(kw.get("key")))
+        return False  # compile (or load) as usual
+
+    before, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, seen
+    try:
+        gen = torch.Generator().manual_seed(0)
+        r2t = torch.randperm(64 * 256, generator=gen).view(64, 256).int().cuda()
+        for n in (1, 2, 3, 4, 16, 17, 32, 64):
+            w, steps = 8, 3
+            rows = torch.randperm(64, generator=gen)[:n].cuda()
+            first_pos = torch.randint(0, 200, (n,), generator=gen).cuda()
+            lens = torch.randint(1, w + 1, (n,), generator=gen).cuda()
+            roots = torch.randint(0, 1000, (n,), generator=gen).cuda()
+            ids = torch.randint(1, 1000, (n, w), generator=gen).cuda()
+            size = n * (3 * w + len(SEGMENTS) + steps)
+            got, want = torch.full((size,), -5).cuda(), torch.full((size,), -5).cuda()
+            load_round(rows, first_pos, lens, roots, ids, r2t, steps, 0, got, use_triton=True)
+            load_round(rows, first_pos, lens, roots, ids, r2t, steps, 0, want, use_triton=False)
+            assert torch.equal(got, want), n
+    finally:
+        knobs.runtime.jit_cache_hook = before
+    assert len(set(keys)) == 1, keys
