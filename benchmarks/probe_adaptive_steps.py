@@ -8,10 +8,11 @@ logged: its kind (prefill, plain, spec, a synchronous decode, a flush of the oth
 in flight), the running batch, the wall seconds, the tokens it appended and the fewest and most
 outputs a running request holds after it; and every step the adaptive controller recorded
 (side, tokens, seconds), every choice it made, every side it borrowed for a step after a
-prefill, and every step's side with what chose it where it switched ("use"). The summary line per system and batch sums each kind's calls, lists each request's
-accept length, sets the controller's recorded rates beside the calls' real ones (a side whose
-recorded steps run faster than its calls do is over-measured), and sums the host's time outside
-the calls ("outside": before the first, between two, after the last, the largest gaps).
+prefill, and every step's side with what chose it where it switched ("use"). The summary line
+per system, batch and round sums each kind's calls, lists each request's accept length, sets
+the controller's recorded rates beside the calls' real ones (a side whose recorded steps run
+faster than its calls do is over-measured), and sums the host's time outside the calls
+("outside": before the first, between two, after the last, the largest gaps).
 
 With --script P S the adaptive engine runs S speculative steps after every P plain ones
 (probe_switch's `script_choices`), whatever it measures: a look every P steps, to set a look's
