@@ -40,9 +40,11 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # decode plain, as SGLang turns speculation off at batch >= 64); and "adaptive-untold": not
 # told the draft's lag (`untold_lag`); and "adaptive-symmetric": into speculation only where it
 # is SWITCH_MARGIN faster, as out of it (`symmetric`); and "adaptive-unflushed": the step a
-# switch flushes left uncounted (`unflushed`).
+# switch flushes left uncounted (`unflushed`); and "adaptive-min16": the finish estimate's
+# priors from 16 finished requests on (`min16`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
-                 "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed")
+                 "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed",
+                 "adaptive-min16")
 CAP = 63
 
 
@@ -150,9 +152,16 @@ def unflushed(engine) -> None:
     engine.scheduler.adaptive.count_flushed = False
 
 
+def min16(engine) -> None:
+    """The finish estimate's priors from 16 finished requests on, as before MIN_ACCEPTS = 4
+    (adaptive-min16)."""
+    engine.scheduler.adaptive.min_accepts = 16
+
+
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
-         "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed}
+         "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
+         "adaptive-min16": min16}
 
 
 def switch_counts(engine) -> Counter:

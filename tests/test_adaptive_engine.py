@@ -6,6 +6,7 @@ import pytest
 
 from specpcg.speculative.adaptive import AdaptiveSpeculation
 from specpcg.speculative.bucket import SPEC_HOME, SWITCH_MARGIN
+from specpcg.speculative.finish import MIN_ACCEPTS
 from tests.eagle_world import (ALGOS, SETTINGS, _check_no_leak, _engine,  # noqa: F401
                                _exact_outputs_all_accepted, plain, world)
 
@@ -347,12 +348,14 @@ def test_the_controller_is_told_the_drafts_whole_lag_prompts_included(world, alg
 
 
 @pytest.mark.parametrize("hold", ["adaptive-rate", "plain", "adaptive-untold",
-                                  "adaptive-symmetric", "adaptive-unflushed"])
+                                  "adaptive-symmetric", "adaptive-unflushed",
+                                  "adaptive-min16"])
 def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     """bench_adaptive's systems that wrap the controller's use_spec are called as the
     scheduler calls it; adaptive-untold alone keeps the draft's lag from the controller;
     adaptive-symmetric's buckets want speculation SWITCH_MARGIN faster to switch into it;
-    adaptive-unflushed's controller leaves flushed steps uncounted."""
+    adaptive-unflushed's controller leaves flushed steps uncounted; adaptive-min16's wants 16
+    finished requests for its priors."""
     import sys
     from pathlib import Path
 
@@ -374,3 +377,4 @@ def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     margins = {b._into_spec_margin() for b in adaptive._buckets.values()}
     assert margins == ({SWITCH_MARGIN} if hold == "adaptive-symmetric" else {-SPEC_HOME})
     assert adaptive.count_flushed == (hold != "adaptive-unflushed")
+    assert adaptive.min_accepts == (16 if hold == "adaptive-min16" else MIN_ACCEPTS)

@@ -63,7 +63,7 @@ from typing import Optional
 
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
                                         LOOK_CLOSE, SPEC_HOME, Bucket, bucket_of)
-from specpcg.speculative.finish import KEPT_ACCEPTS, ends_within, finished_accept
+from specpcg.speculative.finish import KEPT_ACCEPTS, MIN_ACCEPTS, ends_within, finished_accept
 from specpcg.speculative.rates import WINDOW
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
 
@@ -121,6 +121,9 @@ class AdaptiveSpeculation:
         # made from now on (SPEC_HOME; SWITCH_MARGIN: as out of it, bench_adaptive's
         # adaptive-symmetric).
         self.into_spec = -SPEC_HOME
+        # Finished requests needed before their accept lengths are the finish estimate's priors
+        # (finish.MIN_ACCEPTS; 16 as before, bench_adaptive's adaptive-min16).
+        self.min_accepts = MIN_ACCEPTS
 
     def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
@@ -210,8 +213,9 @@ class AdaptiveSpeculation:
         # A finish estimate prices a switch from the side running now (not after a look); rates
         # keep the bucket's choice (the other lost 0.6-1.8% in 5 of 27 simulated NGRAM cells).
         current = self._last_choice if b.explored_from is None and finish is not None else None
+        accepts = self.accepts if len(self.accepts) >= self.min_accepts else ()
         return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
-                             self.accepts, current,
+                             accepts, current,
                              self._lag(batch_size) if finish is not None else None)
 
     def _look_due(self, b: "Bucket", choice: bool, batch_size: int) -> bool:

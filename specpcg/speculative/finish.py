@@ -29,8 +29,12 @@ from typing import Optional
 PRIOR_VERIFIES = 4
 # The prior: with at least MIN_ACCEPTS finished requests' accept lengths at hand (each from
 # MIN_VERIFIES verifies or more, the last KEPT_ACCEPTS), the batch's requests get their
-# quantiles, one each (`priors`); else the bucket's mean.
-MIN_ACCEPTS = 16
+# quantiles, one each (`priors`); else the bucket's mean. NOTE: with 16, a STANDALONE draft at
+# batch 4 on an H200 (d14091e, 7-15 finished requests at hand) priced every young request at the
+# bucket's mean accept length (about 2.3, where the batch's slowest took 1.66 a verify pinned),
+# speculated a few steps into each batch and went back after 8-30 steps: 0.94-0.95x no-spec
+# where plain steps ran 0.99-1.00x. Simulated, 4 against 16 moved nothing beyond the spread.
+MIN_ACCEPTS = 4
 KEPT_ACCEPTS = 256
 # A finished request counts with this many verifies. NOTE: with 8, the requests of batches that
 # chose plain steps (a warm-up's 3 speculative steps, a look's 3) never counted: simulating
