@@ -33,7 +33,10 @@ PRIOR_VERIFIES = 4
 # batch 4 on an H200 (d14091e, 7-15 finished requests at hand) priced every young request at the
 # bucket's mean accept length (about 2.3, where the batch's slowest took 1.66 a verify pinned),
 # speculated a few steps into each batch and went back after 8-30 steps: 0.94-0.95x no-spec
-# where plain steps ran 0.99-1.00x. Simulated, 4 against 16 moved nothing beyond the spread.
+# where plain steps ran 0.99-1.00x. Simulated, 4 against 16 moved nothing beyond the spread;
+# side by side on the H200 (f7f3aa9, bench_adaptive's adaptive-min16, two runs at batch 1, 4
+# and 16) 4 was never behind: 1.005x no-spec on average against 0.982x, within the rounds'
+# spread, and neither engine speculated in a timed batch of 4 there.
 MIN_ACCEPTS = 4
 KEPT_ACCEPTS = 256
 # A finished request counts with this many verifies. NOTE: with 8, the requests of batches that
