@@ -18,7 +18,9 @@ a draft catches up to switch, speculation need only come within SPEC_HOME of the
 Only steady-state steps count: the first step after a switch of side, and the first after a
 prefill, are not recorded; nor is an overlapped plain call that only launched its step. A step
 after a prefill, never measured, takes the nearest bucket's choice (`_borrowed`). A switch
-costs what switches.py says, kept per direction. Counting those switches made speculation at
+costs what switches.py says, kept per direction. The step a switch reads first (the other
+side's, still in flight) is a steady speculative step out of speculation, and into it part of
+the switch's cost: the draft's catch-up ran before that read (`flushed`). Counting those switches made speculation at
 batch 1 look 0.57x as fast as it runs (H100, EAGLE3: 563 tok/s measured against 995 pinned);
 counting the step after a prefill (its draft catching up on whole prompts) made EAGLE3 at batch
 16 run plain steps at 0.83x no-spec where pinned speculation ran 1.31x (H100, 4a5cc11).
