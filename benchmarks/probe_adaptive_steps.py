@@ -34,6 +34,7 @@ import common
 
 common.add_repo_to_path()
 
+from bench_adaptive import EXTRA_SYSTEMS  # noqa: E402
 from specpcg.speculative.bucket import bucket_of  # noqa: E402
 
 SYSTEMS = ("no-spec", "pinned", "adaptive")
@@ -63,6 +64,9 @@ def instrument(engine) -> list:
             log.append({"kind": kind, "bs": bs, "t": t0, "s": time.perf_counter() - t0,
                         "tokens": appended() - before, "out_min": min(lens),
                         "out_max": max(lens)})
+            inflight = getattr(s.spec_overlap, "inflight", None)
+            if kind == "spec" and inflight is not None:  # the chain depth it launched
+                log[-1]["width"] = inflight.width
             return out
         setattr(obj, name, timed_call)
 
@@ -206,7 +210,9 @@ def main(argv=None) -> None:
     p.add_argument("--setting", default="3,1,4", help="steps,topk,tokens (bench_adaptive's)")
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS),
+                   choices=SYSTEMS + EXTRA_SYSTEMS,
+                   help="bench_adaptive's holds too (adaptive-min16, plain, ...)")
     p.add_argument("--rounds", type=int, default=1,
                    help="logged batches per size, after the untimed one (bench_adaptive's "
                         "--repeats: the adaptive engine's state carries from one to the next)")
@@ -215,7 +221,7 @@ def main(argv=None) -> None:
                    help="append JSON lines: one per call, then the summary")
     args = p.parse_args(argv)
     from bench_accept import close
-    from bench_adaptive import engine_kwargs, prompts_for
+    from bench_adaptive import HOLDS, engine_kwargs, prompts_for
     from specpcg import Engine
 
     setting = common.parse_setting(args.setting)
@@ -226,6 +232,8 @@ def main(argv=None) -> None:
         engine = Engine(model_path=args.model_path, show_progress=False,
                         max_running_requests=most, cuda_graph_max_bs=most,
                         **engine_kwargs(system, args.algorithm, args.draft, setting))
+        if system in HOLDS:
+            HOLDS[system](engine)
         if args.script and system == "adaptive":
             from probe_switch import script_choices
 
