@@ -11,7 +11,10 @@ torch.profiler's table of the last catch-up's ops.
 
     python benchmarks/probe_catchup.py --draft DIR [--batches 4 64] [--plain 100] [--out FILE]
         [--max-chunks N]  (N replays of the resume graphs reach further before going eager)
-        [--profiler cprofile|torch|none]
+        [--profiler cprofile|torch|none] [--pinned]
+
+--pinned: a pinned engine instead, no plain steps: the catch-ups are the draft's on each new
+prompt, at the first speculative step after its prefill.
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ def main(argv=None) -> None:
     add_probe_args(p)
     p.add_argument("--batches", type=int, nargs="+", default=[4, 64])
     p.add_argument("--plain", type=int, default=100, help="plain steps before each look")
+    p.add_argument("--pinned", action="store_true",
+                   help="pinned speculation: the catch-ups are the prompts' after each prefill")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-chunks", type=int, default=None,
                    help="resume graph replays allowed per catch-up (drafts/resume.MAX_CHUNKS)")
@@ -131,8 +136,9 @@ def main(argv=None) -> None:
     if args.max_chunks is not None:
         resume.MAX_CHUNKS = args.max_chunks
     most = max(args.batches)
-    engine, _ = probe_engine(args, "adaptive", most)
-    script_choices(engine, args.plain, 3)
+    engine, _ = probe_engine(args, "pinned" if args.pinned else "adaptive", most)
+    if not args.pinned:
+        script_choices(engine, args.plain, 3)
     draft = engine.scheduler.spec.draft
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
     for bs in args.batches:
@@ -141,7 +147,8 @@ def main(argv=None) -> None:
         times, prof = profile_catch_ups(
             draft, lambda: engine.generate(input_ids=prompts, sampling_params=params),
             args.profiler)
-        line = {"probe": "catchup", "batch": bs, "plain": args.plain, "ms": times,
+        line = {"probe": "catchup", "batch": bs, "plain": None if args.pinned else args.plain,
+                "ms": times, "prompt_lens": [len(x) for x in prompts],
                 "max_chunks": resume.MAX_CHUNKS, "profiler": args.profiler,
                 **common.machine_info(engine.device)}
         print(json.dumps(line), flush=True)
