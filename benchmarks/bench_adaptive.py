@@ -41,10 +41,12 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # told the draft's lag (`untold_lag`); and "adaptive-symmetric": into speculation only where it
 # is SWITCH_MARGIN faster, as out of it (`symmetric`); and "adaptive-unflushed": the step a
 # switch flushes left uncounted (`unflushed`); and "adaptive-min16": the finish estimate's
-# priors from 16 finished requests on (`min16`).
+# priors from 16 finished requests on (`min16`); and "pinned-eager-prompts" and
+# "adaptive-eager-prompts": without the prompt runner, a new prompt's catch-up one eager
+# forward where the look runners do not reach (`eager_prompts`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
                  "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed",
-                 "adaptive-min16")
+                 "adaptive-min16", "pinned-eager-prompts", "adaptive-eager-prompts")
 CAP = 63
 
 
@@ -95,7 +97,7 @@ def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
     return dict(speculative_algorithm=algo, speculative_draft_model_path=draft,
                 speculative_num_steps=steps, speculative_eagle_topk=topk,
                 speculative_num_draft_tokens=tokens,
-                disable_adaptive_speculation=system == "pinned",
+                disable_adaptive_speculation=system.startswith("pinned"),
                 speculative_disable_by_batch_size=CAP if system == "adaptive-cap63" else None)
 
 
@@ -158,10 +160,24 @@ def min16(engine) -> None:
     engine.scheduler.adaptive.min_accepts = 16
 
 
+def eager_prompts(engine) -> None:
+    """The draft without its prompt runner (pinned-eager-prompts, adaptive-eager-prompts), as
+    before drafts/resume.PROMPT_WIDTH: a new prompt past the look runners' reach, or every
+    new prompt when pinned, catches up in one eager forward."""
+    from drafts.resume import PROMPT_WIDTH, ResumeCatchUp
+
+    draft = engine.scheduler.spec.draft
+    if getattr(draft, "resume", None) is None:  # no catch-up runners at all (NGRAM)
+        return
+    keep = [r for r in draft.resume.runners if r.width != PROMPT_WIDTH]
+    draft.resume = ResumeCatchUp(keep) if keep else None
+
+
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
          "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
-         "adaptive-min16": min16}
+         "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,
+         "adaptive-eager-prompts": eager_prompts}
 
 
 def switch_counts(engine) -> Counter:

@@ -88,7 +88,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self.kv_cache = self.runner = self.router = self.graphs = None
         self.round = None  # DraftGraphRunner: a round's catch-up, then its steps, a graph each
         self.tree_round = None  # drafts.tree_round.TreeRound: a tree round's steps
-        self.resume = None  # drafts.resume.ResumeCatchUp: catching up after plain steps
+        self.resume = None  # drafts.resume.ResumeCatchUp: catching up on prompts, plain steps
         self._reqs: dict = {}  # rid -> _HeadReq
         self._plain: Optional[_PlainLog] = None  # plain steps' rows not yet handed over
 

@@ -1,4 +1,5 @@
-"""A draft's catch-up on the positions plain decode steps passed, as graph replays.
+"""A draft's catch-up on new prompts and on the positions plain decode steps passed, as graph
+replays.
 
 When adaptive speculation goes back to speculating after plain steps, the draft first catches
 up on every position those steps decoded (`catch_up_to_paths`), all but the last, which the
@@ -7,12 +8,14 @@ overlapped step's own graph takes. As one eager DRAFT_EXTEND that cost 2.5-5.8 m
 steps of 0.7-1.6 ms: the host launching and planning one forward while the GPU waits. Here
 each request's rows go through a captured catch-up graph (the round runner's catch-up body,
 specpcg/graphs/draft_runner.py) `width` rows at a time, inputs built on the device from one
-host copy; up to MAX_CHUNKS replays. Longer catch-ups (a new request's prompt) stay eager,
-where one forward takes any length.
+host copy; up to MAX_CHUNKS replays. Longer catch-ups stay eager, where one forward takes any
+length.
 
-Two widths per batch bucket: twice the verify's (the warm-up's windows of a few plain steps)
-and the first look's window (bucket.EXPLORE_EVERY plain steps plus a verify's path), so the
-first looks take one replay and a short one pads few rows.
+Two widths per batch bucket where speculation pauses: twice the verify's (the warm-up's windows
+of a few plain steps) and the first look's window (bucket.EXPLORE_EVERY plain steps plus a
+verify's path), so the first looks take one replay and a short one pads few rows. And one more,
+pinned or not, for new prompts (PROMPT_WIDTH, up to PROMPT_MAX_BS new requests): the first
+speculative step after a prefill catches the draft up on each new prompt the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ import torch
 from specpcg.transfer import to_device
 
 MAX_CHUNKS = 4  # replays per catch-up before one eager forward is cheaper
+# The prompt runner's rows per request, and the most new requests it takes in one replay. NOTE:
+# eagerly, a STANDALONE draft's catch-up on one new prompt of 67 tokens took 3.4 ms at batch 1
+# and 4.6 ms for 16 prompts (H200, 2dd3f85, `probe_catchup.py --pinned`), against 0.15 ms of
+# device time: the host launching a 4-layer forward op by op (21 Triton launches of 40-90 us).
+# Pinned speculation's first step after a prefill took 3.9-6.3 ms there, an adaptive engine's,
+# whose prompt fit the look runners (MAX_CHUNKS * 36 rows), 1.0-1.2 ms (611c80f). A chat
+# prompt is often longer than 144 tokens; 4 replays of 256 rows reach 1,024. Past 16 requests
+# a replay's padded rows and its host list of ids grow with the bucket, and a prefill seldom
+# brings that many new requests at once.
+PROMPT_WIDTH = 256
+PROMPT_MAX_BS = 16
 
 
 class HiddenRows(NamedTuple):
@@ -52,22 +66,29 @@ class ResumeCatchUp:
 
     @classmethod
     def build(cls, runner, graphs, cfg, round_width: int, target_hidden_size: int = 0):
-        """Catch-up-only round runners (captured with the draft's decode graphs) at the two
-        widths; None where speculation never pauses (EngineConfig.speculation_pauses)."""
+        """Catch-up-only round runners (captured with the draft's decode graphs): the prompt
+        runner, and where speculation pauses (EngineConfig.speculation_pauses) the two widths
+        for the positions plain steps passed."""
         from drafts.wiring import build_round_runner
         from specpcg.speculative.bucket import EXPLORE_EVERY
 
-        if not cfg.speculation_pauses:
-            return None
-        widths = sorted({2 * round_width, EXPLORE_EVERY + round_width})
-        return cls([build_round_runner(runner, graphs, cfg, 1, target_hidden_size, width=w)
-                    for w in widths])
+        widths = ({2 * round_width, EXPLORE_EVERY + round_width} if cfg.speculation_pauses
+                  else set())
+        runners = [build_round_runner(runner, graphs, cfg, 1, target_hidden_size, width=w)
+                   for w in sorted(widths - {PROMPT_WIDTH})]
+        runners.append(build_round_runner(runner, graphs, cfg, 1, target_hidden_size,
+                                          width=PROMPT_WIDTH, max_bs=PROMPT_MAX_BS))
+        return cls(runners)
+
+    def _usable(self, n: int) -> list:
+        """The runners with a captured batch size for n requests, narrowest first."""
+        return [r for r in self.runners if r.bucket(n) is not None]
 
     def fits(self, counts: list) -> bool:
         """Whether catching up `counts` positions per request takes at most MAX_CHUNKS
         replays of a captured batch size."""
-        return (bool(counts) and max(counts) <= MAX_CHUNKS * self.runners[-1].width
-                and self.runners[-1].bucket(len(counts)) is not None)
+        usable = self._usable(len(counts)) if counts else []
+        return bool(usable) and max(counts) <= MAX_CHUNKS * usable[-1].width
 
     def run(self, kv_cache, router, rows: list, first_pos: list, ids: list,
             hidden: Optional[HiddenRows] = None) -> None:
@@ -78,7 +99,8 @@ class ResumeCatchUp:
         left = [i for i, x in enumerate(ids) if x]
         while left:
             most = max(len(ids[i]) - done[i] for i in left)
-            rnd = next((r for r in self.runners if r.width >= most), self.runners[-1])
+            usable = self._usable(len(left))
+            rnd = next((r for r in usable if r.width >= most), usable[-1])
             take = [min(rnd.width, len(ids[i]) - done[i]) for i in left]
             part = [(rows[i], first_pos[i] + done[i], ids[i][done[i]:done[i] + k],
                      None if hidden is None else hidden.starts[i] + done[i])

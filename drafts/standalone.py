@@ -54,7 +54,7 @@ class StandaloneDraft(RoundDrafting, DraftWorker):
         self.sharded_path, self.shards = sharded_path, 1
         self.kv_cache = self.runner = self.router = self.graphs = None
         self.round = None  # DraftGraphRunner: a chain round's catch-up and steps, a graph each
-        self.resume = None  # drafts.resume.ResumeCatchUp: catching up after plain steps
+        self.resume = None  # drafts.resume.ResumeCatchUp: catching up on prompts, plain steps
         self._reqs: dict = {}  # rid -> _DraftReq
 
     @property

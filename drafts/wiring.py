@@ -60,21 +60,23 @@ def eager_rows(runner):
 
 
 def build_round_runner(runner, graphs, cfg, num_steps: int, target_hidden_size: int = 0,
-                       width: int = 0, round_slots: int = 0, add_kinds=None):
+                       width: int = 0, round_slots: int = 0, add_kinds=None, max_bs: int = 0):
     """A draft's round graphs over the same batch buckets as its decode graphs (captured into
     their pool), or, without decode graphs, the same bodies run eagerly. width: the most
     tokens a request's catch-up feeds (0: num_steps + 1, all a chain verify can accept);
     round_slots: see DraftGraphRunner; add_kinds(rnd): adds the draft's own kinds before
-    capture."""
+    capture; max_bs: only the buckets up to this many requests (0: all)."""
     from specpcg.graphs.draft_runner import DraftGraphRunner
 
     decode = graphs.decode
     kw = dict(width=width, round_slots=round_slots)
     if decode is None:
-        rnd = DraftGraphRunner(runner, [cfg.max_running_requests], num_steps, target_hidden_size,
+        most = min(cfg.max_running_requests, max_bs or cfg.max_running_requests)
+        rnd = DraftGraphRunner(runner, [most], num_steps, target_hidden_size,
                                eager_reason=graphs.decode_decision.reason, **kw)
     else:
-        rnd = DraftGraphRunner(runner, decode.buckets, num_steps, target_hidden_size,
+        buckets = [b for b in decode.buckets if not max_bs or b <= max_bs] or decode.buckets[:1]
+        rnd = DraftGraphRunner(runner, buckets, num_steps, target_hidden_size,
                                pool=decode.pool, show_progress=cfg.show_progress, **kw)
     if add_kinds is not None:
         add_kinds(rnd)

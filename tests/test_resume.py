@@ -82,19 +82,43 @@ def test_fits_caps_replays_and_batch_size():
     assert not rr.fits([])
 
 
-def test_resume_runners_are_built_wherever_speculation_pauses(monkeypatch):
-    """Adaptive speculation, or a batch cap with it pinned, puts plain steps between
-    speculative ones: both need the catch-up runners; pinned speculation with no cap never
-    pauses and builds none."""
+def test_the_prompt_runner_is_built_always_the_look_runners_where_speculation_pauses(
+        monkeypatch):
+    """Every speculating engine catches its draft up on new prompts: the prompt runner is
+    built pinned or not, over batches of up to PROMPT_MAX_BS requests. Adaptive speculation,
+    or a batch cap with it pinned, puts plain steps between speculative ones: only they add
+    the two look widths."""
     import drafts.wiring as wiring
     from specpcg.config import EngineConfig
 
     built = []
     monkeypatch.setattr(wiring, "build_round_runner",
-                        lambda *a, width, **k: built.append(width) or _Runner(width=width))
-    for kw, builds in (({}, True), ({"disable_adaptive_speculation": True}, False),
-                       ({"disable_adaptive_speculation": True,
-                         "speculative_disable_by_batch_size": 16}, True)):
+                        lambda *a, width, max_bs=0, **k: built.append((width, max_bs))
+                        or _Runner(width=width, max_bs=max_bs or 64))
+    prompt = (resume.PROMPT_WIDTH, resume.PROMPT_MAX_BS)
+    for kw, looks in (({}, True), ({"disable_adaptive_speculation": True}, False),
+                      ({"disable_adaptive_speculation": True,
+                        "speculative_disable_by_batch_size": 16}, True)):
         built.clear()
         got = resume.ResumeCatchUp.build(None, None, EngineConfig(**kw), round_width=4)
-        assert (got is not None) == builds == bool(built), kw
+        assert built == ([(8, 0), (36, 0)] if looks else []) + [prompt], kw
+        assert [r.width for r in got.runners] == [w for w, _ in built], kw
+
+
+def test_a_catch_up_takes_only_runners_captured_for_its_batch(monkeypatch):
+    """The prompt runner serves up to its own batch size: a long catch-up of a few requests
+    takes it (fewer replays), one of more requests the look runners, and one too long for
+    those goes eager (fits is False)."""
+    calls = []
+    monkeypatch.setattr(resume, "_replay",
+                        lambda rnd, kv, part, flat: calls.append((rnd.width, len(part))))
+    rr = resume.ResumeCatchUp([_Runner(width=36, max_bs=8), _Runner(width=8, max_bs=8),
+                               _Runner(width=256, max_bs=2)])
+    assert rr.fits([300, 5]) and not rr.fits([300, 5, 5])
+    assert rr.fits([100, 5, 5]) and not rr.fits([145, 5, 5])
+    rr.run(None, _Router(), [1, 2], [0, 0], [list(range(300)), [1] * 5])
+    assert calls == [(256, 2), (256, 1)]  # 256 of 300 with the short one, then the last 44
+    calls.clear()
+    rr.run(None, _Router(), [1, 2, 3], [0, 0, 0], [list(range(100)), [1] * 5, [2] * 5])
+    # 36 for all three, then the long one's last 64 alone: the prompt runner takes it whole.
+    assert calls == [(36, 3), (256, 1)]

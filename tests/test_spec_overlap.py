@@ -323,3 +323,58 @@ def _count_steps_of(engine) -> tuple:
     s.spec_overlap.step = lambda: overlapped.append(1) or ov_step()
     s.spec.step = lambda reqs: sync.append(1) or loop_step(reqs)
     return overlapped, sync
+
+
+@needs_interpreter
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("algo", ["STANDALONE", "EAGLE3"])
+def test_new_prompts_catch_up_in_the_prompt_runners_replays(world, algo, adaptive):
+    """The first speculative step after a prefill catches the draft up on the new prompts in
+    the prompt runner's replays (drafts/resume.py), pinned or adaptive, a prompt of 180
+    tokens too (past the look runners' reach), where pinned speculation ran one eager forward:
+    no eager catch-up runs, and on the exact target every verify still accepts all its drafts
+    (the replays fed the draft every prompt position, in place)."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from drafts.resume import PROMPT_WIDTH
+    from tests.eagle_world import _exact_outputs_all_accepted
+
+    draft = world.exact if algo == "STANDALONE" else world.heads[algo]
+    engine = _engine(world.exact, algo, draft, attention_backend="triton",
+                     disable_adaptive_speculation=not adaptive)
+    if adaptive:
+        from tests.test_adaptive_engine import Stretches
+
+        engine.scheduler.adaptive = Stretches(0)  # every step speculates
+    d = engine.scheduler.spec.draft
+    prompt_runner = [r for r in d.resume.runners if r.width == PROMPT_WIDTH]
+    assert len(prompt_runner) == 1 and len(d.resume.runners) == (3 if adaptive else 1)
+    replays, eager = [], []
+    run = prompt_runner[0].catch_up
+    prompt_runner[0].catch_up = lambda *a: replays.append(a[0]) or run(*a)
+    if algo == "STANDALONE":
+        forward = d._forward
+        d._forward = lambda mode, *a: (eager.append(mode) if mode.name == "DRAFT_EXTEND"
+                                       else None) or forward(mode, *a)
+    else:
+        eager_catch_up = d._eager_catch_up
+        d._eager_catch_up = lambda *a: eager.append(1) or eager_catch_up(*a)
+    long_prompt = world.subset[torch.randint(0, len(world.subset), (180,),
+                                             generator=torch.Generator().manual_seed(5))]
+    few = SimpleNamespace(pi=world.pi, prompts=world.prompts[:3] + [long_prompt.tolist()],
+                          params=world.params[:3] + [{"max_new_tokens": 12, "temperature": 0}])
+    _exact_outputs_all_accepted(few, engine)
+    assert replays and not eager, (replays, eager)
+    # bench_adaptive's *-eager-prompts systems: the same engine without the prompt runner.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_adaptive
+
+    bench_adaptive.eager_prompts(engine)
+    replays.clear()
+    _exact_outputs_all_accepted(few, engine)
+    assert eager and not replays, (replays, eager)
+    _check_no_leak(engine)
