@@ -50,13 +50,23 @@ EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-b
 CAP = 63
 
 
+# Prompts are the first of one pool of at least this many, whatever the largest batch of a run.
+# NOTE: drawn for each run's largest batch, a batch of 1 ran another prompt in every run, and
+# its cells differed by more than any change measured: the default command's STANDALONE draft
+# ran pinned at 1.18-1.24x no-spec up to batch 64 (d14091e), 0.97x up to batch 4 (611c80f), and
+# about 1.25x as the only batch (probe_adaptive_steps, 611c80f; one H200).
+PROMPT_POOL = 64
+
+
 def prompts_for(engine, num: int, prompt_len: int) -> list:
-    """`num` prompts as token ids: held-out chat turns, or repeated ids without a tokenizer."""
+    """`num` prompts as token ids (the first of PROMPT_POOL or more): held-out chat turns, or
+    repeated ids without a tokenizer."""
+    pool = max(num, PROMPT_POOL)
     if engine.tokenizer is not None:
         from drafts.data import heldout_samples
         from drafts.distill import first_prompts
 
-        return first_prompts(heldout_samples("sharegpt", 4 * num), engine.tokenizer, num)
+        return first_prompts(heldout_samples("sharegpt", 4 * pool), engine.tokenizer, pool)[:num]
     from accept_prompts import repeated_id_prompts
 
     return repeated_id_prompts(num, prompt_len, 16, engine.model_config.vocab_size)

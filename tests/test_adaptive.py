@@ -354,6 +354,31 @@ def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
     assert [len(out) for out in batches["pinned"]] == [2] * 4  # every timed batch's outputs
 
 
+def test_bench_adaptive_draws_every_batch_from_one_pool(monkeypatch):
+    """A batch of n runs the first n prompts of the same pool whatever the run's largest batch:
+    drawn per largest batch, a batch of 1 ran another prompt in every run."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_adaptive
+    import drafts.data
+    import drafts.distill
+
+    drawn = []
+    monkeypatch.setattr(drafts.data, "heldout_samples",
+                        lambda spec, num: drawn.append(num) or list(range(num)))
+    monkeypatch.setattr(drafts.distill, "first_prompts",
+                        lambda samples, tok, num: [[s] for s in samples[::3]][:num])
+    engine = SimpleNamespace(tokenizer=object())
+    small, large = (bench_adaptive.prompts_for(engine, n, 128) for n in (1, 16))
+    assert len(small) == 1 and len(large) == 16 and small == large[:1]
+    assert drawn == [4 * bench_adaptive.PROMPT_POOL] * 2
+    bigger = bench_adaptive.prompts_for(engine, 100, 128)  # past the pool: a pool of its own
+    assert len(bigger) == 100 and drawn[-1] == 400
+
+
 def test_bench_adaptive_caps_only_its_capped_system():
     import sys
     from pathlib import Path
