@@ -30,8 +30,9 @@ from specpcg.transfer import to_device
 MAX_CHUNKS = 4  # replays per catch-up before one eager forward is cheaper
 # The prompt runner's rows per request, and the most new requests it takes in one replay. NOTE:
 # eagerly, a STANDALONE draft's catch-up on one new prompt of 67 tokens took 3.4 ms at batch 1
-# and 4.6 ms for 16 prompts (H200, 2dd3f85, `probe_catchup.py --pinned`), against 0.15 ms of
-# device time: the host launching a 4-layer forward op by op (21 Triton launches of 40-90 us).
+# and 4.6 ms for 16 prompts (H200, 2dd3f85, `probe_catchup.py --pinned`), with 0.15 ms of
+# device kernels: the host launching a 4-layer forward op by op (under cProfile its 21 Triton
+# launches took 1.8 of 7.3 ms).
 # Pinned speculation's first step after a prefill took 3.9-6.3 ms there, an adaptive engine's,
 # whose prompt fit the look runners (MAX_CHUNKS * 36 rows), 1.0-1.2 ms (611c80f). A chat
 # prompt is often longer than 144 tokens; 4 replays of 256 rows reach 1,024. Past 16 requests
