@@ -33,7 +33,7 @@ MAX_CHUNKS = 4  # replays per catch-up before one eager forward is cheaper
 # and 4.6 ms for 16 prompts (H200, 2dd3f85, `probe_catchup.py --pinned`), with 0.15 ms of
 # device kernels: the host launching a 4-layer forward op by op (under cProfile its 21 Triton
 # launches took 1.8 of 7.3 ms).
-# Pinned speculation's first step after a prefill took 3.9-6.3 ms there, an adaptive engine's,
+# Pinned speculation's first step after a prefill took 3.9-6.4 ms there, an adaptive engine's,
 # whose prompt fit the look runners (MAX_CHUNKS * 36 rows), 1.0-1.2 ms (611c80f). A chat
 # prompt is often longer than 144 tokens; 4 replays of 256 rows reach 1,024. Past 16 requests
 # a replay's padded rows and its host list of ids grow with the bucket, and a prefill seldom
