@@ -43,10 +43,13 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # switch flushes left uncounted (`unflushed`); and "adaptive-min16": the finish estimate's
 # priors from 16 finished requests on (`min16`); and "pinned-eager-prompts" and
 # "adaptive-eager-prompts": without the prompt runner, a new prompt's catch-up one eager
-# forward where the look runners do not reach (`eager_prompts`).
+# forward where the look runners do not reach (`eager_prompts`); and "adaptive-unplaced": a
+# batch of one measured as any other batch, blind to where in its answer the request is
+# (`unplaced`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
                  "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed",
-                 "adaptive-min16", "pinned-eager-prompts", "adaptive-eager-prompts")
+                 "adaptive-min16", "pinned-eager-prompts", "adaptive-eager-prompts",
+                 "adaptive-unplaced")
 CAP = 63
 
 
@@ -115,13 +118,13 @@ def rates_only(engine) -> None:
     """The engine's adaptive controller without the finish estimate (adaptive-rate)."""
     adaptive = engine.scheduler.adaptive
     choose = adaptive.use_spec
-    adaptive.use_spec = lambda batch_size, finish=None, behind=None: choose(batch_size, None,
-                                                                             behind)
+    adaptive.use_spec = lambda batch_size, finish=None, behind=None, position=None: choose(
+        batch_size, None, behind, position)
 
 
 def plain_only(engine) -> None:
     """The engine's adaptive controller choosing plain steps at every step (plain)."""
-    engine.scheduler.adaptive.use_spec = lambda batch_size, finish=None, behind=None: False
+    engine.scheduler.adaptive.use_spec = lambda *args, **kwargs: False
 
 
 def untold_lag(engine) -> None:
@@ -130,7 +133,8 @@ def untold_lag(engine) -> None:
     not run on."""
     adaptive = engine.scheduler.adaptive
     choose = adaptive.use_spec
-    adaptive.use_spec = lambda batch_size, finish=None, behind=None: choose(batch_size, finish)
+    adaptive.use_spec = lambda batch_size, finish=None, behind=None, position=None: choose(
+        batch_size, finish, None, position)
 
 
 def finish_recent8(engine) -> None:
@@ -183,11 +187,17 @@ def eager_prompts(engine) -> None:
     draft.resume = ResumeCatchUp(keep) if keep else None
 
 
+def unplaced(engine) -> None:
+    """A batch of one's speculation measured over its whole answers, as before
+    `Bucket.place` (adaptive-unplaced), and chosen on the finish estimate when nothing waits."""
+    engine.scheduler.adaptive.place_batch_of_one = False
+
+
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
          "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
          "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,
-         "adaptive-eager-prompts": eager_prompts}
+         "adaptive-eager-prompts": eager_prompts, "adaptive-unplaced": unplaced}
 
 
 def switch_counts(engine) -> Counter:

@@ -114,9 +114,9 @@ def wrap_use_spec(ctrl, log: list) -> None:
     where the controller counted it for this step."""
     use_spec = ctrl.use_spec
 
-    def used(batch_size, finish=None, behind=None):
+    def used(batch_size, finish=None, behind=None, position=None):
         before = Counter(ctrl.switched)
-        spec = use_spec(batch_size, finish, behind)
+        spec = use_spec(batch_size, finish, behind, position)
         b = ctrl._buckets[bucket_of(batch_size)]
         why = [why for (_, why), n in (ctrl.switched - before).items() if n]
         log.append({"kind": "use", "bs": batch_size, "spec": spec, "why": why[0] if why else None,

@@ -42,7 +42,7 @@ def script_choices(engine, plain: int, spec: int) -> None:
     """The engine speculates `spec` steps after every `plain` plain ones, whatever it measures
     (the controller still records every step)."""
     pattern = itertools.cycle([False] * plain + [True] * spec)
-    engine.scheduler.adaptive.use_spec = lambda batch_size, finish=None, behind=None: next(pattern)
+    engine.scheduler.adaptive.use_spec = lambda *args, **kwargs: next(pattern)
 
 
 def _sync(device) -> None:

@@ -27,7 +27,7 @@ finish estimate when nothing waits, over each request's last N shadow verifies.
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
         [--shadow-finish N] [--catch-up A_MS B_US [--untold-lag] [--prompt-len N]]
-        [--rates h100-nextn|h200-weak-eagle3] [--sequence]
+        [--rates h100-nextn|h200-weak-eagle3] [--sequence] [--unplaced]
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ CATCH_UP = None  # --catch-up: (seconds, seconds per position) of a switch into 
 # engine tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last
 # speculative one, as before the engine counted the prompts.
 TELL_LAG = True
+# A batch of one's request's output position goes to the controller, as the engine hands it
+# (`AdaptiveSpeculation.use_spec`); --unplaced: not, as before `Bucket.place`.
+PLACE = True
 
 
 def step_seconds(spec: bool, batch: int) -> float:
@@ -161,7 +164,8 @@ def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
         return policy == "spec"
     finish = Finish.of(running, remaining=tuple(new_tokens - r.out for r in running))
     behind = sum(r.behind for r in running) if CATCH_UP is not None and TELL_LAG else None
-    return ctrl.use_spec(len(running), finish, behind)
+    position = running[0].out if len(running) == 1 and PLACE else None
+    return ctrl.use_spec(len(running), finish, behind, position)
 
 
 def switch_seconds(spec: bool, last, running: list) -> float:
@@ -317,7 +321,7 @@ def render_plot(records: list, path) -> None:
 
 
 def main(argv=None) -> None:
-    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN
+    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
     p.add_argument("--alphas", type=float, nargs="+", default=[0.7],
@@ -345,6 +349,8 @@ def main(argv=None) -> None:
                    help="with --catch-up, the positions a new request's draft misses")
     p.add_argument("--untold-lag", action="store_true",
                    help="with --catch-up, the controller counts only plain steps' positions")
+    p.add_argument("--unplaced", action="store_true",
+                   help="a batch of one's output position not handed to the controller")
     p.add_argument("--sequence", action="store_true",
                    help="--batches in order on one controller, one untimed and two timed "
                         "batches each (bench_adaptive's engine)")
@@ -354,7 +360,7 @@ def main(argv=None) -> None:
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
         CATCH_UP = (args.catch_up[0] / 1e3, args.catch_up[1] / 1e6)
-    TELL_LAG = not args.untold_lag
+    TELL_LAG, PLACE = not args.untold_lag, not args.unplaced
     if args.calibrate:
         STEP_S, ALPHAS = calibrate(args.calibrate)
         args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
@@ -376,7 +382,7 @@ def main(argv=None) -> None:
                       "sequence": args.sequence,
                       "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
                       "lag_told": bool(args.catch_up) and TELL_LAG, "rates": args.rates,
-                      "prompt_len": PROMPT_LEN,
+                      "prompt_len": PROMPT_LEN, "placed": PLACE,
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,

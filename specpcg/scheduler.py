@@ -150,7 +150,9 @@ class Scheduler:
             # Nothing waiting: the running batch is all there is, so finishing it is the goal.
             finish = None if self.waiting else (lambda: Finish.of(self.running))
             behind = partial(self.spec.draft.catch_up_positions, self.running)
-            self._speculate = not capped and self.adaptive.use_spec(bs, finish, behind)
+            # Where a batch of one is in its answer (shadow verifies follow that themselves).
+            position = len(self.running[0].output_ids) if bs == 1 and self.shadow is None else None
+            self._speculate = not capped and self.adaptive.use_spec(bs, finish, behind, position)
         return self._speculate
 
     def _guarded(self, carried: list, run) -> list:

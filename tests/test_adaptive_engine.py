@@ -18,7 +18,7 @@ class _Recorder:
         self.spec, self.records, self.interrupts, self.seconds = spec, [], 0, []
         self.ended, self.flushes = [], []
 
-    def use_spec(self, batch_size, finish=None, behind=None):
+    def use_spec(self, batch_size, finish=None, behind=None, position=None):
         return self.spec
 
     def record(self, batch_size, spec, tokens, seconds):
@@ -100,7 +100,7 @@ class _SpecThenPlain(_Recorder):
         super().__init__(True)
         self.asked = 0
 
-    def use_spec(self, batch_size, finish=None, behind=None):
+    def use_spec(self, batch_size, finish=None, behind=None, position=None):
         self.asked += 1
         return self.asked <= 2
 
@@ -133,7 +133,7 @@ class Alternating(AdaptiveSpeculation):
         super().__init__()
         self.turn = 0
 
-    def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
+    def use_spec(self, batch_size: int, finish=None, behind=None, position=None) -> bool:
         self.turn += 1
         return self.turn % 2 == 1
 
@@ -160,7 +160,7 @@ class Stretches(AdaptiveSpeculation):
         super().__init__()
         self.plain, self.turn = plain, -1
 
-    def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
+    def use_spec(self, batch_size: int, finish=None, behind=None, position=None) -> bool:
         self.turn += 1
         return self.turn % (self.plain + 1) == 0
 
@@ -317,7 +317,7 @@ class _LagRecorder(_Recorder):
         super().__init__(spec)
         self.scheduler, self.lags = scheduler, []
 
-    def use_spec(self, batch_size, finish=None, behind=None):
+    def use_spec(self, batch_size, finish=None, behind=None, position=None):
         self.lags.append((behind(), [r.seq_len for r in self.scheduler.running]))
         return self.spec
 
@@ -349,13 +349,14 @@ def test_the_controller_is_told_the_drafts_whole_lag_prompts_included(world, alg
 
 @pytest.mark.parametrize("hold", ["adaptive-rate", "plain", "adaptive-untold",
                                   "adaptive-symmetric", "adaptive-unflushed",
-                                  "adaptive-min16"])
+                                  "adaptive-min16", "adaptive-unplaced"])
 def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     """bench_adaptive's systems that wrap the controller's use_spec are called as the
     scheduler calls it; adaptive-untold alone keeps the draft's lag from the controller;
     adaptive-symmetric's buckets want speculation SWITCH_MARGIN faster to switch into it;
     adaptive-unflushed's controller leaves flushed steps uncounted; adaptive-min16's wants 16
-    finished requests for its priors."""
+    finished requests for its priors; adaptive-unplaced's measures a batch of one blind to
+    where its request is."""
     import sys
     from pathlib import Path
 
@@ -365,8 +366,8 @@ def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     engine = _engine(world.noisy, "STANDALONE", world.exact, disable_adaptive_speculation=False)
     adaptive, told = engine.scheduler.adaptive, []
     choose = adaptive.use_spec
-    adaptive.use_spec = lambda bs, finish=None, behind=None: told.append(behind) or choose(
-        bs, finish, behind)
+    adaptive.use_spec = lambda bs, finish=None, behind=None, position=None: told.append(
+        behind) or choose(bs, finish, behind, position)
     bench_adaptive.HOLDS[hold](engine)
     outs = engine.generate(input_ids=world.prompts[:3], sampling_params=world.params[:3])
     assert all(len(o["output_ids"]) > 1 for o in outs)
@@ -378,3 +379,4 @@ def test_bench_adaptives_holds_take_what_the_scheduler_passes(world, hold):
     assert margins == ({SWITCH_MARGIN} if hold == "adaptive-symmetric" else {-SPEC_HOME})
     assert adaptive.count_flushed == (hold != "adaptive-unflushed")
     assert adaptive.min_accepts == (16 if hold == "adaptive-min16" else MIN_ACCEPTS)
+    assert adaptive.place_batch_of_one == (hold != "adaptive-unplaced")

@@ -51,7 +51,7 @@ class _Look(_Recorder):
         super().__init__(False)
         self.plain, self.spec_steps, self.turn = plain, spec, -1
 
-    def use_spec(self, batch_size, finish=None, behind=None):
+    def use_spec(self, batch_size, finish=None, behind=None, position=None):
         self.turn += 1
         return self.turn % (self.plain + self.spec_steps) >= self.plain
 

@@ -218,7 +218,7 @@ def test_chains_cut_short_emit_the_plain_tokens(world, plain, algo, monkeypatch)
 
     # Adaptive (the depth ladder's widths are captured), speculating at every step.
     monkeypatch.setattr(AdaptiveSpeculation, "use_spec",
-                        lambda self, n, finish=None, behind=None: True)
+                        lambda self, *args, **kwargs: True)
     widths = []
 
     def cycle(self, bs):

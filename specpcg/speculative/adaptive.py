@@ -50,6 +50,18 @@ average, that controller ran 1.10x (1.02x at worst); with windows 1.39x (1.11x a
 For the same reason the wait between looks grows only once the other side's window is full,
 or, from batch CONFIRM_MIN_BATCH on, once its steps lose by more than their own spread.
 
+A batch of one measures speculation per stretch of its request's output (bucket.place_of: the
+first 16 tokens, then stretches doubling in length), its accept length shrunk toward every
+stretch's (rates.PlacedRate), and chooses on those rates alone: with one request the finish
+estimate is the rates' comparison, over an accept length blind to where in the answer the
+request is. A draft's acceptance changes along an answer: the default command's STANDALONE
+draft took 1.5 tokens a verify over a chat answer's first 4 verifies and 2.40 over all 53
+(H200, d14091e), where a verify paid above 1.9; a warm-up and the looks measured speculation
+at the answers' starts, and the adaptive engine decoded plain at 0.96-0.98x no-spec while
+pinned speculation ran 1.18-1.24x. Simulated with acceptance rising along each answer, the
+position-blind controller ran 0.84-0.98 of the faster pinned side, this one 0.95-1.02
+(`sim_adaptive.py --growth`; rates.PLACE_PRIOR_STEPS has the figures).
+
 NGRAM needs no looks to know its accept length: shadow verifies price its speculative side
 (specpcg/speculative/shadow.py says how, and why on rates alone).
 
@@ -126,20 +138,29 @@ class AdaptiveSpeculation:
         # Finished requests needed before their accept lengths are the finish estimate's priors
         # (finish.MIN_ACCEPTS; 16 as before, bench_adaptive's adaptive-min16).
         self.min_accepts = MIN_ACCEPTS
+        # False: a batch of one measured as any other, blind to where its request's output is
+        # (bench_adaptive's adaptive-unplaced).
+        self.place_batch_of_one = True
 
-    def use_spec(self, batch_size: int, finish=None, behind=None) -> bool:
+    def use_spec(self, batch_size: int, finish=None, behind=None,
+                 position: Optional[int] = None) -> bool:
         """Whether the next step of a running batch of this size should speculate. finish:
         given when no request is waiting (module docstring): a Finish, or a function that makes
         one, called only on the steps that re-choose (REDECIDE_EVERY). behind: the positions a
         switch into speculation would catch the draft up on (`DraftWorker.catch_up_positions`),
         or a function that counts them, called only on the steps that price a switch; None:
-        the plain steps since the last speculative one times the batch size."""
+        the plain steps since the last speculative one times the batch size. position: a batch
+        of one's output tokens so far, where no shadow verifies measure the draft (module
+        docstring)."""
         key = bucket_of(batch_size)
         b = self._bucket(key)
         self._behind = behind
         self._arrived = self._last_key not in (None, key)
         if self._shadow is not None:
             b.shadow = self._shadow
+        elif position is not None and batch_size == 1 and self.place_batch_of_one:
+            b.place(position)
+            finish = None  # one request: the rates, at its place in the answer
         if b.shadowed and self.shadow_rates_only:
             finish = None  # rates alone (module docstring), at a batch's tail too
         if self._interrupted:  # not measured: it spends no warm-up step and no look

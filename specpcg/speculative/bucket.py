@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from specpcg.speculative.finish import Finish, finish_seconds
-from specpcg.speculative.rates import Rate
+from specpcg.speculative.rates import PlacedRate, Rate
 from specpcg.speculative.switches import SwitchCosts
 
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
@@ -42,6 +42,9 @@ LOOK_CLOSE = 0.10
 # 0.971x with SWITCH_MARGIN side by side (H200, 5276c67, README). Simulated (H200 weak-head
 # rates, 60 cells): 0.977 -> 0.980 of the faster pinned side; with shadow verifies it lost.
 SPEC_HOME = 0.03
+# A batch of one measures speculation per stretch of its request's output: its first
+# PLACE_TOKENS tokens, then stretches twice as long as the one before (`place_of`).
+PLACE_TOKENS = 16
 
 
 @dataclass
@@ -66,6 +69,20 @@ class Bucket:
     shadow: Optional[float] = None
     look_close: float = LOOK_CLOSE  # the controller's (AdaptiveSpeculation.look_close)
     into_spec: float = -SPEC_HOME  # the controller's (AdaptiveSpeculation.into_spec)
+    # A batch of one's speculative rate per stretch of its output (`place`), and every
+    # stretch's steps together (the bucket's own rate before its first place).
+    places: dict = field(default_factory=dict)
+    every_place: Optional[Rate] = None
+
+    def place(self, position: int) -> None:
+        """Speculation's rate from this step on is that of the stretch of output `position` (a
+        batch of one's output tokens so far) falls in (specpcg/speculative/adaptive.py)."""
+        if self.every_place is None:
+            self.every_place = self.spec
+        key = place_of(position)
+        if key not in self.places:
+            self.places[key] = PlacedRate(self.every_place)
+        self.spec = self.places[key]
 
     def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
@@ -199,6 +216,12 @@ def _per_bucket(step_s):
             known[key] = step_s(size)
         return known[key]
     return ask
+
+
+def place_of(position: int) -> int:
+    """The stretch of an output a position falls in: 0 for its first PLACE_TOKENS tokens, then
+    one more at each doubling."""
+    return (position // PLACE_TOKENS).bit_length()
 
 
 def bucket_of(batch_size: int) -> int:

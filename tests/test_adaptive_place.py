@@ -1,0 +1,132 @@
+"""Adaptive speculation for a batch of one, by where its request is in its answer
+(`Bucket.place`, `PlacedRate`): a draft's acceptance changes along an answer, and a batch of one
+measures speculation per stretch of its output."""
+
+import pytest
+
+from specpcg.speculative.adaptive import AdaptiveSpeculation
+from specpcg.speculative.bucket import PLACE_TOKENS, bucket_of, place_of
+from specpcg.speculative.finish import Finish
+from specpcg.speculative.rates import PLACE_PRIOR_STEPS, PlacedRate, Rate
+from tests.eagle_world import _engine, world  # noqa: F401
+
+SPEC_S, PLAIN_S = 1.0e-3, 0.6e-3  # a verify's seconds and a plain step's
+
+
+def _answer(ctrl, placed: bool, late_from: int, tokens: int = 128) -> tuple:
+    """One request alone, asked as the scheduler asks (nothing waits: a finish estimate): each
+    verify accepts nothing before output position `late_from` and 3 drafts from there. Returns
+    (seconds, the side of each step from late_from on)."""
+    pos = verifies = spec_tokens = 0
+    seconds, late = 0.0, []
+    while pos < tokens:
+        finish = Finish(remaining=(tokens - pos,), spec_tokens=(spec_tokens,),
+                        verifies=(verifies,))
+        spec = ctrl.use_spec(1, finish, None, pos if placed else None)
+        got = min(4 if spec and pos >= late_from else 1, tokens - pos)
+        if spec:
+            verifies, spec_tokens = verifies + 1, spec_tokens + got
+        if pos >= late_from:
+            late.append(spec)
+        step = SPEC_S if spec else PLAIN_S
+        ctrl.record(1, spec, got, step)
+        pos, seconds = pos + got, seconds + step
+    ctrl.interrupt()  # the next request's prefill
+    return seconds, late
+
+
+def _answers(placed: bool, late_from: int, n: int = 8) -> list:
+    ctrl = AdaptiveSpeculation()
+    return [_answer(ctrl, placed, late_from) for _ in range(n)]
+
+
+def test_a_batch_of_one_speculates_where_its_answer_accepts():
+    """Verifies accept nothing in an answer's first half and pay 2.4x plain steps in its
+    second. Blind to the place, the controller measures speculation over both halves, mostly
+    the first, and decodes plain through the second half of every answer after the first;
+    placed, it speculates through most of every later answer's second half and runs its answers over
+    15% sooner."""
+    placed, blind = _answers(True, 64), _answers(False, 64)
+    spec_late = [sum(late) / len(late) for _, late in placed[2:]]
+    assert min(spec_late) >= 0.8 and spec_late[-4:] == [1.0] * 4, spec_late
+    assert sum(sum(late) for _, late in blind[2:]) <= 4, [sum(x) for _, x in blind]
+    assert sum(s for s, _ in placed[2:]) < 0.85 * sum(s for s, _ in blind[2:])
+
+
+@pytest.mark.parametrize("late_from", [0, 10 ** 9], ids=["always pays", "never pays"])
+def test_placing_a_batch_of_one_costs_nothing_where_acceptance_is_steady(late_from):
+    """A draft that pays anywhere, or nowhere: the placed controller runs within 0.5% of the
+    blind one (a place no step measured takes every place's rate, so it costs no warm-up)."""
+    placed = sum(s for s, _ in _answers(True, late_from))
+    blind = sum(s for s, _ in _answers(False, late_from))
+    assert placed <= 1.005 * blind, (placed, blind)
+
+
+def test_places_are_stretches_of_output_doubling_in_length():
+    assert [place_of(p) for p in (0, PLACE_TOKENS - 1)] == [0, 0]
+    assert [place_of(p) for p in (PLACE_TOKENS, 2 * PLACE_TOKENS - 1)] == [1, 1]
+    assert [place_of(p) for p in (2 * PLACE_TOKENS, 4 * PLACE_TOKENS - 1)] == [2, 2]
+    assert place_of(4 * PLACE_TOKENS) == 3
+
+
+def test_a_places_accept_length_is_shrunk_toward_every_places():
+    """A place without steps takes every place's accept length; with n steps of its own, their
+    mean weighs n against PLACE_PRIOR_STEPS; the step time is every place's."""
+    every = Rate()
+    early, late = PlacedRate(every), PlacedRate(every)
+    for _ in range(PLACE_PRIOR_STEPS):
+        early.add(1.0, SPEC_S)
+    assert late.per_req == pytest.approx(1.0) and late.step_s == pytest.approx(SPEC_S)
+    for _ in range(PLACE_PRIOR_STEPS):
+        late.add(4.0, 2 * SPEC_S)
+    # every place's mean is 2.5; late's own 4.0, with as many steps as the prior's weight
+    assert every.per_req == pytest.approx(2.5)
+    assert late.per_req == pytest.approx((4.0 + 2.5) / 2)
+    assert early.per_req == pytest.approx((1.0 + 2.5) / 2)
+    assert late.step_s == early.step_s == every.step_s
+    assert late.tok_s == pytest.approx(late.per_req / every.step_s)
+    assert late.steps == early.steps == 2 * PLACE_PRIOR_STEPS  # every place's, for the warm-up
+
+
+def test_only_a_batch_of_one_is_placed_and_the_unplaced_hold_turns_it_off():
+    ctrl = AdaptiveSpeculation()
+    ctrl.use_spec(1, None, None, 40)
+    ctrl.use_spec(2, None, None, None)
+    assert set(ctrl._buckets[1].places) == {place_of(40)}
+    assert not ctrl._buckets[bucket_of(2)].places
+    blind = AdaptiveSpeculation()
+    blind.place_batch_of_one = False
+    blind.use_spec(1, None, None, 40)
+    assert not blind._buckets[1].places
+
+
+class _Told(AdaptiveSpeculation):
+    """The engine's controller, keeping each step's batch size, the position it is told and
+    the running request's output length."""
+
+    def __init__(self, scheduler):
+        super().__init__()
+        self.scheduler, self.told = scheduler, []
+
+    def use_spec(self, batch_size, finish=None, behind=None, position=None):
+        first = self.scheduler.running[0]
+        self.told.append((batch_size, position, len(first.output_ids)))
+        return super().use_spec(batch_size, finish, behind, position)
+
+
+@pytest.mark.parametrize("algo", ["STANDALONE", "NGRAM"])
+def test_the_scheduler_tells_a_batch_of_one_where_its_request_is(world, algo):  # noqa: F811
+    """A batch of one is told its request's output length; a larger batch nothing; NGRAM's
+    batches nothing (shadow verifies measure its draft along the answer)."""
+    draft = world.exact if algo == "STANDALONE" else None
+    engine = _engine(world.noisy, algo, draft, disable_adaptive_speculation=False)
+    ctrl = engine.scheduler.adaptive = _Told(engine.scheduler)
+    engine.generate(input_ids=world.prompts[0], sampling_params=world.params[0])
+    engine.generate(input_ids=world.prompts[:2], sampling_params=world.params[:2])
+    ones = [t for t in ctrl.told if t[0] == 1]
+    assert ones and any(t[0] > 1 for t in ctrl.told)
+    assert all(position is None for bs, position, _ in ctrl.told if bs > 1)
+    if algo == "NGRAM":
+        assert all(position is None for _, position, _ in ones)
+    else:
+        assert all(position == out for _, position, out in ones)
