@@ -35,8 +35,8 @@ def _answer(ctrl, placed: bool, late_from: int, tokens: int = 128) -> tuple:
     return seconds, late
 
 
-def _answers(placed: bool, late_from: int, n: int = 8) -> list:
-    ctrl = AdaptiveSpeculation()
+def _answers(placed: bool, late_from: int, n: int = 8, ctrl=None) -> list:
+    ctrl = ctrl or AdaptiveSpeculation()
     return [_answer(ctrl, placed, late_from) for _ in range(n)]
 
 
@@ -56,10 +56,13 @@ def test_a_batch_of_one_speculates_where_its_answer_accepts():
 @pytest.mark.parametrize("late_from", [0, 10 ** 9], ids=["always pays", "never pays"])
 def test_placing_a_batch_of_one_costs_nothing_where_acceptance_is_steady(late_from):
     """A draft that pays anywhere, or nowhere: the placed controller runs within 0.5% of the
-    blind one (a place no step measured takes every place's rate, so it costs no warm-up)."""
-    placed = sum(s for s, _ in _answers(True, late_from))
-    blind = sum(s for s, _ in _answers(False, late_from))
+    blind one and looks no more often (a place no step measured takes every place's rate, so
+    it costs no warm-up, and its looks confirm on every place's window)."""
+    ctrls = AdaptiveSpeculation(), AdaptiveSpeculation()
+    placed = sum(s for s, _ in _answers(True, late_from, ctrl=ctrls[0]))
+    blind = sum(s for s, _ in _answers(False, late_from, ctrl=ctrls[1]))
     assert placed <= 1.005 * blind, (placed, blind)
+    assert ctrls[0].switches()["look"] <= ctrls[1].switches()["look"]
 
 
 def test_places_are_stretches_of_output_doubling_in_length():

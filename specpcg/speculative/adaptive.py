@@ -59,8 +59,10 @@ draft took 1.5 tokens a verify over a chat answer's first 4 verifies and 2.40 ov
 (H200, d14091e), where a verify paid above 1.9; a warm-up and the looks measured speculation
 at the answers' starts, and the adaptive engine decoded plain at 0.96-0.98x no-spec while
 pinned speculation ran 1.18-1.24x. Simulated with acceptance rising along each answer, the
-position-blind controller ran 0.84-0.98 of the faster pinned side, this one 0.95-1.02
-(`sim_adaptive.py --growth`; rates.PLACE_PRIOR_STEPS has the figures).
+position-blind controller ran 0.84-0.99 of the faster pinned side, this one 0.95-1.02
+(`sim_adaptive.py --growth`; rates.PLACE_PRIOR_STEPS has the figures). Side by side on an
+H200 (4649a57, bench_adaptive's adaptive-unplaced), that draft at batch 1 ran 1.22-1.25x
+no-spec in 5 of 5 rounds where the blind controller began a run at 0.96x.
 
 NGRAM needs no looks to know its accept length: shadow verifies price its speculative side
 (specpcg/speculative/shadow.py says how, and why on rates alone).

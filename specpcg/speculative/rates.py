@@ -110,11 +110,12 @@ class Rate:
 
 # A batch of one's accept length at a stretch of its output is its own steps' there, shrunk
 # toward every stretch's by this many steps' worth (`PlacedRate`). Simulated at batch 1
-# (`sim_adaptive.py`, H200 weak-head rates, accept chances 0.05-0.7, spreads 0 and 0.1, 12 seeds):
-# 4 followed acceptance rising along the answer best and lost 0.5-5% elsewhere on stretches'
-# few noisy steps; 1,000 (every stretch alike) is the position-blind rate; 16 kept steady
-# acceptance at 0.964-0.967 of the faster pinned side (0.968-0.969 blind) and rising at 0.982
-# (0.941-0.946 blind, worst cell 0.95 against 0.84).
+# (`sim_adaptive.py --batches 1 [--growth] [--unplaced]`, accept chances 0.05-0.7, spreads 0 and
+# 0.1, 12 seeds, both rate sets; `sim_adaptive_place_*.jsonl`): 4 followed acceptance rising
+# along the answer best and lost up to 5% elsewhere on stretches' few noisy steps; 1,000 (every
+# stretch alike) is the position-blind rate. 16: steady acceptance 0.966 of the faster pinned
+# side on average (0.969 blind), rising 0.985-0.987 (0.941-0.946 blind), its worst cell 0.95
+# (0.84 blind).
 PLACE_PRIOR_STEPS = 16
 
 
@@ -123,14 +124,18 @@ class PlacedRate:
     stretch's own recorded steps' accept length, shrunk toward every stretch's
     (PLACE_PRIOR_STEPS), over every stretch's step time: a verify costs the same anywhere in an
     answer, while what it accepts changes along it. A stretch no step has measured takes every
-    stretch's rate: it costs no warm-up of its own, and the looks measure it."""
+    stretch's rate: it costs no warm-up of its own, and the looks measure it. The window that
+    prices a look and tells when one confirms the choice is every stretch's too. NOTE: with the
+    stretch's own, a stretch's few steps never filled it, no look confirmed, and an untrained
+    EAGLE3 head at batch 1 looked every 32 steps: 7 looks in 4 batches, against 4 blind to the
+    place, 0.92x no-spec against 0.94x (H200, 4649a57)."""
 
     def __init__(self, pooled: Rate):
         self.own, self.pooled = Rate(), pooled
 
     @property
     def recent(self) -> deque:
-        return self.own.recent
+        return self.pooled.recent
 
     @property
     def steps(self) -> int:
