@@ -113,9 +113,9 @@ class Rate:
 # (`sim_adaptive.py --batches 1 [--growth] [--unplaced]`, accept chances 0.05-0.7, spreads 0 and
 # 0.1, 12 seeds, both rate sets; `sim_adaptive_place_*.jsonl`): 4 followed acceptance rising
 # along the answer best and lost up to 5% elsewhere on stretches' few noisy steps; 1,000 (every
-# stretch alike) is the position-blind rate. 16: steady acceptance 0.966 of the faster pinned
-# side on average (0.969 blind), rising 0.985-0.987 (0.941-0.946 blind), its worst cell 0.95
-# (0.84 blind).
+# stretch alike) is the position-blind rate. 16: steady acceptance 0.964-0.967 of the faster
+# pinned side on average (0.969 blind), rising 0.982-0.983 (0.941-0.946 blind), its worst cell
+# 0.95 (0.84 blind).
 PLACE_PRIOR_STEPS = 16
 
 
@@ -125,17 +125,23 @@ class PlacedRate:
     (PLACE_PRIOR_STEPS), over every stretch's step time: a verify costs the same anywhere in an
     answer, while what it accepts changes along it. A stretch no step has measured takes every
     stretch's rate: it costs no warm-up of its own, and the looks measure it. The window that
-    prices a look and tells when one confirms the choice is every stretch's too. NOTE: with the
-    stretch's own, a stretch's few steps never filled it, no look confirmed, and an untrained
-    EAGLE3 head at batch 1 looked every 32 steps: 7 looks in 4 batches, against 4 blind to the
-    place, 0.92x no-spec against 0.94x (H200, 4649a57)."""
+    prices a look and tells when one confirms the choice is the stretch's own: a stretch no
+    step has measured prices a look at it as free, and a look confirms nothing until the
+    stretch's window is full, so a batch of one looks at each stretch it knows little of.
+    NOTE: with every stretch's window (9af5bfc) the looks confirmed on steps from the answers'
+    starts and spaced out: the default command's STANDALONE draft at batch 1 ran 0.91x no-spec
+    (0.91 / 0.44 / 1.24 by round), where with the stretch's own it ran 1.24x, 1.28x and 1.26x
+    in three runs (every round 1.17x or more; H200, 4649a57). The own window's extra looks cost an untrained EAGLE3
+    head 0.92x against 0.94x blind to the place (4649a57), about what they cost it at 9af5bfc
+    (0.95x against 0.96x).
+    """
 
     def __init__(self, pooled: Rate):
         self.own, self.pooled = Rate(), pooled
 
     @property
     def recent(self) -> deque:
-        return self.pooled.recent
+        return self.own.recent
 
     @property
     def steps(self) -> int:
