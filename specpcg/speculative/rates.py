@@ -131,10 +131,9 @@ class PlacedRate:
     NOTE: with every stretch's window (9af5bfc) the looks confirmed on steps from the answers'
     starts and spaced out: the default command's STANDALONE draft at batch 1 ran 0.91x no-spec
     (0.91 / 0.44 / 1.24 by round), where with the stretch's own it ran 1.24x, 1.28x and 1.26x
-    in three runs (every round 1.17x or more; H200, 4649a57). The own window's extra looks cost an untrained EAGLE3
-    head 0.92x against 0.94x blind to the place (4649a57), about what they cost it at 9af5bfc
-    (0.95x against 0.96x).
-    """
+    in three runs (every round 1.17x or more; H200, 4649a57). The own window's extra looks
+    cost an untrained EAGLE3 head 0.92x against 0.94x blind to the place (4649a57), about what
+    they cost it at 9af5bfc (0.95x against 0.96x)."""
 
     def __init__(self, pooled: Rate):
         self.own, self.pooled = Rate(), pooled
