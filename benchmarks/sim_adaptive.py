@@ -11,18 +11,18 @@ side by what chose them (`adaptive_switches`: a look, the finish estimate, a war
 A switch of side costs SWITCH_STEPS plain steps more, unrecorded, as on a GPU (the per-call log of
 probe_adaptive_steps.py: each switch drains the overlapped pipeline and leaves a call that only
 launches its step); prefills are left out, so it checks the decisions, not the engine. With
---catch-up A B a switch into speculation costs instead what a draft's catch-up does: A ms and B
-us per position it missed (each request's plain steps since its last speculative one, and its
-PROMPT_LEN-token prompt at its batch's first speculative step), as `probe_catchup.py` measures
-it (H200, EAGLE3 at 57098ca: 4.1 ms after 100 plain steps at batch 4, 8.2 ms at batch 64: about
-3.8 ms and 0.7 us); a switch out of it still costs SWITCH_STEPS plain steps. --alphas
-sets the mean chance that a draft token is accepted: 0.05 is an untrained draft, where
-speculating never pays. --shadow gives the controller shadow verifies as NGRAM's engine does
-(specpcg/speculative/shadow.py): each request's new tokens are covered by verifies drawn at its
-accept chance of the moment, whichever side ran, and the controller reads the batch's pooled
-recent accept length every step (all of them: the engine's budget of 4 a step is not modelled).
---shadow-finish N prices them as bench_adaptive's adaptive-finish8 does with N = 8: by the
-finish estimate when nothing waits, over each request's last N shadow verifies.
+--catch-up A B a switch into speculation costs instead what a draft's catch-up does: A ms and B us
+per position it missed (each request's plain steps since its last speculative one, and its
+PROMPT_LEN-token prompt at its batch's first speculative step), as `probe_catchup.py` measures it
+(H200, EAGLE3 at 57098ca: 4.1 ms after 100 plain steps at batch 4, 8.2 ms at batch 64: about 3.8 ms
+and 0.7 us); a switch out of it still costs SWITCH_STEPS plain steps. --alphas sets the mean chance
+that a draft token is accepted: 0.05 is an untrained draft, where speculating never pays. --shadow
+gives the controller shadow verifies as NGRAM's engine does (specpcg/speculative/shadow.py): each
+request's new tokens are covered by verifies drawn at its accept chance of the moment, whichever
+side ran, and the controller reads the batch's pooled recent accept length every step (all of them:
+the engine's budget of 4 a step is not modelled). --shadow-finish N prices them as bench_adaptive's
+adaptive-finish8 does with N = 8: by the finish estimate when nothing waits, over each request's
+last N shadow verifies.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
@@ -67,16 +67,12 @@ RATES = {
 
 # --calibrate: step seconds per (speculative?, bucket) and the requests' accept chances,
 # measured on a GPU (`calibrate`); None: the H100 rates above and a normal spread of chances.
-STEP_S = None
-ALPHAS = None
+STEP_S = ALPHAS = None
 CATCH_UP = None  # --catch-up: (seconds, seconds per position) of a switch into speculation
-# With --catch-up the controller is told the positions a switch would catch up on, as the
-# engine tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last
-# speculative one, as before the engine counted the prompts.
+# With --catch-up the controller is told the positions a switch catches up on, as the engine
+# tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last speculative.
 TELL_LAG = True
-# A batch of one's request's output position goes to the controller, as the engine hands it
-# (`AdaptiveSpeculation.use_spec`); --unplaced: not, as before `Bucket.place`.
-PLACE = True
+PLACE = True  # a batch of one's output position told, as by the engine (--unplaced: not)
 
 
 def step_seconds(spec: bool, batch: int) -> float:
@@ -349,8 +345,7 @@ def main(argv=None) -> None:
                    help="with --catch-up, the positions a new request's draft misses")
     p.add_argument("--untold-lag", action="store_true",
                    help="with --catch-up, the controller counts only plain steps' positions")
-    p.add_argument("--unplaced", action="store_true",
-                   help="a batch of one's output position not handed to the controller")
+    p.add_argument("--unplaced", action="store_true", help="a batch of one's position untold")
     p.add_argument("--sequence", action="store_true",
                    help="--batches in order on one controller, one untimed and two timed "
                         "batches each (bench_adaptive's engine)")
