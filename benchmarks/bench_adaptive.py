@@ -24,6 +24,7 @@ import time
 from collections import Counter
 
 import common
+from stalls import StallWatch
 
 common.add_repo_to_path()
 
@@ -75,9 +76,10 @@ def prompts_for(engine, num: int, prompt_len: int) -> list:
     return repeated_id_prompts(num, prompt_len, 16, engine.model_config.vocab_size)
 
 
-def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int) -> tuple:
+def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int,
+                      watch=None) -> tuple:
     """({system: tok/s of each of `repeats` timed batches}, {system: each timed batch's
-    outputs, in the same order}).
+    outputs, in the same order}, {system: what `watch` (a stalls.StallWatch) counted in each}).
 
     Every engine first runs one untimed batch of the same size (a long-lived engine's steady
     state, its adaptive choices already measured: one batch of 128 tokens at batch 1 lasts a
@@ -87,15 +89,18 @@ def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int) 
     no-spec run minutes earlier; two H200 runs of one tree differed by up to 0.17x in a cell)."""
     for engine in engines.values():
         engine.generate(input_ids=prompts, sampling_params=params)
-    names, rates, outs = list(engines), {s: [] for s in engines}, {s: [] for s in engines}
+    names = list(engines)
+    rates, outs, stalls = ({s: [] for s in engines} for _ in range(3))
     for r in range(repeats):
         for system in names[r % len(names):] + names[:r % len(names)]:
+            before = watch.counts() if watch is not None else None
             t0 = time.perf_counter()
             out = engines[system].generate(input_ids=prompts, sampling_params=params)
             dt = time.perf_counter() - t0
             outs[system].append(out)
             rates[system].append(sum(o["meta_info"]["completion_tokens"] for o in out) / dt)
-    return rates, outs
+            stalls[system].append(watch.since(before) if watch is not None else {})
+    return rates, outs, stalls
 
 
 def plain_tokens(outputs: list) -> int:
@@ -280,14 +285,16 @@ def run_all(args) -> None:
     drafts.update({f"{algo} {UNTRAINED}": path for algo, path in untrained.items()})
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
-    prompts = None
+    prompts = watch = None
     for label, draft in drafts.items():
         algo, lines = label.split()[0], []
         engines = build_engines(args, algo, draft, setting)
+        watch = watch or StallWatch(engines["no-spec"].device)
         prompts = prompts or prompts_for(engines["no-spec"], max(args.batches), args.prompt_len)
         for bs in args.batches:
             before = {s: switch_counts(e) for s, e in engines.items()}
-            rates, rounds = interleaved_rates(engines, prompts[:bs], params, args.repeats)
+            rates, rounds, stalls = interleaved_rates(engines, prompts[:bs], params,
+                                                      args.repeats, watch)
             base = common.median(rates["no-spec"])
             for system in args.systems[1:]:
                 rate, engine = common.median(rates[system]), engines[system]
@@ -304,6 +311,9 @@ def run_all(args) -> None:
                     # side shows it (lines before this field kept only the last round's).
                     "plain_decode_tokens_per_round": [plain_tokens(out) for out in rounds[system]],
                     "plain_decode_tokens": plain_tokens(rounds[system][-1]),
+                    # what can stall a round (stalls.StallWatch), each timed batch's, in order
+                    "stalls_per_round": stalls[system],
+                    "no_spec_stalls_per_round": stalls["no-spec"],
                     "adaptive_buckets": adaptive, "draft": draft,
                     # this size's rounds (the untimed one included): switches of side by what
                     # chose them (adaptive.SWITCH_WHY), every bucket the batches shrank through

@@ -331,7 +331,11 @@ def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gc
+
     import bench_adaptive
+    import torch
+    from stalls import StallWatch
 
     calls = []
 
@@ -341,10 +345,17 @@ def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
 
         def generate(self, input_ids, sampling_params):
             calls.append(self.name)
+            if self.name == "pinned":
+                gc.collect()  # a full collection inside each of its batches
             return [{"meta_info": {"completion_tokens": 4}} for _ in input_ids]
 
     engines = {name: Engine(name) for name in ("no-spec", "pinned", "adaptive")}
-    rates, batches = bench_adaptive.interleaved_rates(engines, [[1], [2]], {}, repeats=4)
+    watch = StallWatch(torch.device("cpu"))
+    try:
+        rates, batches, stalls = bench_adaptive.interleaved_rates(
+            engines, [[1], [2]], {}, repeats=4, watch=watch)
+    finally:
+        watch.close()
     assert calls[:3] == ["no-spec", "pinned", "adaptive"]  # the untimed batches
     rounds = [calls[3 + 3 * r:6 + 3 * r] for r in range(4)]
     assert rounds == [["no-spec", "pinned", "adaptive"], ["pinned", "adaptive", "no-spec"],
@@ -352,6 +363,10 @@ def test_bench_adaptive_times_the_engines_in_turn_each_round_rotated():
     assert {k: len(v) for k, v in rates.items()} == {k: 4 for k in engines}
     assert all(r > 0 for v in rates.values() for r in v)
     assert [len(out) for out in batches["pinned"]] == [2] * 4  # every timed batch's outputs
+    # each timed batch's stalls, told apart by engine: only the collecting one shows any
+    assert [s.get("gc2") for s in stalls["pinned"]] == [1] * 4
+    assert all(s["gc_s"] > 0 for s in stalls["pinned"])
+    assert all("gc2" not in s for s in stalls["no-spec"] + stalls["adaptive"])
 
 
 def test_bench_adaptive_draws_every_batch_from_one_pool(monkeypatch):
