@@ -106,4 +106,7 @@ class StallWatch:
             change = value - before.get(key, 0)
             if change:
                 out[key] = round(change, 4) if isinstance(change, float) else change
+        if out.get("compiles"):  # which kernel, and which variant of its arguments
+            out["compiled"] = [{"kernel": c["kernel"], "s": c["s"], "repr": c["repr"][:240]}
+                               for c in self.compiles[before.get("compiles", 0):]]
         return out

@@ -79,7 +79,22 @@ class ResumeCatchUp:
                    for w in sorted(widths - {PROMPT_WIDTH})]
         runners.append(build_round_runner(runner, graphs, cfg, 1, target_hidden_size,
                                           width=PROMPT_WIDTH, max_bs=PROMPT_MAX_BS))
-        return cls(runners)
+        resume = cls(runners)
+        resume.warm()
+        return resume
+
+    def warm(self) -> None:
+        """Loads each runner's inputs once now (a request of the pad row's, one token long),
+        so that its width's loading kernel compiles at startup, not in its first catch-up,
+        which can come at any step (see _pack)."""
+        for rnd in self.runners:
+            bs = rnd.bucket(1)
+            if bs is None:  # no batch captured for one request: no catch-up runs here
+                continue
+            req_pool = rnd.model_runner.kv_cache.req_pool
+            part = [(req_pool.pad_row, 0, [0], None)] * bs
+            rows, path, _ = _pack(part, rnd.width, req_pool.req_to_token.device, False)
+            rnd.load_on_device(bs, rows, path)
 
     def _usable(self, n: int) -> list:
         """The runners with a captured batch size for n requests, narrowest first."""
@@ -116,32 +131,50 @@ class ResumeCatchUp:
         return {"widths": [r.width for r in self.runners], "max_chunks": MAX_CHUNKS}
 
 
+def _pack(part: list, w: int, device, with_hidden: bool) -> tuple:
+    """(rows, path, hidden_at) for `part` (as _replay's) from one host copy: rows, first
+    positions, lengths, roots (unused), the [n, w] ids, then where each hidden row goes in the
+    [n * w] buffer and where it comes from in `flat`: contiguous pieces (the loading kernel
+    reads its [n] inputs at unit stride), hidden_at their device tensor ([2, rows], or None).
+    Each [n] piece takes an even number of entries, so every piece starts 16-byte aligned:
+    Triton specializes a pointer on that alignment, and an odd batch's pieces compiled another
+    variant of the loading kernel inside a serving step (68-91 ms, which halved a timed batch
+    of 128 tokens; H200, cb98842, bench_adaptive's stalls)."""
+    from specpcg.speculative.overlap import DevicePath
+
+    n = len(part)
+    m = n + n % 2
+    counts = [len(x) for _, _, x, _ in part]
+    host = []
+    for piece in ([row for row, _, _, _ in part], [pos for _, pos, _, _ in part], counts,
+                  [0] * n):
+        host += piece + [0] * (m - n)
+    host += [v for _, _, x, _ in part for v in (*x, *[0] * (w - len(x)))]
+    if with_hidden:
+        host += [i * w + j for i, k in enumerate(counts) for j in range(k)]
+        host += [src + j for (_, _, _, src), k in zip(part, counts) for j in range(k)]
+    ints = to_device(host, device)
+    rows, first, lens, roots = ints[:4 * m].view(4, m)[:, :n]
+    end = 4 * m + n * w
+    path = DevicePath(first_pos=first, lens=lens, roots=roots,
+                      ids=ints[4 * m:end].view(n, w), hidden=None)
+    hidden_at = ints[end:].view(2, -1) if with_hidden else None
+    return rows, path, hidden_at
+
+
 def _replay(rnd, kv_cache, part: list, flat: Optional[torch.Tensor]) -> None:
     """One catch-up of each (row, first position, ids, first row in `flat`) in `part`, each
     at most rnd.width long: its slots allocated, its inputs loaded from one host copy."""
-    from specpcg.speculative.overlap import DevicePath
-
-    n, w = len(part), rnd.width
+    n = len(part)
     bs = rnd.bucket(n)
     counts = [len(x) for _, _, x, _ in part]
     kv_cache.extend_many([row for row, _, _, _ in part], counts)
-    # Rows, first positions, lengths, roots (unused), the [n, w] ids, then where each hidden
-    # row goes in the [n * w] buffer and where it comes from in `flat`: contiguous pieces of
-    # one host copy (the loading kernel reads its [n] inputs at unit stride).
-    host = [row for row, _, _, _ in part] + [pos for _, pos, _, _ in part] + counts + [0] * n
-    host += [v for _, _, x, _ in part for v in (*x, *[0] * (w - len(x)))]
-    if flat is not None:
-        host += [i * w + j for i, k in enumerate(counts) for j in range(k)]
-        host += [src + j for (_, _, _, src), k in zip(part, counts) for j in range(k)]
-    ints = to_device(host, kv_cache.req_pool.req_to_token.device)
-    rows, first, lens, roots = ints[:4 * n].view(4, n)
-    path = DevicePath(first_pos=first, lens=lens, roots=roots,
-                      ids=ints[4 * n:n * (4 + w)].view(n, w), hidden=None)
+    rows, path, hidden_at = _pack(part, rnd.width, kv_cache.req_pool.req_to_token.device,
+                                  flat is not None)
     rnd.load_on_device(bs, rows, path)
     if flat is not None:
-        moved = sum(counts)
-        dst = ints[n * (4 + w):n * (4 + w) + moved]
-        rnd.buf.target_hidden.index_copy_(0, dst, flat.index_select(0, ints[-moved:]))
+        dst, src = hidden_at
+        rnd.buf.target_hidden.index_copy_(0, dst, flat.index_select(0, src))
     pad = bs - n
     rnd.catch_up(bs, [pos + k for (_, pos, _, _), k in zip(part, counts)] + [1] * pad,
                  counts + [1] * pad)

@@ -9,9 +9,15 @@ import drafts.resume as resume
 
 class _Runner(SimpleNamespace):
     runner_name, eager_reason = "draft_round_graph", None
+    model_runner = SimpleNamespace(kv_cache=SimpleNamespace(req_pool=SimpleNamespace(
+        pad_row=3, req_to_token=torch.zeros(4, 8, dtype=torch.int32))))
 
     def bucket(self, n):
         return n if n <= self.max_bs else None
+
+    def load_on_device(self, bs, rows, path):
+        self.__dict__.setdefault("loads", []).append(
+            (bs, rows.tolist(), path.first_pos.tolist(), path.lens.tolist(), path.ids.shape))
 
 
 class _Router:
@@ -103,6 +109,25 @@ def test_the_prompt_runner_is_built_always_the_look_runners_where_speculation_pa
         got = resume.ResumeCatchUp.build(None, None, EngineConfig(**kw), round_width=4)
         assert built == ([(8, 0), (36, 0)] if looks else []) + [prompt], kw
         assert [r.width for r in got.runners] == [w for w, _ in built], kw
+        # each loaded once at startup: one request of the pad row, one token at position 0
+        assert [r.loads for r in got.runners] == [
+            [(1, [3], [0], [1], (1, r.width))] for r in got.runners], kw
+
+
+def test_every_packed_piece_starts_16_byte_aligned_whatever_the_batch():
+    """Triton specializes a pointer on 16-byte alignment: an odd batch's first positions and
+    roots at an 8-byte offset compiled a second variant of the loading kernel mid-serving."""
+    for n in range(1, 6):
+        part = [(10 + i, 20 + i, [1, 2][:1 + i % 2], 5 * i) for i in range(n)]
+        rows, path, hidden_at = resume._pack(part, 4, "cpu", True)
+        pieces = (rows, path.first_pos, path.lens, path.roots, path.ids, hidden_at)
+        assert all(t.data_ptr() % 16 == 0 for t in pieces), n
+        assert rows.tolist() == [10 + i for i in range(n)]
+        assert path.first_pos.tolist() == [20 + i for i in range(n)]
+        assert path.lens.tolist() == [1 + i % 2 for i in range(n)]
+        assert path.ids[:, :1].flatten().tolist() == [1] * n
+        moved = sum(1 + i % 2 for i in range(n))
+        assert hidden_at.shape == (2, moved)
 
 
 def test_a_catch_up_takes_only_runners_captured_for_its_batch(monkeypatch):
