@@ -24,6 +24,7 @@ import time
 from collections import Counter
 
 import common
+from holds import HOLDS, eager_prompts, plain_only  # noqa: F401 (probes and tests)
 from stalls import StallWatch
 
 common.add_repo_to_path()
@@ -119,92 +120,6 @@ def engine_kwargs(system: str, algo: str, draft, setting: tuple) -> dict:
                 speculative_disable_by_batch_size=CAP if system == "adaptive-cap63" else None)
 
 
-def rates_only(engine) -> None:
-    """The engine's adaptive controller without the finish estimate (adaptive-rate)."""
-    adaptive = engine.scheduler.adaptive
-    choose = adaptive.use_spec
-    adaptive.use_spec = lambda batch_size, finish=None, behind=None, position=None: choose(
-        batch_size, None, behind, position)
-
-
-def plain_only(engine) -> None:
-    """The engine's adaptive controller choosing plain steps at every step (plain)."""
-    engine.scheduler.adaptive.use_spec = lambda *args, **kwargs: False
-
-
-def untold_lag(engine) -> None:
-    """The controller as before the draft told it its lag (adaptive-untold): a switch into
-    speculation priced by the plain steps' positions alone, without the prompts the draft has
-    not run on."""
-    adaptive = engine.scheduler.adaptive
-    choose = adaptive.use_spec
-    adaptive.use_spec = lambda batch_size, finish=None, behind=None, position=None: choose(
-        batch_size, finish, None, position)
-
-
-def finish_recent8(engine) -> None:
-    """Shadow verifies priced by the finish estimate when nothing waits, over each request's
-    last 8 (adaptive-finish8): in simulation it follows acceptance rising along an answer as
-    rates alone do, and keeps the straggler's protection where acceptance is uneven; on an
-    H200's chat prompts it lost to rates alone at batch 4 / 16 / 64 (README, "Adaptive
-    speculation")."""
-    engine.scheduler.adaptive.shadow_rates_only = False
-    if engine.scheduler.shadow is not None:
-        engine.scheduler.shadow.recent = 8
-
-
-def whole_budget(engine) -> None:
-    """Looks priced as before LOOK_CLOSE (adaptive-whole-budget): the whole LOOK_BUDGET each."""
-    engine.scheduler.adaptive.look_close = float("inf")
-
-
-def symmetric(engine) -> None:
-    """The margin into speculation as before SPEC_HOME (adaptive-symmetric): SWITCH_MARGIN
-    faster, as out of it, even where a look from plain steps costs the draft's catch-up."""
-    from specpcg.speculative.bucket import SWITCH_MARGIN
-
-    engine.scheduler.adaptive.into_spec = SWITCH_MARGIN
-
-
-def unflushed(engine) -> None:
-    """The step a switch flushes left uncounted, as before `AdaptiveSpeculation.flushed`
-    (adaptive-unflushed): a switch into speculation without the draft's catch-up that ran
-    before that step's read, a look's last speculative step unrecorded."""
-    engine.scheduler.adaptive.count_flushed = False
-
-
-def min16(engine) -> None:
-    """The finish estimate's priors from 16 finished requests on, as before MIN_ACCEPTS = 4
-    (adaptive-min16)."""
-    engine.scheduler.adaptive.min_accepts = 16
-
-
-def eager_prompts(engine) -> None:
-    """The draft without its prompt runner (pinned-eager-prompts, adaptive-eager-prompts), as
-    before drafts/resume.PROMPT_WIDTH: a new prompt past the look runners' reach, or every
-    new prompt when pinned, catches up in one eager forward."""
-    from drafts.resume import PROMPT_WIDTH, ResumeCatchUp
-
-    draft = engine.scheduler.spec.draft
-    if getattr(draft, "resume", None) is None:  # no catch-up runners at all (NGRAM)
-        return
-    keep = [r for r in draft.resume.runners if r.width != PROMPT_WIDTH]
-    draft.resume = ResumeCatchUp(keep) if keep else None
-
-
-def unplaced(engine) -> None:
-    """A batch of one's speculation measured over its whole answers, as before
-    `Bucket.place` (adaptive-unplaced), and chosen on the finish estimate when nothing waits."""
-    engine.scheduler.adaptive.place_batch_of_one = False
-
-
-HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
-         "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
-         "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
-         "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,
-         "adaptive-eager-prompts": eager_prompts, "adaptive-unplaced": unplaced}
-
-
 def switch_counts(engine) -> Counter:
     """The adaptive controller's switches of side so far by what chose them (empty without
     adaptive speculation)."""
@@ -276,13 +191,19 @@ def build_engines(args, algo: str, draft, setting: tuple) -> dict:
     return engines
 
 
-def run_all(args) -> None:
-    if args.systems[0] != "no-spec":
-        raise SystemExit(f"--systems must start with no-spec (the baseline), got {args.systems}")
+def drafts_of(args) -> dict:
+    """{label: draft path (None: NGRAM's)}: NGRAM unless --skip-ngram, --drafts, --untrained."""
     drafts = {} if args.skip_ngram else {"NGRAM": None}
     drafts.update(item.split("=", 1) for item in args.drafts)
     untrained = untrained_drafts(args.untrained, args.model_path)
     drafts.update({f"{algo} {UNTRAINED}": path for algo, path in untrained.items()})
+    return drafts
+
+
+def run_all(args) -> None:
+    if args.systems[0] != "no-spec":
+        raise SystemExit(f"--systems must start with no-spec (the baseline), got {args.systems}")
+    drafts = drafts_of(args)
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
     prompts = watch = None
@@ -327,9 +248,9 @@ def run_all(args) -> None:
         common.append_jsonl(args.out, lines)
 
 
-def _latest(records: list) -> dict:
-    """(model, algorithm, batch) -> {system: its latest line}."""
-    table, _ = common.latest_by(records, "adaptive",
+def _latest(records: list, bench: str = "adaptive") -> dict:
+    """(model, algorithm, batch) -> {system: its latest line of `bench`}."""
+    table, _ = common.latest_by(records, bench,
                                 lambda r: (r["model"], r["algorithm"], r["batch"]))
     # Systems of an older run (another commit) than the cell's adaptive line are left out:
     # beside it they would compare two engines, settings or drafts as if one run.
@@ -346,8 +267,8 @@ def _systems(table: dict) -> list:
     return [s for s in SYSTEMS[1:] + EXTRA_SYSTEMS if s in present]
 
 
-def render_table(records: list) -> str:
-    table = _latest(records)
+def render_table(records: list, bench: str = "adaptive") -> str:
+    table = _latest(records, bench)
     keys = sorted({k[:2] for k in table})
     columns = [("model", lambda k: k[0]), ("algorithm", lambda k: k[1])]
     for system in _systems(table):
@@ -357,8 +278,8 @@ def render_table(records: list) -> str:
     return common.column_table(keys, columns)
 
 
-def render_plot(records: list, path) -> None:
-    table = _latest(records)
+def render_plot(records: list, path, bench: str = "adaptive") -> None:
+    table = _latest(records, bench)
     panels = []
     for model, algo in sorted({k[:2] for k in table}):
         series = {s: [(k[2], table[k][s]["speedup"]) for k in sorted(table)
@@ -369,8 +290,8 @@ def render_plot(records: list, path) -> None:
     common.line_plot(panels, path, "Adaptive vs pinned speculation (1.0 = no-spec)")
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_args(p, out: str) -> None:
+    """The options of a run (this bench's, bench_alone.py's); results go to `out`."""
     p.add_argument("--model-path", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--drafts", nargs="*", default=[], metavar="ALGO=DIR")
@@ -386,7 +307,12 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=128, help="repeated-id prompts' length")
     p.add_argument("--repeats", type=int, default=3, help="timed batches per cell (median)")
-    p.add_argument("--out", default=str(common.RESULTS_DIR / "adaptive.jsonl"))
+    p.add_argument("--out", default=str(common.RESULTS_DIR / out))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(p, "adaptive.jsonl")
     common.measure_or_render(p, argv, run_all, render_table, render_plot)
 
 

@@ -38,6 +38,7 @@ from bench_adaptive import EXTRA_SYSTEMS  # noqa: E402
 from specpcg.speculative.bucket import bucket_of  # noqa: E402
 
 SYSTEMS = ("no-spec", "pinned", "adaptive")
+WRAPPED = ("record", "_choose", "_borrowed", "use_spec")  # the controller's, by instrument()
 CALLS = {"_run_prefill": "prefill", "_run_overlapped": "plain", "_run_spec_overlapped": "spec",
          "_run_decode": "sync"}
 
@@ -117,10 +118,10 @@ def wrap_use_spec(ctrl, log: list) -> None:
     def used(batch_size, finish=None, behind=None, position=None):
         before = Counter(ctrl.switched)
         spec = use_spec(batch_size, finish, behind, position)
-        b = ctrl._buckets[bucket_of(batch_size)]
+        b = ctrl._buckets.get(bucket_of(batch_size))  # None: a hold never asked the controller
         why = [why for (_, why), n in (ctrl.switched - before).items() if n]
         log.append({"kind": "use", "bs": batch_size, "spec": spec, "why": why[0] if why else None,
-                    "since_look": b.since_explore, "look_every": b.explore_every,
+                    "since_look": b and b.since_explore, "look_every": b and b.explore_every,
                     "lag": ctrl._behind if isinstance(ctrl._behind, int) else None})
         return spec
     ctrl.use_spec = used
@@ -174,6 +175,10 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
                  out) -> None:
     """One batch with every scheduler call logged: its summary line printed, and with `out`
     each call's line then the summary appended."""
+    adaptive = engine.scheduler.adaptive
+    # A hold (bench_adaptive's HOLDS) may have set one of these on the controller itself: it
+    # is put back below, else the hold held the first round only.
+    held = {k: v for k, v in vars(adaptive).items() if k in WRAPPED} if adaptive else {}
     log = instrument(engine)
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
@@ -197,9 +202,10 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
     for ov in (engine.scheduler.overlap, engine.scheduler.spec_overlap):
         if ov is not None:
             ov.__dict__.pop("flush", None)
-    if engine.scheduler.adaptive is not None:
-        for name in ("record", "_choose", "_borrowed", "use_spec"):
-            engine.scheduler.adaptive.__dict__.pop(name, None)
+    if adaptive is not None:
+        for name in WRAPPED:
+            adaptive.__dict__.pop(name, None)
+        adaptive.__dict__.update(held)
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,145 @@
+"""Adaptive speculation against no-spec with each engine alone in a process of its own.
+
+bench_adaptive.py keeps its engines alive side by side in one process, their timed batches
+taking turns. Beside others an engine runs slower, and not by the same share: on one H200 a
+no-spec engine of the default model decoded batches of 16 at 15,162-15,238 tok/s beside two
+engines with a STANDALONE draft (cb98842) and at 16,583-16,602 alone (80fc1bd), while pinned
+speculation ran alike both ways (15,479-15,770 beside, 15,705-15,716 alone). A user runs one
+engine, so side by side favoured speculation by up to a tenth.
+
+Here each system runs in a worker process of its own, one after another, the order reversed
+every other pass (--passes), so drift of the device lands on every system alike. A worker runs
+one untimed batch and --repeats timed ones of each size (bench_adaptive's interleaved_rates with
+one engine). A cell's speedup is the median of the system's timed batches over all passes
+against no-spec's. Lines ("bench": "adaptive_alone") carry bench_adaptive's fields.
+
+    python benchmarks/bench_alone.py [--skip-ngram] [--drafts STANDALONE=DIR]
+        [--untrained EAGLE3] [--systems no-spec pinned adaptive] [--batches 1 4 16 64]
+        [--setting 3,1,4] [--repeats 3] [--passes 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import common
+
+common.add_repo_to_path()
+
+BENCH = "adaptive_alone"
+
+
+def worker(spec: dict) -> dict:
+    """One system's engine alone (spec: run_passes' worker spec, and "engine_options": more
+    Engine arguments): per batch size its timed batches' rates, plain tokens, stalls, switches
+    and adaptive buckets; and the machine."""
+    from bench_adaptive import (HOLDS, engine_kwargs, interleaved_rates, plain_tokens,
+                                prompts_for, switch_counts)
+    from specpcg import Engine
+    from stalls import StallWatch
+
+    system, batches = spec["system"], spec["batches"]
+    engine = Engine(model_path=spec["model_path"], device=spec["device"],
+                    max_running_requests=max(batches), cuda_graph_max_bs=max(batches),
+                    show_progress=False, **spec.get("engine_options", {}),
+                    **engine_kwargs(system, spec["algorithm"], spec["draft"],
+                                    tuple(spec["setting"])))
+    if system in HOLDS:
+        HOLDS[system](engine)
+    watch = StallWatch(engine.device)
+    prompts = prompts_for(engine, max(batches), spec["prompt_len"])
+    params = {"max_new_tokens": spec["max_new_tokens"], "temperature": 0, "ignore_eos": True}
+    out = {"machine": common.machine_info(engine.device), "batches": {}}
+    for bs in batches:
+        before = switch_counts(engine)
+        rates, rounds, stalls = interleaved_rates({system: engine}, prompts[:bs], params,
+                                                  spec["repeats"], watch)
+        info = engine.get_server_info().get("speculative") or {}
+        out["batches"][str(bs)] = {
+            "rates": rates[system], "stalls_per_round": stalls[system],
+            "plain_decode_tokens_per_round": [plain_tokens(o) for o in rounds[system]],
+            "switches_by_why": dict(switch_counts(engine) - before),
+            "adaptive_buckets": info.get("adaptive"), "chain_depth": common.chain_depth(engine)}
+    engine.shutdown()
+    return out
+
+
+def run_passes(args, label: str, draft, run=common.run_json_worker) -> dict:
+    """{system: [each pass's worker result]}, every system once a pass, in --systems order
+    on even passes and the reverse on odd ones."""
+    results = {s: [] for s in args.systems}
+    for k in range(args.passes):
+        for system in args.systems if k % 2 == 0 else args.systems[::-1]:
+            spec = {"system": system, "algorithm": label.split()[0], "draft": draft,
+                    "model_path": args.model_path, "device": args.device,
+                    "batches": args.batches, "setting": list(common.parse_setting(args.setting)),
+                    "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+                    "prompt_len": args.prompt_len}
+            results[system].append(run(str(Path(__file__).resolve()), "--worker", spec))
+            rates = {bs: round(common.median(c["rates"])) for bs, c in
+                     results[system][-1]["batches"].items()}
+            print(f"[bench_alone] {label} pass {k} {system}: tok/s by batch {rates}", flush=True)
+    return results
+
+
+def lines_of(args, label: str, draft, results: dict) -> list:
+    """bench_adaptive's lines from run_passes' results: rates over every pass."""
+    lines = []
+    for bs in map(str, args.batches):
+        base_rates = [r for res in results["no-spec"] for r in res["batches"][bs]["rates"]]
+        base = common.median(base_rates)
+        for system in args.systems[1:]:
+            cells = [res["batches"][bs] for res in results[system]]
+            rates = [r for c in cells for r in c["rates"]]
+            lines.append({
+                "bench": BENCH, "model": args.model_path or "default", "algorithm": label,
+                "system": system, "setting": list(common.parse_setting(args.setting)),
+                "batch": int(bs), "max_new_tokens": args.max_new_tokens,
+                "tok_s": common.median(rates), "repeats": args.repeats,
+                "passes": args.passes, "interleaved": False,
+                "rates": [round(x, 1) for x in rates],
+                "no_spec_rates": [round(x, 1) for x in base_rates], "no_spec_tok_s": base,
+                "speedup": common.median(rates) / base,
+                "plain_decode_tokens_per_round": [p for c in cells
+                                                  for p in c["plain_decode_tokens_per_round"]],
+                "stalls_per_round": [s for c in cells for s in c["stalls_per_round"]],
+                "switches_by_why": [c["switches_by_why"] for c in cells],
+                "adaptive_buckets": cells[-1]["adaptive_buckets"], "draft": draft,
+                "chain_depth": cells[-1]["chain_depth"],
+                **results[system][-1]["machine"]})
+            print(f"[bench_alone] {label:8} {system:8} bs {bs:>3} {lines[-1]['tok_s']:9.1f} "
+                  f"tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)
+    return lines
+
+
+def run_all(args) -> None:
+    from bench_adaptive import drafts_of
+
+    if args.systems[0] != "no-spec":
+        raise SystemExit(f"--systems must start with no-spec (the baseline), got {args.systems}")
+    for label, draft in drafts_of(args).items():
+        results = run_passes(args, label, draft)
+        common.append_jsonl(args.out, lines_of(args, label, draft, results))
+
+
+def main(argv=None) -> None:
+    from bench_adaptive import add_run_args, render_plot, render_table
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        print(json.dumps(worker(json.loads(argv[1]))))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(p, "adaptive_alone.jsonl")
+    p.add_argument("--passes", type=int, default=2,
+                   help="workers per system, the order reversed every other pass")
+    common.measure_or_render(p, argv, run_all, partial(render_table, bench=BENCH),
+                             partial(render_plot, bench=BENCH))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""benchmarks/bench_alone.py: every system in a process of its own, the order reversed every
+other pass, and cells over every pass's timed batches."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_alone  # noqa: E402
+
+
+def _args(**kw):
+    base = dict(systems=["no-spec", "pinned", "adaptive"], passes=3, model_path=None,
+                device="cpu", batches=[1, 4], setting="3,1,4", repeats=2, max_new_tokens=8,
+                prompt_len=16)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _fake_worker(rates_of):
+    calls = []
+
+    def run(script, flag, spec):
+        assert flag == "--worker" and script.endswith("bench_alone.py")
+        calls.append(spec["system"])
+        k = calls.count(spec["system"]) - 1  # this system's pass
+        return {"machine": {"device": "fake"}, "batches": {
+            str(bs): {"rates": rates_of(spec["system"], bs, k), "stalls_per_round": [{}, {}],
+                      "plain_decode_tokens_per_round": [bs, bs], "switches_by_why": {},
+                      "adaptive_buckets": None, "chain_depth": None}
+            for bs in spec["batches"]}}
+    return run, calls
+
+
+def test_each_pass_runs_every_system_once_the_order_reversed_every_other_pass():
+    run, calls = _fake_worker(lambda s, bs, k: [100.0, 100.0])
+    got = bench_alone.run_passes(_args(), "STANDALONE", "/d", run=run)
+    assert calls == ["no-spec", "pinned", "adaptive", "adaptive", "pinned", "no-spec",
+                     "no-spec", "pinned", "adaptive"]
+    assert {s: len(v) for s, v in got.items()} == {"no-spec": 3, "pinned": 3, "adaptive": 3}
+
+
+def test_a_cell_is_the_median_over_every_pass_against_no_specs():
+    # no-spec: 100 a batch; pinned 90 in two passes, 150 in one; adaptive 120 in one pass only
+    rates = {"no-spec": lambda bs, k: [100.0, 100.0],
+             "pinned": lambda bs, k: [150.0, 150.0] if k == 1 else [90.0, 90.0],
+             "adaptive": lambda bs, k: [120.0, 120.0] if k == 0 else [bs * 100.0, bs * 100.0]}
+    run, _ = _fake_worker(lambda s, bs, k: rates[s](bs, k))
+    args = _args()
+    lines = bench_alone.lines_of(args, "STANDALONE", "/d",
+                                 bench_alone.run_passes(args, "STANDALONE", "/d", run=run))
+    cell = {(x["system"], x["batch"]): x for x in lines}
+    assert set(cell) == {("pinned", 1), ("pinned", 4), ("adaptive", 1), ("adaptive", 4)}
+    assert cell[("pinned", 1)]["speedup"] == 0.9  # 4 of 6 timed batches at 90
+    assert cell[("adaptive", 1)]["speedup"] == 1.0  # 100, 100, 100, 100, 120, 120
+    assert cell[("adaptive", 4)]["speedup"] == 4.0
+    assert len(cell[("pinned", 4)]["rates"]) == 6 and cell[("pinned", 4)]["passes"] == 3
+    assert all(x["bench"] == "adaptive_alone" and not x["interleaved"] for x in lines)
+
+
+def test_the_worker_times_one_engine_alone(tmp_path):
+    """A real engine (a tiny random Llama on CPU, NGRAM): one untimed and `repeats` timed
+    batches of each size, with what the stall counter saw in each."""
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    out = bench_alone.worker({"system": "adaptive", "algorithm": "NGRAM", "draft": None,
+                              "model_path": str(tmp_path), "device": "cpu",
+                              "batches": [1, 2], "setting": [3, 1, 4], "repeats": 2,
+                              "max_new_tokens": 6, "prompt_len": 16,
+                              "engine_options": {"skip_tokenizer_init": True,
+                                                 "dtype": "float32"}})
+    assert set(out["batches"]) == {"1", "2"}
+    for bs, cell in out["batches"].items():
+        assert len(cell["rates"]) == 2 and all(r > 0 for r in cell["rates"])
+        assert len(cell["stalls_per_round"]) == 2
+        assert all(0 <= p <= 6 * int(bs) for p in cell["plain_decode_tokens_per_round"])
+        assert cell["adaptive_buckets"]  # the adaptive engine's buckets, by size
+    assert out["machine"]["git"] is not None

@@ -1,0 +1,33 @@
+"""benchmarks/probe_adaptive_steps.py: a hold set on the controller holds every logged round."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_a_hold_holds_after_the_first_logged_round(tmp_path, capsys):
+    import probe_adaptive_steps as probe
+    from bench_adaptive import HOLDS
+    from specpcg import Engine
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
+                    skip_tokenizer_init=True, speculative_algorithm="NGRAM",
+                    speculative_num_steps=3, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=4, show_progress=False)
+    HOLDS["plain"](engine)
+    held = engine.scheduler.adaptive.use_spec
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6]] * 2
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    args = SimpleNamespace(algorithm="NGRAM", script=None)
+    for rnd in range(2):
+        probe.logged_round(engine, args, "plain", 2, rnd, prompts, params, None)
+        assert engine.scheduler.adaptive.use_spec is held  # the hold, back in place
+    summaries = [line for line in capsys.readouterr().out.splitlines() if '"round"' in line]
+    assert len(summaries) == 2
+    assert all('"spec"' not in line.split('"calls"')[1].split('"recorded"')[0]
+               for line in summaries)  # no speculative call in either round
+    engine.shutdown()
