@@ -10,11 +10,13 @@ keeps the prefills and the one capture-time forward short: a no-op replay makes 
 size irrelevant to a step.
 
     python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
-        [--out benchmarks/results/host_step.jsonl]
+        [--held-draft] [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
 the first step on; a step's host time is the median time between two of the scheduler's
-overlapped decode calls. Median (and range) over the repeats.
+overlapped decode calls. Median (and range) over the repeats. With --held-draft a second engine
+with a STANDALONE draft (the tiny model itself) held to plain steps takes turns with the first,
+a repeat each: what a plain step costs the host in an engine that could speculate.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ import common  # noqa: E402
 
 common.add_repo_to_path()
 
+HELD = "STANDALONE held to plain steps"
+
+
 class _NoReplay:
     def replay(self) -> None:
         pass
@@ -48,8 +53,9 @@ def stub_cuda_timing() -> None:
     torch.cuda.memory_allocated = lambda *a: 0
 
 
-def graph_engine(path: str, max_bs: int):
-    """A CPU engine whose DECODE steps replay graphs that do nothing."""
+def graph_engine(path: str, max_bs: int, held_draft: bool = False):
+    """A CPU engine whose DECODE steps replay graphs that do nothing; with held_draft, one with
+    a STANDALONE draft (the model itself) whose adaptive controller picks plain steps."""
     import specpcg.graphs.decode_runner as decode_runner
     from specpcg import Engine
     from specpcg.core import CaptureHiddenMode
@@ -57,9 +63,16 @@ def graph_engine(path: str, max_bs: int):
 
     decode_runner.warm_and_capture = _capture_once
     stub_cuda_timing()
+    draft = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=path,
+                 speculative_num_steps=3, speculative_eagle_topk=1,
+                 speculative_num_draft_tokens=4) if held_draft else {}
     engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                     attention_backend="triton", max_total_tokens=max_bs * 512,
-                    max_running_requests=max_bs)
+                    max_running_requests=max_bs, **draft)
+    if held_draft:
+        from holds import plain_only
+
+        plain_only(engine)
     kw = dict(show_progress=False)
     try:
         runner = decode_runner.DecodeGraphRunner(engine.runner, decode_batch_buckets(max_bs),
@@ -103,21 +116,30 @@ def call_gaps(engine, method: str, batch: int, new_tokens: int, repeats: int,
     return runs
 
 
-def step_us(engine, batch: int, steps: int, repeats: int) -> tuple:
-    """Over the repeats: the median, min and max of a run's median time between two decode
-    calls of the scheduler (each launches a step and reads the one before: one step of host
-    work), the median of a run's mean (what throughput sees: rare slow steps count), and the
-    slowest step."""
-    def check(calls: int) -> None:
-        assert calls >= steps - 1, f"{calls} overlapped decode calls"
-
-    runs = call_gaps(engine, "_run_overlapped", batch, steps, repeats, check)
+def step_stats(runs: list) -> tuple:
+    """Over the repeats' call gaps (call_gaps' runs): the median, min and max of a run's
+    median time between two decode calls of the scheduler (each launches a step and reads the
+    one before: one step of host work), the median of a run's mean (what throughput sees: rare
+    slow steps count), and the slowest step; microseconds."""
     medians = [common.median(g) * 1e6 for g in runs]
     return (common.median(medians), min(medians), max(medians),
             common.median(sum(g) / len(g) * 1e6 for g in runs), max(max(g) for g in runs) * 1e6)
 
 
-def main(argv=None) -> None:
+def runs_in_turn(engines: dict, batch: int, steps: int, repeats: int) -> dict:
+    """{name: call_gaps' runs}: the engines take turns a repeat at a time, so the machine's
+    drift lands on each alike."""
+    def check(calls: int) -> None:
+        assert calls >= steps - 1, f"{calls} overlapped decode calls"
+
+    runs = {name: [] for name in engines}
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            runs[name] += call_gaps(engine, "_run_overlapped", batch, steps, 1, check)
+    return runs
+
+
+def main(argv=None) -> list:
     from tests.tiny_models import save_tiny_checkpoint
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -125,26 +147,36 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=192,
                    help="new tokens per request (the tiny model holds 256 positions)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--held-draft", action="store_true",
+                   help="beside it, an engine with a draft held to plain steps")
     p.add_argument("--out", default=None, help="append a JSON line per batch size here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as path:
         save_tiny_checkpoint("llama", path)
-        engine = graph_engine(path, max(args.batches))
+        engines = {"no-spec": graph_engine(path, max(args.batches))}
+        if args.held_draft:
+            engines[HELD] = graph_engine(path, max(args.batches), held_draft=True)
         records = []
         for bs in args.batches:
-            med, lo, hi, mean, worst = step_us(engine, bs, args.steps, args.repeats)
-            served = {s["runner"] for s in engine.router.forward_stats() if s["mode"] == "DECODE"}
-            assert served == {"decode_graph"}, f"DECODE steps ran on {served}"
-            print(f"batch {bs:3d}: {med:7.1f} us a step (host), range {lo:.1f}-{hi:.1f}; "
-                  f"mean {mean:.1f}, slowest step {worst:.0f}")
-            records.append({"bench": "host_step", "batch_size": bs, "host_us_per_step": med,
-                            "min_us": lo, "max_us": hi, "mean_us": mean,
-                            "slowest_step_us": worst, "steps": args.steps,
-                            "repeats": args.repeats, **common.machine_info(engine.device),
-                            "time": common.now_iso()})
+            runs = runs_in_turn(engines, bs, args.steps, args.repeats)
+            for name, engine in engines.items():
+                records.append(_record(name, engine, bs, step_stats(runs[name]), args))
     if args.out:
         common.append_jsonl(args.out, records)
+    return records
+
+
+def _record(name: str, engine, bs: int, stats: tuple, args) -> dict:
+    med, lo, hi, mean, worst = stats
+    served = {s["runner"] for s in engine.router.forward_stats() if s["mode"] == "DECODE"}
+    assert served == {"decode_graph"}, f"DECODE steps ran on {served}"
+    print(f"{name}: batch {bs:3d}: {med:7.1f} us a step (host), range {lo:.1f}-{hi:.1f}; "
+          f"mean {mean:.1f}, slowest step {worst:.0f}")
+    return {"bench": "host_step", "engine": name, "batch_size": bs, "host_us_per_step": med,
+            "min_us": lo, "max_us": hi, "mean_us": mean, "slowest_step_us": worst,
+            "steps": args.steps, "repeats": args.repeats, **common.machine_info(engine.device),
+            "time": common.now_iso()}
 
 
 if __name__ == "__main__":

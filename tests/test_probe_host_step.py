@@ -1,0 +1,16 @@
+"""benchmarks/probe_host_step.py: the engine with a draft held to plain steps runs the same
+no-op decode graphs, its turns taken beside the engine without one."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import probe_host_step  # noqa: E402
+
+
+def test_the_held_draft_engine_times_plain_graph_steps_beside_no_spec():
+    records = probe_host_step.main(["--batches", "1", "2", "--steps", "6", "--repeats", "2",
+                                    "--held-draft"])
+    assert [(r["engine"], r["batch_size"]) for r in records] == [
+        ("no-spec", 1), (probe_host_step.HELD, 1), ("no-spec", 2), (probe_host_step.HELD, 2)]
+    assert all(r["host_us_per_step"] > 0 for r in records)
