@@ -43,13 +43,14 @@ def _answers(placed: bool, late_from: int, n: int = 8, ctrl=None) -> list:
 def test_a_batch_of_one_speculates_where_its_answer_accepts():
     """Verifies accept nothing in an answer's first half and pay 2.4x plain steps in its
     second. Blind to the place, the controller measures speculation over both halves, mostly
-    the first, and decodes plain through the second half of every answer after the first;
-    placed, it speculates through most of every later answer's second half and runs its answers over
-    15% sooner."""
+    the first, and decodes plain through nearly all of the later answers' second halves (a
+    look that lands there speculates a few steps); placed, it speculates through most of every
+    later answer's second half and runs its answers over 15% sooner."""
     placed, blind = _answers(True, 64), _answers(False, 64)
     spec_late = [sum(late) / len(late) for _, late in placed[2:]]
     assert min(spec_late) >= 0.8 and spec_late[-4:] == [1.0] * 4, spec_late
-    assert sum(sum(late) for _, late in blind[2:]) <= 4, [sum(x) for _, x in blind]
+    blind_late = [late for _, late in blind[2:]]
+    assert sum(map(sum, blind_late)) <= 0.1 * sum(map(len, blind_late)), list(map(sum, blind_late))
     assert sum(s for s, _ in placed[2:]) < 0.85 * sum(s for s, _ in blind[2:])
 
 

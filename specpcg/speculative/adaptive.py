@@ -96,6 +96,13 @@ TAIL_TOKENS = 16
 # step at batch 64 on a 2-core CPU, while a step of the default model at batch 64 lasts about
 # 1.6 ms on an H100 and the host prepares the next one within it.
 REDECIDE_EVERY = 8
+# A look's wait, once past its bucket's explore_every, is priced again (look_wait: the windows'
+# sums, and the draft's lag) when it comes due or this many steps after it was last priced, not
+# every step: priced every step, the choice took a fifth of a plain step's host work at batch
+# 16 (no-op graph steps of a tiny model, `probe_host_step.py --held-draft`, under cProfile)
+# while the wait ran hundreds of steps past explore_every. A look then comes at most this many
+# steps after a wait that shrank between two pricings.
+LOOK_PRICED_EVERY = 8
 # What chose a step that switched side (info()'s "switches"): the side borrowed for the step
 # after a prefill, a bucket's warm-up, a batch's tail staying on its side, a look at the other
 # side (into it and back), the choice on rates (requests waiting, or shadow verifies) or on the
@@ -186,7 +193,7 @@ class AdaptiveSpeculation:
                 self._end_look(b, choice, key, batch_size)
             b.since_explore += 1
             if self._look_due(b, choice, batch_size):  # look again
-                b.since_explore, b.explored_from = 0, choice
+                b.since_explore, b.explored_from, b.look_priced = 0, choice, (None, 0)
                 b.explore_left, choice, why = EXPLORE_STEPS - 1, not choice, "look"
         if self._last_choice is not None and choice != self._last_choice:
             self.switched[(key, why)] += 1
@@ -253,12 +260,16 @@ class AdaptiveSpeculation:
         difference within the rounds' spread; simulated, where plain steps win, told ran
         1.000-1.001 of the faster pinned side against 0.979-0.988 (README, "The draft's
         whole lag")."""
-        if not (b.since_explore >= b.explore_every
-                and b.since_explore >= b.look_every(choice, batch_size)):
+        side, until = b.look_priced
+        if b.since_explore < b.explore_every or (side == choice and b.since_explore < until):
             return False
-        if choice or b.shadowed or self._behind is None:
-            return True
-        return b.since_explore >= b.look_wait(False, batch_size, self._lag(batch_size))
+        wait = b.look_every(choice, batch_size)
+        if wait <= b.since_explore and not (choice or b.shadowed or self._behind is None):
+            wait = b.look_wait(False, batch_size, self._lag(batch_size))
+        if b.since_explore < wait:  # priced again once due, or LOOK_PRICED_EVERY steps on
+            b.look_priced = (choice, min(wait, b.since_explore + LOOK_PRICED_EVERY))
+            return False
+        return True
 
     def _lag(self, batch_size: int) -> int:
         """The positions a switch into speculation catches the draft up on (use_spec's

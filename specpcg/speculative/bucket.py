@@ -52,6 +52,9 @@ class Bucket:
     spec: Rate = field(default_factory=Rate)
     decode: Rate = field(default_factory=Rate)
     since_explore: int = 0
+    # (the side chosen, since_explore): below it a look is not due, as last priced on that side
+    # (AdaptiveSpeculation._look_due, LOOK_PRICED_EVERY)
+    look_priced: tuple = (None, 0)
     explore_left: int = 0  # steps of a look still to run, on the side other than explored_from
     explore_every: int = EXPLORE_EVERY  # steps between two looks at the slower side
     explored_from: Optional[bool] = None  # the choice before the look in progress or just run
@@ -82,7 +85,8 @@ class Bucket:
         key = place_of(position)
         if key not in self.places:
             self.places[key] = PlacedRate(self.every_place)
-        self.spec = self.places[key]
+        if self.spec is not self.places[key]:  # another stretch: its look not priced yet
+            self.spec, self.look_priced = self.places[key], (None, 0)
 
     def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
