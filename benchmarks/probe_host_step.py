@@ -10,13 +10,14 @@ keeps the prefills and the one capture-time forward short: a no-op replay makes 
 size irrelevant to a step.
 
     python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
-        [--held-draft] [--out benchmarks/results/host_step.jsonl]
+        [--draft held|adaptive] [--profile N] [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
 the first step on; a step's host time is the median time between two of the scheduler's
-overlapped decode calls. Median (and range) over the repeats. With --held-draft a second engine
-with a STANDALONE draft (the tiny model itself) held to plain steps takes turns with the first,
-a repeat each: what a plain step costs the host in an engine that could speculate.
+overlapped decode calls. Median (and range) over the repeats. With --draft a second engine with
+a STANDALONE draft (the tiny model itself), held to plain steps or left to choose them, takes
+turns with the first, a repeat each: what a plain step costs the host in an engine that could
+speculate, and what its adaptive controller adds.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import common  # noqa: E402
 
 common.add_repo_to_path()
 
-HELD = "STANDALONE held to plain steps"
+DRAFTED = {"held": "STANDALONE held to plain steps", "adaptive": "STANDALONE, adaptive"}
 
 
 class _NoReplay:
@@ -53,9 +54,11 @@ def stub_cuda_timing() -> None:
     torch.cuda.memory_allocated = lambda *a: 0
 
 
-def graph_engine(path: str, max_bs: int, held_draft: bool = False):
-    """A CPU engine whose DECODE steps replay graphs that do nothing; with held_draft, one with
-    a STANDALONE draft (the model itself) whose adaptive controller picks plain steps."""
+def graph_engine(path: str, max_bs: int, draft: str = None):
+    """A CPU engine whose DECODE steps replay graphs that do nothing; with `draft`, one with a
+    STANDALONE draft (the model itself) whose adaptive controller is held to plain steps
+    ("held"), or left to choose ("adaptive": its speculative steps run eagerly on CPU, so after
+    its warm-up it decodes plain, but for its looks)."""
     import specpcg.graphs.decode_runner as decode_runner
     from specpcg import Engine
     from specpcg.core import CaptureHiddenMode
@@ -63,13 +66,13 @@ def graph_engine(path: str, max_bs: int, held_draft: bool = False):
 
     decode_runner.warm_and_capture = _capture_once
     stub_cuda_timing()
-    draft = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=path,
-                 speculative_num_steps=3, speculative_eagle_topk=1,
-                 speculative_num_draft_tokens=4) if held_draft else {}
+    spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=path,
+                speculative_num_steps=3, speculative_eagle_topk=1,
+                speculative_num_draft_tokens=4) if draft else {}
     engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                     attention_backend="triton", max_total_tokens=max_bs * 512,
-                    max_running_requests=max_bs, **draft)
-    if held_draft:
+                    max_running_requests=max_bs, **spec)
+    if draft == "held":
         from holds import plain_only
 
         plain_only(engine)
@@ -147,24 +150,42 @@ def main(argv=None) -> list:
     p.add_argument("--steps", type=int, default=192,
                    help="new tokens per request (the tiny model holds 256 positions)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--held-draft", action="store_true",
-                   help="beside it, an engine with a draft held to plain steps")
+    p.add_argument("--draft", choices=("held", "adaptive"), default=None,
+                   help="beside it, an engine with a draft held to plain steps or not")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="then one more batch of the largest size per engine under cProfile: "
+                        "its N engine functions of most cumulative time")
     p.add_argument("--out", default=None, help="append a JSON line per batch size here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as path:
         save_tiny_checkpoint("llama", path)
         engines = {"no-spec": graph_engine(path, max(args.batches))}
-        if args.held_draft:
-            engines[HELD] = graph_engine(path, max(args.batches), held_draft=True)
+        if args.draft:
+            engines[DRAFTED[args.draft]] = graph_engine(path, max(args.batches), args.draft)
         records = []
         for bs in args.batches:
             runs = runs_in_turn(engines, bs, args.steps, args.repeats)
             for name, engine in engines.items():
                 records.append(_record(name, engine, bs, step_stats(runs[name]), args))
+        for name, engine in engines.items() if args.profile else ():
+            print(f"\n{name}, batch {max(args.batches)} under cProfile:")
+            profiled(engine, max(args.batches), args.steps, args.profile)
     if args.out:
         common.append_jsonl(args.out, records)
     return records
+
+
+def profiled(engine, batch: int, steps: int, top: int) -> None:
+    """One batch under cProfile: the engine's `top` functions by cumulative time."""
+    import cProfile
+    import pstats
+
+    prompts = [[(7 * i + j) % 100 + 3 for j in range(12 + i % 5)] for i in range(batch)]
+    params = {"max_new_tokens": steps, "temperature": 0, "ignore_eos": True}
+    profile = cProfile.Profile()
+    profile.runcall(engine.generate, input_ids=prompts, sampling_params=params)
+    pstats.Stats(profile).sort_stats("cumulative").print_stats("specpcg/(?!models)", top)
 
 
 def _record(name: str, engine, bs: int, stats: tuple, args) -> dict:
