@@ -11,6 +11,7 @@ import probe_host_step  # noqa: E402
 def test_the_held_draft_engine_times_plain_graph_steps_beside_no_spec():
     records = probe_host_step.main(["--batches", "1", "2", "--steps", "6", "--repeats", "2",
                                     "--draft", "held"])
+    held = probe_host_step.DRAFTED["held"]
     assert [(r["engine"], r["batch_size"]) for r in records] == [
-        ("no-spec", 1), (probe_host_step.DRAFTED["held"], 1), ("no-spec", 2), (probe_host_step.DRAFTED["held"], 2)]
+        ("no-spec", 1), (held, 1), ("no-spec", 2), (held, 2)]
     assert all(r["host_us_per_step"] > 0 for r in records)
