@@ -99,9 +99,9 @@ REDECIDE_EVERY = 8
 # A look's wait, once past its bucket's explore_every, is priced again (look_wait: the windows'
 # sums, and the draft's lag) when it comes due or this many steps after it was last priced, not
 # every step: priced every step, the choice took a fifth of a plain step's host work at batch
-# 16 (no-op graph steps of a tiny model, `probe_host_step.py --held-draft`, under cProfile)
-# while the wait ran hundreds of steps past explore_every. A look then comes at most this many
-# steps after a wait that shrank between two pricings.
+# 16 (no-op graph steps of a tiny model, `probe_host_step.py --draft adaptive --profile`),
+# half of it this pricing. A look then comes at most this many steps after a wait that shrank
+# between two pricings.
 LOOK_PRICED_EVERY = 8
 # What chose a step that switched side (info()'s "switches"): the side borrowed for the step
 # after a prefill, a bucket's warm-up, a batch's tail staying on its side, a look at the other
