@@ -24,7 +24,7 @@ import time
 from collections import Counter
 
 import common
-from holds import HOLDS, eager_prompts, plain_only  # noqa: F401 (probes and tests)
+from holds import HOLDS
 from stalls import StallWatch
 
 common.add_repo_to_path()

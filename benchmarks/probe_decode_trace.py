@@ -161,7 +161,8 @@ def main(argv=None) -> None:
                    help="128 with 64 new tokens: probe_step_trace's contexts")
     p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args(argv)
-    from bench_adaptive import engine_kwargs, plain_only
+    from bench_adaptive import engine_kwargs
+    from holds import plain_only
 
     kw = engine_kwargs("plain", args.algorithm, args.draft, (3, 1, 4)) if args.algorithm else {}
     engine = Engine(model_path=args.model_path or default_model_path(), show_progress=False,

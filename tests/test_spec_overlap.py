@@ -371,9 +371,9 @@ def test_new_prompts_catch_up_in_the_prompt_runners_replays(world, algo, adaptiv
     assert replays and not eager, (replays, eager)
     # bench_adaptive's *-eager-prompts systems: the same engine without the prompt runner.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bench_adaptive
+    import holds
 
-    bench_adaptive.eager_prompts(engine)
+    holds.eager_prompts(engine)
     replays.clear()
     _exact_outputs_all_accepted(few, engine)
     assert eager and not replays, (replays, eager)
