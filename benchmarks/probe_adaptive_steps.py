@@ -20,7 +20,12 @@ speculative steps beside pinned speculation's steady ones.
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
         [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--script P S]
-        [--rounds N] [--out FILE]
+        [--rounds N] [--profile N] [--out FILE]
+
+With --profile N, one more batch per system and size runs under cProfile: its N heaviest engine
+functions by self time and by cumulative time, printed and written as lines
+`"probe": "adaptive_steps_profile"` (two engines profiled alike show which host work one of
+them adds; cProfile's seconds are several times the real ones).
 """
 
 from __future__ import annotations
@@ -208,6 +213,21 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
         adaptive.__dict__.update(held)
 
 
+def profiled_round(engine, system: str, bs: int, prompts: list, params: dict, top: int,
+                   out) -> None:
+    """One more batch under cProfile (the module docstring's --profile)."""
+    from profiling import print_rows, profile_rows
+
+    for sort in ("tottime", "cumtime"):
+        rows = profile_rows(lambda: engine.generate(input_ids=prompts, sampling_params=params),
+                            top, sort)
+        print_rows(f"{system}, batch {bs}, by {sort}:", rows)
+        if out:
+            out.write(json.dumps({"probe": "adaptive_steps_profile", "system": system,
+                                  "batch": bs, "sort": sort, "rows": rows,
+                                  **common.machine_info(engine.device)}) + "\n")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None)
@@ -223,6 +243,8 @@ def main(argv=None) -> None:
                    help="logged batches per size, after the untimed one (bench_adaptive's "
                         "--repeats: the adaptive engine's state carries from one to the next)")
     p.add_argument("--script", type=int, nargs=2, default=None, metavar=("PLAIN", "SPEC"))
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="then one batch per size under cProfile: its N heaviest functions")
     p.add_argument("--out", default=None,
                    help="append JSON lines: one per call, then the summary")
     args = p.parse_args(argv)
@@ -249,6 +271,8 @@ def main(argv=None) -> None:
             engine.generate(input_ids=prompts, sampling_params=params)
             for rnd in range(args.rounds):
                 logged_round(engine, args, system, bs, rnd, prompts, params, out)
+            if args.profile:
+                profiled_round(engine, system, bs, prompts, params, args.profile, out)
         # NOTE: shutdown alone left the next engine no memory for its KV cache (H100, 7f5f586).
         close(engine)
     if out:

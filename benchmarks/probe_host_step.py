@@ -169,7 +169,7 @@ def main(argv=None) -> list:
             for name, engine in engines.items():
                 records.append(_record(name, engine, bs, step_stats(runs[name]), args))
         for name, engine in engines.items() if args.profile else ():
-            print(f"\n{name}, batch {max(args.batches)} under cProfile:")
+            print(f"\n{name}, batch {max(args.batches)} under cProfile:", end="")
             profiled(engine, max(args.batches), args.steps, args.profile)
     if args.out:
         common.append_jsonl(args.out, records)
@@ -177,15 +177,16 @@ def main(argv=None) -> list:
 
 
 def profiled(engine, batch: int, steps: int, top: int) -> None:
-    """One batch under cProfile: the engine's `top` functions by cumulative time."""
-    import cProfile
-    import pstats
+    """One batch under cProfile: the engine's `top` functions by self time, then by
+    cumulative time."""
+    from profiling import print_rows, profile_rows
 
     prompts = [[(7 * i + j) % 100 + 3 for j in range(12 + i % 5)] for i in range(batch)]
     params = {"max_new_tokens": steps, "temperature": 0, "ignore_eos": True}
-    profile = cProfile.Profile()
-    profile.runcall(engine.generate, input_ids=prompts, sampling_params=params)
-    pstats.Stats(profile).sort_stats("cumulative").print_stats("specpcg/(?!models)", top)
+    for sort in ("tottime", "cumtime"):
+        rows = profile_rows(lambda: engine.generate(input_ids=prompts, sampling_params=params),
+                            top, sort)
+        print_rows(f"by {sort}:", rows)
 
 
 def _record(name: str, engine, bs: int, stats: tuple, args) -> dict:

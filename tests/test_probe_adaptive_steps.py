@@ -31,3 +31,29 @@ def test_a_hold_holds_after_the_first_logged_round(tmp_path, capsys):
     assert all('"spec"' not in line.split('"calls"')[1].split('"recorded"')[0]
                for line in summaries)  # no speculative call in either round
     engine.shutdown()
+
+
+def test_a_profiled_round_names_the_engines_own_functions(tmp_path, capsys):
+    import json
+
+    import probe_adaptive_steps as probe
+    from specpcg import Engine
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
+                    skip_tokenizer_init=True, show_progress=False)
+    out = tmp_path / "profile.jsonl"
+    with open(out, "w") as f:
+        probe.profiled_round(engine, "no-spec", 2, [[5, 6, 7]] * 2,
+                             {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}, 5, f)
+    lines = [json.loads(line) for line in open(out)]
+    assert [line["sort"] for line in lines] == ["tottime", "cumtime"]
+    for line in lines:
+        assert 0 < len(line["rows"]) <= 5
+        assert all(r["name"].startswith(("specpcg/", "drafts/", "kernels/")) for r in line["rows"])
+    cum = [r["cum_s"] for r in lines[1]["rows"]]
+    assert cum == sorted(cum, reverse=True)
+    assert any("scheduler.py" in r["name"] for r in lines[1]["rows"])  # the step's path
+    assert "by cumtime" in capsys.readouterr().out
+    engine.shutdown()
