@@ -1,0 +1,148 @@
+"""What building a second engine in the process does to the first one's decode steps.
+
+A no-spec engine decodes a batch (--batch requests, --max-new-tokens each, EOS ignored) for
+--rounds timed rounds; then a second engine is built (--second: no-spec, or pinned / adaptive
+speculation with --algorithm and --draft), and the first engine's rounds run again; with
+--close, the second engine is closed and they run a third time. Per round: tokens per second,
+and, around every call of the decode graph runner's forward (the graph replay and the logits
+it returns), the host's seconds in the call and from one call to the next; on CUDA also the
+device's seconds inside the call and between two calls (events recorded around it), medians
+in microseconds. Kernel time that stays the same while the device's span inside the call
+grows means the replay itself runs with gaps.
+
+    python benchmarks/probe_neighbor.py [--model-path P] [--second adaptive]
+        [--algorithm STANDALONE] [--draft DIR] [--batch 16] [--rounds 2] [--close]
+        [--out benchmarks/results/neighbor.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import common
+
+common.add_repo_to_path()
+
+from bench_adaptive import engine_kwargs, prompts_for  # noqa: E402
+
+SECONDS = ("no-spec", "pinned", "adaptive")
+
+
+class ForwardClock:
+    """Wraps DecodeGraphRunner.forward while on: each call's host start and end, and on CUDA
+    an event before and after it."""
+
+    def __init__(self, cuda: bool):
+        from specpcg.graphs.decode_runner import DecodeGraphRunner
+
+        self.cls, self.real, self.cuda, self.calls = DecodeGraphRunner, DecodeGraphRunner.forward, \
+            cuda, []
+
+    def __enter__(self):
+        real, calls, cuda = self.real, self.calls, self.cuda
+        calls.clear()
+
+        def timed(runner, batch):
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
+            start = time.perf_counter()
+            if events:
+                events[0].record()
+            out = real(runner, batch)
+            if events:
+                events[1].record()
+            calls.append((start, time.perf_counter(), events))
+            return out
+        self.cls.forward = timed
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.forward = self.real
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def medians(self) -> dict:
+        """Microseconds, medians over the calls but the first and last two (the batch's
+        start and end)."""
+        calls = self.calls[2:-2]
+        pairs = list(zip(calls, calls[1:]))
+        out = {"host_in_call_us": _med((e - s) * 1e6 for s, e, _ in calls),
+               "host_call_to_call_us": _med((b[0] - a[0]) * 1e6 for a, b in pairs)}
+        if self.cuda and calls:
+            out["device_in_call_us"] = _med(ev[0].elapsed_time(ev[1]) * 1e3
+                                            for _, _, ev in calls)
+            out["device_between_calls_us"] = _med(a[2][1].elapsed_time(b[2][0]) * 1e3
+                                                  for a, b in pairs)
+        return out
+
+
+def _med(values) -> float:
+    values = sorted(values)
+    return round(values[len(values) // 2], 1) if values else 0.0
+
+
+def timed_rounds(engine, prompts: list, params: dict, rounds: int, stage: str) -> list:
+    lines = []
+    for rnd in range(rounds):
+        with ForwardClock(engine.device.type == "cuda") as clock:
+            t0 = time.perf_counter()
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            wall = time.perf_counter() - t0
+        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        lines.append({"probe": "neighbor", "stage": stage, "round": rnd,
+                      "tok_s": round(tokens / wall), **clock.medians()})
+        print(json.dumps(lines[-1]), flush=True)
+    return lines
+
+
+def main(argv=None, extra: dict = None) -> list:
+    """extra: more Engine arguments for both engines (a test's CPU dtype, no tokenizer)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--second", choices=SECONDS, default="adaptive")
+    p.add_argument("--algorithm", default="STANDALONE")
+    p.add_argument("--draft", default=None, help="the second engine's draft (STANDALONE: a "
+                                                 "model path; the model itself if left out)")
+    p.add_argument("--setting", default="3,1,4", help="steps,topk,tokens")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--close", action="store_true", help="then close the second engine")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from bench_accept import close
+    from specpcg import Engine
+    from specpcg.models.loader import default_model_path
+
+    model = args.model_path or str(default_model_path())
+    draft = args.draft or (model if args.algorithm == "STANDALONE" else None)
+    common_kw = dict(model_path=model, show_progress=False, max_running_requests=args.batch,
+                     cuda_graph_max_bs=args.batch, **({"device": args.device}
+                                                      if args.device else {}), **(extra or {}))
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    # The first engine takes 0.4 of the device's memory, the second 0.8 of it all (what is
+    # left): as bench_adaptive sizes engines that share a device.
+    first = Engine(mem_fraction_static=0.4, **common_kw)
+    prompts = prompts_for(first, args.batch, 128)[:args.batch]
+    first.generate(input_ids=prompts, sampling_params=params)  # untimed
+    lines = timed_rounds(first, prompts, params, args.rounds, "alone")
+    second = Engine(mem_fraction_static=0.8, **common_kw, **engine_kwargs(
+        args.second, args.algorithm, draft, common.parse_setting(args.setting)))
+    lines += timed_rounds(first, prompts, params, args.rounds, f"beside {args.second}")
+    if args.close:
+        close(second)
+        lines += timed_rounds(first, prompts, params, args.rounds, f"{args.second} closed")
+    info = {"second": args.second, "algorithm": args.algorithm if args.second != "no-spec"
+            else None, "batch": args.batch, **common.machine_info(first.device)}
+    lines = [{**line, **info} for line in lines]
+    if args.out:
+        common.append_jsonl(args.out, lines)
+    return lines
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""benchmarks/probe_neighbor.py: the first engine's rounds alone, beside a second engine and
+after it closes, with the host's timings of the decode graph runner's calls."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_the_clock_times_each_call_and_puts_the_runner_back(monkeypatch):
+    import time
+
+    import probe_neighbor
+    from specpcg.graphs.decode_runner import DecodeGraphRunner
+
+    def fake_forward(runner, batch):
+        time.sleep(0.002)
+        return batch * 2
+
+    monkeypatch.setattr(DecodeGraphRunner, "forward", fake_forward)
+    with probe_neighbor.ForwardClock(cuda=False) as clock:
+        outs = [DecodeGraphRunner.forward(None, i) for i in range(8)]
+    assert outs == [2 * i for i in range(8)]  # the real call's result passes through
+    assert DecodeGraphRunner.forward is fake_forward
+    assert len(clock.calls) == 8
+    m = clock.medians()
+    assert set(m) == {"host_in_call_us", "host_call_to_call_us"}  # no device columns on CPU
+    assert 2000 <= m["host_in_call_us"] <= m["host_call_to_call_us"]
+
+
+def test_the_first_engine_runs_alone_beside_a_drafted_one_and_after_it_closed(tmp_path):
+    import probe_neighbor
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    out = tmp_path / "neighbor.jsonl"
+    lines = probe_neighbor.main(
+        ["--model-path", str(tmp_path), "--second", "pinned", "--algorithm", "STANDALONE",
+         "--batch", "2", "--max-new-tokens", "6", "--rounds", "1", "--close", "--device", "cpu",
+         "--out", str(out)], extra={"dtype": "float32", "skip_tokenizer_init": True})
+    assert [line["stage"] for line in lines] == ["alone", "beside pinned", "pinned closed"]
+    assert all(line["tok_s"] > 0 and line["second"] == "pinned" for line in lines)
+    assert len(out.read_text().splitlines()) == 3
