@@ -12,7 +12,11 @@ grows means the replay itself runs with gaps.
 
     python benchmarks/probe_neighbor.py [--model-path P] [--second adaptive]
         [--algorithm STANDALONE] [--draft DIR] [--batch 16] [--rounds 2] [--close]
-        [--out benchmarks/results/neighbor.jsonl]
+        [--second-kw disable_cuda_graph=true ...] [--out benchmarks/results/neighbor.jsonl]
+
+--second-kw sets Engine arguments of the second engine alone: a drafted engine without its
+decode graphs (disable_cuda_graph=true), or NGRAM (no draft model), tells which part of its
+start-up the first engine's steps feel.
 """
 
 from __future__ import annotations
@@ -79,6 +83,29 @@ class ForwardClock:
         return out
 
 
+def engine_value(text: str):
+    """KEY=VALUE's value: true / false, an int, a float, or the text."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_kw(pairs: list) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--second-kw: expected KEY=VALUE, got {pair!r}")
+        out[key] = engine_value(value)
+    return out
+
+
 def _med(values) -> float:
     values = sorted(values)
     return round(values[len(values) // 2], 1) if values else 0.0
@@ -111,6 +138,8 @@ def main(argv=None, extra: dict = None) -> list:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--close", action="store_true", help="then close the second engine")
+    p.add_argument("--second-kw", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="Engine arguments of the second engine alone")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -130,14 +159,16 @@ def main(argv=None, extra: dict = None) -> list:
     prompts = prompts_for(first, args.batch, 128)[:args.batch]
     first.generate(input_ids=prompts, sampling_params=params)  # untimed
     lines = timed_rounds(first, prompts, params, args.rounds, "alone")
-    second = Engine(mem_fraction_static=0.8, **common_kw, **engine_kwargs(
-        args.second, args.algorithm, draft, common.parse_setting(args.setting)))
+    second_kw = parse_kw(args.second_kw)
+    second = Engine(**{**common_kw, "mem_fraction_static": 0.8, **engine_kwargs(
+        args.second, args.algorithm, draft, common.parse_setting(args.setting)), **second_kw})
     lines += timed_rounds(first, prompts, params, args.rounds, f"beside {args.second}")
     if args.close:
         close(second)
         lines += timed_rounds(first, prompts, params, args.rounds, f"{args.second} closed")
     info = {"second": args.second, "algorithm": args.algorithm if args.second != "no-spec"
-            else None, "batch": args.batch, **common.machine_info(first.device)}
+            else None, "second_kw": second_kw, "batch": args.batch,
+            **common.machine_info(first.device)}
     lines = [{**line, **info} for line in lines]
     if args.out:
         common.append_jsonl(args.out, lines)

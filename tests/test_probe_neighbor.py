@@ -37,7 +37,22 @@ def test_the_first_engine_runs_alone_beside_a_drafted_one_and_after_it_closed(tm
     lines = probe_neighbor.main(
         ["--model-path", str(tmp_path), "--second", "pinned", "--algorithm", "STANDALONE",
          "--batch", "2", "--max-new-tokens", "6", "--rounds", "1", "--close", "--device", "cpu",
-         "--out", str(out)], extra={"dtype": "float32", "skip_tokenizer_init": True})
+         "--second-kw", "disable_overlap_schedule=true", "--out", str(out)],
+        extra={"dtype": "float32", "skip_tokenizer_init": True})
     assert [line["stage"] for line in lines] == ["alone", "beside pinned", "pinned closed"]
     assert all(line["tok_s"] > 0 and line["second"] == "pinned" for line in lines)
+    assert all(line["second_kw"] == {"disable_overlap_schedule": True} for line in lines)
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_second_engine_arguments_parse_to_their_types():
+    import pytest
+
+    import probe_neighbor
+
+    assert probe_neighbor.parse_kw(["disable_cuda_graph=true", "cuda_graph_max_bs=8",
+                                    "mem_fraction_static=0.5", "attention_backend=triton"]) == {
+        "disable_cuda_graph": True, "cuda_graph_max_bs": 8, "mem_fraction_static": 0.5,
+        "attention_backend": "triton"}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        probe_neighbor.parse_kw(["disable_cuda_graph"])
