@@ -12,11 +12,13 @@ grows means the replay itself runs with gaps.
 
     python benchmarks/probe_neighbor.py [--model-path P] [--second adaptive]
         [--algorithm STANDALONE] [--draft DIR] [--batch 16] [--rounds 2] [--close]
-        [--second-kw disable_cuda_graph=true ...] [--out benchmarks/results/neighbor.jsonl]
+        [--second-kw disable_cuda_graph=true ...] [--second-first]
+        [--out benchmarks/results/neighbor.jsonl]
 
 --second-kw sets Engine arguments of the second engine alone: a drafted engine without its
 decode graphs (disable_cuda_graph=true), or NGRAM (no draft model), tells which part of its
-start-up the first engine's steps feel.
+start-up the first engine's steps feel. --second-first builds the second engine before the
+first one and keeps it: whether the order matters.
 """
 
 from __future__ import annotations
@@ -125,8 +127,7 @@ def timed_rounds(engine, prompts: list, params: dict, rounds: int, stage: str) -
     return lines
 
 
-def main(argv=None, extra: dict = None) -> list:
-    """extra: more Engine arguments for both engines (a test's CPU dtype, no tokenizer)."""
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None)
     p.add_argument("--second", choices=SECONDS, default="adaptive")
@@ -138,11 +139,18 @@ def main(argv=None, extra: dict = None) -> list:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--close", action="store_true", help="then close the second engine")
+    p.add_argument("--second-first", action="store_true",
+                   help="build the second engine before the first (no round alone)")
     p.add_argument("--second-kw", nargs="*", default=[], metavar="KEY=VALUE",
                    help="Engine arguments of the second engine alone")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None, extra: dict = None) -> list:
+    """extra: more Engine arguments for both engines (a test's CPU dtype, no tokenizer)."""
+    args = parse_args(argv)
     from bench_accept import close
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
@@ -152,23 +160,28 @@ def main(argv=None, extra: dict = None) -> list:
     common_kw = dict(model_path=model, show_progress=False, max_running_requests=args.batch,
                      cuda_graph_max_bs=args.batch, **({"device": args.device}
                                                       if args.device else {}), **(extra or {}))
+    second_kw = parse_kw(args.second_kw)
+    second_all = {**common_kw, **engine_kwargs(args.second, args.algorithm, draft,
+                                               common.parse_setting(args.setting)), **second_kw}
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
-    # The first engine takes 0.4 of the device's memory, the second 0.8 of it all (what is
-    # left): as bench_adaptive sizes engines that share a device.
-    first = Engine(mem_fraction_static=0.4, **common_kw)
+    # The engine built first takes 0.4 of the device's memory, the other 0.8 of it all (what
+    # is left): as bench_adaptive sizes engines that share a device.
+    second = Engine(**{"mem_fraction_static": 0.4, **second_all}) if args.second_first else None
+    first = Engine(mem_fraction_static=0.8 if second else 0.4, **common_kw)
     prompts = prompts_for(first, args.batch, 128)[:args.batch]
     first.generate(input_ids=prompts, sampling_params=params)  # untimed
-    lines = timed_rounds(first, prompts, params, args.rounds, "alone")
-    second_kw = parse_kw(args.second_kw)
-    second = Engine(**{**common_kw, "mem_fraction_static": 0.8, **engine_kwargs(
-        args.second, args.algorithm, draft, common.parse_setting(args.setting)), **second_kw})
-    lines += timed_rounds(first, prompts, params, args.rounds, f"beside {args.second}")
+    lines = []
+    if second is None:
+        lines += timed_rounds(first, prompts, params, args.rounds, "alone")
+        second = Engine(**{"mem_fraction_static": 0.8, **second_all})
+    stage = f"built after {args.second}" if args.second_first else f"beside {args.second}"
+    lines += timed_rounds(first, prompts, params, args.rounds, stage)
     if args.close:
         close(second)
         lines += timed_rounds(first, prompts, params, args.rounds, f"{args.second} closed")
     info = {"second": args.second, "algorithm": args.algorithm if args.second != "no-spec"
-            else None, "second_kw": second_kw, "batch": args.batch,
-            **common.machine_info(first.device)}
+            else None, "second_kw": second_kw, "second_first": args.second_first,
+            "batch": args.batch, **common.machine_info(first.device)}
     lines = [{**line, **info} for line in lines]
     if args.out:
         common.append_jsonl(args.out, lines)

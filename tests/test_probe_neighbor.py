@@ -56,3 +56,16 @@ def test_second_engine_arguments_parse_to_their_types():
         "attention_backend": "triton"}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         probe_neighbor.parse_kw(["disable_cuda_graph"])
+
+
+def test_the_second_engine_built_first_leaves_no_round_alone(tmp_path):
+    import probe_neighbor
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    lines = probe_neighbor.main(
+        ["--model-path", str(tmp_path), "--second", "no-spec", "--second-first", "--batch", "2",
+         "--max-new-tokens", "4", "--rounds", "2", "--device", "cpu"],
+        extra={"dtype": "float32", "skip_tokenizer_init": True})
+    assert [line["stage"] for line in lines] == ["built after no-spec"] * 2
+    assert all(line["second_first"] and line["algorithm"] is None for line in lines)
