@@ -85,6 +85,28 @@ class ForwardClock:
         return out
 
 
+LIMITS = {"stack_bytes": 0, "malloc_heap_bytes": 2, "persisting_l2_bytes": 6}  # CUlimit
+
+
+def context_limits() -> dict:
+    """The CUDA context's limits (cuCtxGetLimit) that a kernel launched later can raise for
+    every kernel after it, such as the per-thread stack; {} off CUDA or without the driver."""
+    import ctypes
+
+    if not torch.cuda.is_available():
+        return {}
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return {}
+    out = {}
+    for name, limit in LIMITS.items():
+        value = ctypes.c_size_t()
+        if driver.cuCtxGetLimit(ctypes.byref(value), limit) == 0:
+            out[name] = value.value
+    return out
+
+
 def engine_value(text: str):
     """KEY=VALUE's value: true / false, an int, a float, or the text."""
     low = text.lower()
@@ -122,7 +144,8 @@ def timed_rounds(engine, prompts: list, params: dict, rounds: int, stage: str) -
             wall = time.perf_counter() - t0
         tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
         lines.append({"probe": "neighbor", "stage": stage, "round": rnd,
-                      "tok_s": round(tokens / wall), **clock.medians()})
+                      "tok_s": round(tokens / wall), **clock.medians(),
+                      "context_limits": context_limits()})
         print(json.dumps(lines[-1]), flush=True)
     return lines
 

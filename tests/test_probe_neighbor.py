@@ -42,6 +42,7 @@ def test_the_first_engine_runs_alone_beside_a_drafted_one_and_after_it_closed(tm
     assert [line["stage"] for line in lines] == ["alone", "beside pinned", "pinned closed"]
     assert all(line["tok_s"] > 0 and line["second"] == "pinned" for line in lines)
     assert all(line["second_kw"] == {"disable_overlap_schedule": True} for line in lines)
+    assert all(line["context_limits"] == {} for line in lines)  # no CUDA context here
     assert len(out.read_text().splitlines()) == 3
 
 
