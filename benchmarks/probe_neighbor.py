@@ -12,13 +12,15 @@ grows means the replay itself runs with gaps.
 
     python benchmarks/probe_neighbor.py [--model-path P] [--second adaptive]
         [--algorithm STANDALONE] [--draft DIR] [--batch 16] [--rounds 2] [--close]
-        [--second-kw disable_cuda_graph=true ...] [--second-first]
+        [--second-kw disable_cuda_graph=true ...] [--second-first] [--recapture]
         [--out benchmarks/results/neighbor.jsonl]
 
 --second-kw sets Engine arguments of the second engine alone: a drafted engine without its
 decode graphs (disable_cuda_graph=true), or NGRAM (no draft model), tells which part of its
 start-up the first engine's steps feel. --second-first builds the second engine before the
-first one and keeps it: whether the order matters.
+first one and keeps it: whether the order matters. --recapture captures the first engine's
+decode graphs again once the second engine stands, then times its rounds again: whether graphs
+captured before the second engine's start-up are the ones that slow down.
 """
 
 from __future__ import annotations
@@ -150,6 +152,14 @@ def timed_rounds(engine, prompts: list, params: dict, rounds: int, stage: str) -
     return lines
 
 
+def recapture(engine) -> None:
+    """Captures the engine's decode graphs again (its runner keeps the new ones)."""
+    decode = engine.graphs.decode
+    if decode is None:
+        raise SystemExit(f"--recapture: the engine on {engine.device} has no decode graphs")
+    decode.capture()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None)
@@ -162,6 +172,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--close", action="store_true", help="then close the second engine")
+    p.add_argument("--recapture", action="store_true",
+                   help="then capture the first engine's decode graphs again, beside it")
     p.add_argument("--second-first", action="store_true",
                    help="build the second engine before the first (no round alone)")
     p.add_argument("--second-kw", nargs="*", default=[], metavar="KEY=VALUE",
@@ -199,6 +211,10 @@ def main(argv=None, extra: dict = None) -> list:
         second = Engine(**{"mem_fraction_static": 0.8, **second_all})
     stage = f"built after {args.second}" if args.second_first else f"beside {args.second}"
     lines += timed_rounds(first, prompts, params, args.rounds, stage)
+    if args.recapture:  # graphs captured after the second engine's start-up
+        recapture(first)
+        first.generate(input_ids=prompts, sampling_params=params)  # untimed
+        lines += timed_rounds(first, prompts, params, args.rounds, f"recaptured, {stage}")
     if args.close:
         close(second)
         lines += timed_rounds(first, prompts, params, args.rounds, f"{args.second} closed")

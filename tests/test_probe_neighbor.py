@@ -70,3 +70,19 @@ def test_the_second_engine_built_first_leaves_no_round_alone(tmp_path):
         extra={"dtype": "float32", "skip_tokenizer_init": True})
     assert [line["stage"] for line in lines] == ["built after no-spec"] * 2
     assert all(line["second_first"] and line["algorithm"] is None for line in lines)
+
+
+def test_recapture_names_an_engine_without_decode_graphs():
+    from types import SimpleNamespace
+
+    import pytest
+
+    import probe_neighbor
+
+    engine = SimpleNamespace(graphs=SimpleNamespace(decode=None), device="cpu")
+    with pytest.raises(SystemExit, match="no decode graphs"):
+        probe_neighbor.recapture(engine)
+    captured = []
+    engine.graphs.decode = SimpleNamespace(capture=lambda: captured.append(True))
+    probe_neighbor.recapture(engine)
+    assert captured == [True]
