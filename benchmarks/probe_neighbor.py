@@ -13,14 +13,16 @@ grows means the replay itself runs with gaps.
     python benchmarks/probe_neighbor.py [--model-path P] [--second adaptive]
         [--algorithm STANDALONE] [--draft DIR] [--batch 16] [--rounds 2] [--close]
         [--second-kw disable_cuda_graph=true ...] [--second-first] [--recapture]
-        [--out benchmarks/results/neighbor.jsonl]
+        [--held-alone] [--out benchmarks/results/neighbor.jsonl]
 
 --second-kw sets Engine arguments of the second engine alone: a drafted engine without its
 decode graphs (disable_cuda_graph=true), or NGRAM (no draft model), tells which part of its
 start-up the first engine's steps feel. --second-first builds the second engine before the
 first one and keeps it: whether the order matters. --recapture captures the first engine's
 decode graphs again once the second engine stands, then times its rounds again: whether graphs
-captured before the second engine's start-up are the ones that slow down.
+captured before the second engine's start-up are the ones that slow down. --held-alone builds
+the second engine alone (adaptive, held to plain steps) and times its own target's decode
+steps, as a user's one engine a process runs them.
 """
 
 from __future__ import annotations
@@ -145,8 +147,9 @@ def timed_rounds(engine, prompts: list, params: dict, rounds: int, stage: str) -
             outs = engine.generate(input_ids=prompts, sampling_params=params)
             wall = time.perf_counter() - t0
         tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        verifies = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
         lines.append({"probe": "neighbor", "stage": stage, "round": rnd,
-                      "tok_s": round(tokens / wall), **clock.medians(),
+                      "tok_s": round(tokens / wall), "verifies": verifies, **clock.medians(),
                       "context_limits": context_limits()})
         print(json.dumps(lines[-1]), flush=True)
     return lines
@@ -174,6 +177,10 @@ def parse_args(argv=None):
     p.add_argument("--close", action="store_true", help="then close the second engine")
     p.add_argument("--recapture", action="store_true",
                    help="then capture the first engine's decode graphs again, beside it")
+    p.add_argument("--held-alone", action="store_true",
+                   help="build the second engine alone, held to plain steps (adaptive only), "
+                        "and time its own rounds: with --recapture, again after capturing its "
+                        "decode graphs once more")
     p.add_argument("--second-first", action="store_true",
                    help="build the second engine before the first (no round alone)")
     p.add_argument("--second-kw", nargs="*", default=[], metavar="KEY=VALUE",
@@ -199,6 +206,8 @@ def main(argv=None, extra: dict = None) -> list:
     second_all = {**common_kw, **engine_kwargs(args.second, args.algorithm, draft,
                                                common.parse_setting(args.setting)), **second_kw}
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    if args.held_alone:
+        return finish(held_alone(Engine(**second_all), args, params), args, second_kw)
     # The engine built first takes 0.4 of the device's memory, the other 0.8 of it all (what
     # is left): as bench_adaptive sizes engines that share a device.
     second = Engine(**{"mem_fraction_static": 0.4, **second_all}) if args.second_first else None
@@ -218,9 +227,37 @@ def main(argv=None, extra: dict = None) -> list:
     if args.close:
         close(second)
         lines += timed_rounds(first, prompts, params, args.rounds, f"{args.second} closed")
+    return finish((first, lines), args, second_kw)
+
+
+def held_alone(engine, args, params: dict) -> tuple:
+    """(engine, lines): an engine with a draft alone in the process, held to plain steps: its
+    target's decode steps with the draft's start-up behind them (and, with --recapture, after
+    its decode graphs were captured again, last)."""
+    from holds import plain_only
+
+    if engine.scheduler.adaptive is None:
+        raise SystemExit(f"--held-alone: --second {args.second} has no adaptive controller to "
+                         "hold to plain steps; use --second adaptive")
+    plain_only(engine)
+    prompts = prompts_for(engine, args.batch, 128)[:args.batch]
+    engine.generate(input_ids=prompts, sampling_params=params)  # untimed
+    lines = timed_rounds(engine, prompts, params, args.rounds, "held plain, alone")
+    if args.recapture:
+        recapture(engine)
+        engine.generate(input_ids=prompts, sampling_params=params)  # untimed
+        lines += timed_rounds(engine, prompts, params, args.rounds,
+                              "held plain, alone, recaptured")
+    return engine, lines
+
+
+def finish(measured: tuple, args, second_kw: dict) -> list:
+    """The lines with what was measured, appended to --out."""
+    engine, lines = measured
     info = {"second": args.second, "algorithm": args.algorithm if args.second != "no-spec"
             else None, "second_kw": second_kw, "second_first": args.second_first,
-            "batch": args.batch, **common.machine_info(first.device)}
+            "held_alone": args.held_alone, "batch": args.batch,
+            **common.machine_info(engine.device)}
     lines = [{**line, **info} for line in lines]
     if args.out:
         common.append_jsonl(args.out, lines)

@@ -2,6 +2,8 @@
 after it closes, with the host's timings of the decode graph runner's calls."""
 
 import sys
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -86,3 +88,19 @@ def test_recapture_names_an_engine_without_decode_graphs():
     engine.graphs.decode = SimpleNamespace(capture=lambda: captured.append(True))
     probe_neighbor.recapture(engine)
     assert captured == [True]
+
+
+def test_a_drafted_engine_held_alone_takes_plain_steps_only(tmp_path):
+    import probe_neighbor
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    base = ["--model-path", str(tmp_path), "--algorithm", "STANDALONE", "--held-alone",
+            "--batch", "2", "--max-new-tokens", "5", "--rounds", "1", "--device", "cpu"]
+    extra = {"dtype": "float32", "skip_tokenizer_init": True}
+    lines = probe_neighbor.main(base + ["--second", "adaptive"], extra=extra)
+    assert [line["stage"] for line in lines] == ["held plain, alone"]
+    assert lines[0]["held_alone"] and lines[0]["algorithm"] == "STANDALONE"
+    assert lines[0]["verifies"] == 0  # plain steps only
+    with pytest.raises(SystemExit, match="no adaptive controller"):
+        probe_neighbor.main(base + ["--second", "pinned"], extra=extra)
