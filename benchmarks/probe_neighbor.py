@@ -135,8 +135,8 @@ def parse_kw(pairs: list) -> dict:
 
 
 def _med(values) -> float:
-    values = sorted(values)
-    return round(values[len(values) // 2], 1) if values else 0.0
+    values = list(values)
+    return round(common.median(values), 1) if values else 0.0
 
 
 def timed_rounds(engine, prompts: list, params: dict, rounds: int, stage: str) -> list:
