@@ -92,7 +92,9 @@ class Engine:
         needs = self._graph_needs()
         if self.tp is not None:
             self.tp.build_graphs(self.context_len, needs)
-        self.graphs = build_graphs(cfg, self.runner, self.context_len, **needs)
+        # A speculative engine captures its target's decode graphs last (_spec_step_graphs_then_decode).
+        self.graphs = build_graphs(cfg, self.runner, self.context_len,
+                                   capture_decode=self.spec is None, **needs)
         self.router = ForwardRouter(self.runner, self.graphs.piecewise, self.graphs.decode,
                                     self.graphs.disabled_reasons())
         if self.spec_decoder is not None:
@@ -107,7 +109,7 @@ class Engine:
                                    adaptive=self._adaptive(),
                                    min_prefill_requests=cfg.min_prefill_requests,
                                    reserve_outputs=cfg.enable_deterministic_inference,
-                                   spec_overlap=self._spec_step_graphs())
+                                   spec_overlap=self._spec_step_graphs_then_decode())
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         self.rank_reports = self.tp.reports(cfg, self.graphs, self.device) if self.tp else None
         freeze_startup_objects()
@@ -135,6 +137,16 @@ class Engine:
             self.draft_ctx.kv_cache = self.kv_cache
             self.draft.setup(self.draft_ctx)
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
+
+    def _spec_step_graphs_then_decode(self):
+        """The speculative step graphs, then the target's decode graphs. Why this order: on an
+        H200, a decode graph captured before the step graphs replayed its same kernels about
+        12% slower (wider gaps between them) than one captured after (docs/PERFORMANCE.md)."""
+        steps = self._spec_step_graphs()
+        decode = self.graphs.decode
+        if decode is not None and not decode.graphs:
+            decode.capture()
+        return steps
 
     def _spec_step_graphs(self):
         """The overlapped speculative step's graphs (captured when the target's decode graphs
