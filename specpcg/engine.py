@@ -92,9 +92,7 @@ class Engine:
         needs = self._graph_needs()
         if self.tp is not None:
             self.tp.build_graphs(self.context_len, needs)
-        # A speculative engine captures its target's decode graphs last (_spec_step_graphs_then_decode).
-        self.graphs = build_graphs(cfg, self.runner, self.context_len,
-                                   capture_decode=self.spec is None, **needs)
+        self.graphs = build_graphs(cfg, self.runner, self.context_len, **needs)
         self.router = ForwardRouter(self.runner, self.graphs.piecewise, self.graphs.decode,
                                     self.graphs.disabled_reasons())
         if self.spec_decoder is not None:
@@ -139,12 +137,15 @@ class Engine:
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
 
     def _spec_step_graphs_then_decode(self):
-        """The speculative step graphs, then the target's decode graphs. Why this order: on an
-        H200, a decode graph captured before the step graphs replayed its same kernels about
-        12% slower (wider gaps between them) than one captured after (docs/PERFORMANCE.md)."""
+        """The speculative step graphs, then the target's decode graphs captured once more. Why:
+        on an H200, a decode graph captured before the step graphs replayed its same kernels
+        about 12% slower (wider gaps between them) than one captured after (docs/PERFORMANCE.md).
+        Captured first as well: the step graphs' capture runs in inference mode, and buffers
+        that a backend makes on first use must not be made there (the later capture updates
+        them in place)."""
         steps = self._spec_step_graphs()
         decode = self.graphs.decode
-        if decode is not None and not decode.graphs:
+        if steps is not None and steps.graphs and decode is not None:
             decode.capture()
         return steps
 

@@ -40,10 +40,9 @@ def build_graphs(cfg, model_runner, context_len: int,
                  hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
                  aux_layers: tuple = (), num_verify_tokens: int = 0,
                  verify_tree: bool = False, draft_tree: tuple = (),
-                 draft: bool = False, capture_decode: bool = True) -> GraphSet:
+                 draft: bool = False) -> GraphSet:
     """hidden_mode / aux_layers: the most any forward of this engine will ask for (invariant 4).
-    draft: the graphs of a draft model, whose rounds run more than plain decode steps.
-    capture_decode=False: the decode runner is made but captures later (its `capture()`)."""
+    draft: the graphs of a draft model, whose rounds run more than plain decode steps."""
     from specpcg.graphs.decode_runner import DecodeGraphRunner
     from specpcg.graphs.piecewise_runner import PiecewiseRunner
 
@@ -73,8 +72,7 @@ def build_graphs(cfg, model_runner, context_len: int,
         decode = DecodeGraphRunner(model_runner, decode_batch_buckets(max_bs), hidden_mode,
                                    aux_layers, pool, num_verify_tokens, verify_tree,
                                    cfg.show_progress, draft_tree, write_rows=not draft)
-        if capture_decode:
-            decode.capture()
+        decode.capture()
     return GraphSet(piecewise, decode, pcg_decision, dec_decision, stage)
 
 
