@@ -371,7 +371,8 @@ class AdaptiveSpeculation:
         self._interrupted = True
 
     def info(self) -> dict:
-        """Per bucket: each side's measured tok/s per request and how many steps it ran."""
+        """Per bucket: each side's measured tok/s per request, how many steps it ran, and its
+        window's least, median and most step time (ms)."""
         out = {}
         for key in sorted(self._buckets):
             b = self._buckets[key]
@@ -381,6 +382,8 @@ class AdaptiveSpeculation:
                              "shadow_tokens_per_verify": (round(b.per_req(True), 3)
                                                           if b.shadowed else None),
                              "decode_steps": self.chosen[(key, "decode")],
+                             "spec_step_ms": getattr(b.spec, "pooled", b.spec).step_ms(),
+                             "decode_step_ms": b.decode.step_ms(),
                              "switches": {why: n for (k, why), n in sorted(self.switched.items())
                                           if k == key}}
         return out

@@ -107,6 +107,13 @@ class Rate:
         tokens, _, n = self._totals()
         return tokens / n if n else 0.0
 
+    def step_ms(self) -> list:
+        """The window's step times in ms, least, median and most ([] before a step): what a
+        cold start or a switch left in it, which the rate's trim of slow steps may keep."""
+        times = sorted(s for _, s in self.recent)
+        picks = (times[0], times[len(times) // 2], times[-1]) if times else ()
+        return [round(1e3 * t, 3) for t in picks]
+
 
 # A batch of one's accept length at a stretch of its output is its own steps' there, shrunk
 # toward every stretch's by this many steps' worth (`PlacedRate`). Simulated at batch 1
