@@ -12,7 +12,7 @@ from specpcg.attention import create_attention_backend
 from specpcg.config import EngineConfig
 from specpcg.inputs import build_requests, normalize_inputs
 from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
-from specpcg.graphs.setup import build_graphs
+from specpcg.graphs.setup import build_graphs, decode_after_steps
 from specpcg.model_runner import ModelRunner
 from specpcg.models.loading import load_target
 from specpcg.router import ForwardRouter
@@ -107,7 +107,7 @@ class Engine:
                                    adaptive=self._adaptive(),
                                    min_prefill_requests=cfg.min_prefill_requests,
                                    reserve_outputs=cfg.enable_deterministic_inference,
-                                   spec_overlap=self._spec_step_graphs_then_decode())
+                                   spec_overlap=self._spec_step_graphs())
         self._stats = {"num_requests": 0, "num_generated_tokens": 0}
         self.rank_reports = self.tp.reports(cfg, self.graphs, self.device) if self.tp else None
         freeze_startup_objects()
@@ -136,19 +136,6 @@ class Engine:
             self.draft.setup(self.draft_ctx)
         return SpecDecoder(self.draft, None, self.kv_cache, self.spec, self.device)
 
-    def _spec_step_graphs_then_decode(self):
-        """The speculative step graphs, then the target's decode graphs captured once more. Why:
-        on an H200, a decode graph captured before the step graphs replayed its same kernels
-        about 12% slower (wider gaps between them) than one captured after (docs/PERFORMANCE.md).
-        Captured first as well: the step graphs' capture runs in inference mode, and buffers
-        that a backend makes on first use must not be made there (the later capture updates
-        them in place)."""
-        steps = self._spec_step_graphs()
-        decode = self.graphs.decode
-        if steps is not None and steps.graphs and decode is not None:
-            decode.capture()
-        return steps
-
     def _spec_step_graphs(self):
         """The overlapped speculative step's graphs (captured when the target's decode graphs
         and the draft's round graphs are), or None when speculative steps cannot overlap."""
@@ -164,7 +151,7 @@ class Engine:
                                cfg.show_progress, not cfg.disable_adaptive_speculation)
         if decode is not None and step_round.captures:
             steps.capture()
-        return steps
+        return decode_after_steps(steps, decode)
 
     def _adaptive(self):
         """Adaptive speculation, unless pinned off or the acceptance is simulated (a benchmark

@@ -6,35 +6,29 @@ from types import SimpleNamespace
 
 import pytest
 
-from specpcg.engine import Engine
+from specpcg.graphs.setup import decode_after_steps
 
 
-def _engine(events: list, step_graphs, with_decode: bool = True):
-    """A stand-in engine: step_graphs None (no overlapped steps), {} (not captured: no CUDA
-    graphs) or a dict of captured graphs."""
+def _runners(events: list, step_graphs, with_decode: bool = True):
+    """Stand-ins: step_graphs None (no overlapped steps), {} (not captured: no CUDA graphs) or a
+    dict of captured graphs."""
     decode = (SimpleNamespace(capture=lambda: events.append("decode graphs"))
               if with_decode else None)
     steps = None if step_graphs is None else SimpleNamespace(graphs=step_graphs)
-
-    def spec_step_graphs():
-        events.append("step graphs")
-        return steps
-
-    return SimpleNamespace(graphs=SimpleNamespace(decode=decode),
-                           _spec_step_graphs=spec_step_graphs), steps
+    return steps, decode
 
 
 def test_decode_graphs_are_captured_again_after_captured_step_graphs():
     events = []
-    fake, steps = _engine(events, {(16, 4): "graph"})
-    assert Engine._spec_step_graphs_then_decode(fake) is steps
-    assert events == ["step graphs", "decode graphs"]
+    steps, decode = _runners(events, {(16, 4): "graph"})
+    assert decode_after_steps(steps, decode) is steps
+    assert events == ["decode graphs"]
 
 
 @pytest.mark.parametrize("step_graphs, with_decode", [(None, True), ({}, True),
                                                       ({(1, 2): "graph"}, False)])
 def test_nothing_is_captured_again_without_step_graphs_or_decode_graphs(step_graphs, with_decode):
     events = []
-    fake, steps = _engine(events, step_graphs, with_decode)
-    assert Engine._spec_step_graphs_then_decode(fake) is steps
-    assert events == ["step graphs"]
+    steps, decode = _runners(events, step_graphs, with_decode)
+    assert decode_after_steps(steps, decode) is steps
+    assert events == []
