@@ -2,74 +2,74 @@
 
 A speculative step verifies N tokens per request to emit its accept length; at batch 1 that is
 nearly free, at batch 64 a verify is a 64 x N-row forward that can cost more than the tokens it
-yields. Which side of that line a batch size falls on depends on the model, the GPU, the draft
-and the prompts, so the engine measures it: for each batch-size bucket (powers of two) it keeps
-the emitted tokens per second of speculative steps and of plain decode steps, and runs the
-faster. Each side is tried WARMUP_STEPS times before the first choice, and the slower side
-again for EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they
-change. Each look that confirms the choice doubles the wait before the next (up to
-EXPLORE_MAX_EVERY); a look that overturns it resets the wait: a steady gap costs ever fewer
-steps of the slower side, and a look waits long enough that it costs at most LOOK_BUDGET of the
-time (its switches as measured, and its steps on the slower side: NGRAM at batch 1 on the H100
-spent about a tenth of its steps in looks at 0.6x the plain rate, and ran 0.94x no-spec). The
-side in use keeps its place unless the other is SWITCH_MARGIN faster; from plain steps, where
-a draft catches up to switch, speculation need only come within SPEC_HOME of them (bucket.py).
+yields. Which side of that line a batch size falls on depends on the model, the GPU, the draft and
+the prompts, so the engine measures it: for each batch-size bucket (powers of two) it keeps the
+emitted tokens per second of speculative steps and of plain decode steps, and runs the faster. Each
+side is tried WARMUP_STEPS times before the first choice, and the slower side again for
+EXPLORE_STEPS steps after EXPLORE_EVERY steps, so a choice follows the prompts as they change. Each
+look that confirms the choice doubles the wait before the next (up to EXPLORE_MAX_EVERY); a look
+that overturns it resets the wait: a steady gap costs ever fewer steps of the slower side, and a
+look waits long enough that it costs at most LOOK_BUDGET of the time (its switches as measured, and
+its steps on the slower side: NGRAM at batch 1 on the H100 spent about a tenth of its steps in
+looks at 0.6x the plain rate, and ran 0.94x no-spec). The side in use keeps its place unless the
+other is SWITCH_MARGIN faster; from plain steps, where a draft catches up to switch, speculation
+need only come within SPEC_HOME of them (bucket.py).
 
 Only steady-state steps count: the first step after a switch of side, and the first after a
 prefill, are not recorded; nor is an overlapped plain call that only launched its step. A step
-after a prefill, never measured, takes the nearest bucket's choice (`_borrowed`). A switch
-costs what switches.py says, kept per direction. The step a switch reads first (the other
-side's, still in flight) is a steady speculative step out of speculation, and into it part of
-the switch's cost: the draft's catch-up ran before that read (`flushed`). Counting those switches made speculation at
-batch 1 look 0.57x as fast as it runs (H100, EAGLE3: 563 tok/s measured against 995 pinned);
-counting the step after a prefill (its draft catching up on whole prompts) made EAGLE3 at batch
-16 run plain steps at 0.83x no-spec where pinned speculation ran 1.31x (H100, 4a5cc11).
+after a prefill, never measured, takes the nearest bucket's choice, its draft's catch-up priced
+where nothing waits (`_after_prefill`). A switch costs what switches.py says, kept per direction.
+The step a switch reads first (the other side's, still in flight) is a steady speculative step out
+of speculation, and into it part of the switch's cost: the draft's catch-up ran before that read
+(`flushed`). Counting those switches made speculation at batch 1 look 0.57x as fast as it runs
+(H100, EAGLE3: 563 tok/s measured against 995 pinned); counting the step after a prefill (its draft
+catching up on whole prompts) made EAGLE3 at batch 16 run plain steps at 0.83x no-spec where pinned
+speculation ran 1.31x (H100, 4a5cc11).
 
-Rates are per request (tokens per second per running request): a bucket spans batch sizes a
-factor of two apart, and as requests finish a batch shrinks through it, so the side measured
-first measured at the larger batch. Counting tokens of the whole batch made NGRAM and EAGLE3
-speculate at batch 64 (the warm-up speculates first) where plain steps ran 1.3x faster (H100:
-an NGRAM engine held to plain steps matched a no-spec engine, 14.5-16.2k against 14.7k tok/s,
-while the adaptive one ran 0.6-0.7x).
+Rates are per request (tokens per second per running request): a bucket spans batch sizes a factor
+of two apart, and as requests finish a batch shrinks through it, so the side measured first
+measured at the larger batch. Counting tokens of the whole batch made NGRAM and EAGLE3 speculate at
+batch 64 (the warm-up speculates first) where plain steps ran 1.3x faster (H100: an NGRAM engine
+held to plain steps matched a no-spec engine, 14.5-16.2k against 14.7k tok/s, while the adaptive
+one ran 0.6-0.7x).
 
-With requests waiting, the engine maximises throughput: the faster side per request. With
-none waiting, the running batch is all there is, and it ends with its slowest request. A
-speculative step then helps only as much as it advances that request, since the tokens it gives
-the others early do not shorten the batch: a batch thinned by uneven acceptance runs its last
-steps nearly as slowly as a full one. So the engine compares the time to finish the batch
-(`Finish`): plain steps take max(remaining) steps; speculative ones max(remaining / accept
-length) of each request's own accept length so far. NGRAM at batch 64 (H100, 20d835f)
-measured 11% faster per request speculating, yet pinned speculation ran 0.81x no-spec.
-Each side's time to finish counts the batch shrinking as its requests finish (finish.py).
+With requests waiting, the engine maximises throughput: the faster side per request. With none
+waiting, the running batch is all there is, and it ends with its slowest request. A speculative
+step then helps only as much as it advances that request, since the tokens it gives the others
+early do not shorten the batch: a batch thinned by uneven acceptance runs its last steps nearly as
+slowly as a full one. So the engine compares the time to finish the batch (`Finish`): plain steps
+take max(remaining) steps; speculative ones max(remaining / accept length) of each request's own
+accept length so far. NGRAM at batch 64 (H100, 20d835f) measured 11% faster per request
+speculating, yet pinned speculation ran 0.81x no-spec. Each side's time to finish counts the batch
+shrinking as its requests finish (finish.py).
 
-A side's rate is the ratio of its tokens to its seconds over its last WINDOW steps. An
-average of per-step rates, as before, let a noisy side lose for good: NGRAM accepts nothing on
-one verify and seven drafts on the next, and the side not chosen keeps the value it had when it
-lost, which is more often a low one. Simulated at batch 1 with speculation 1.5x faster on
-average, that controller ran 1.10x (1.02x at worst); with windows 1.39x (1.11x at worst).
-For the same reason the wait between looks grows only once the other side's window is full,
-or, from batch CONFIRM_MIN_BATCH on, once its steps lose by more than their own spread.
+A side's rate is the ratio of its tokens to its seconds over its last WINDOW steps. An average of
+per-step rates, as before, let a noisy side lose for good: NGRAM accepts nothing on one verify and
+seven drafts on the next, and the side not chosen keeps the value it had when it lost, which is
+more often a low one. Simulated at batch 1 with speculation 1.5x faster on average, that controller
+ran 1.10x (1.02x at worst); with windows 1.39x (1.11x at worst). For the same reason the wait
+between looks grows only once the other side's window is full, or, from batch CONFIRM_MIN_BATCH on,
+once its steps lose by more than their own spread.
 
-A batch of one measures speculation per stretch of its request's output (bucket.place_of: the
-first 16 tokens, then stretches doubling in length), its accept length shrunk toward every
-stretch's (rates.PlacedRate), and chooses on those rates alone: with one request the finish
-estimate is the rates' comparison, over an accept length blind to where in the answer the
-request is. A draft's acceptance changes along an answer: the default command's STANDALONE
-draft took 1.5 tokens a verify over a chat answer's first 4 verifies and 2.40 over all 53
-(H200, d14091e), where a verify paid above 1.9; a warm-up and the looks measured speculation
-at the answers' starts, and the adaptive engine decoded plain at 0.96-0.98x no-spec while
-pinned speculation ran 1.18-1.24x. Simulated with acceptance rising along each answer, the
-position-blind controller ran 0.84-0.99 of the faster pinned side, this one 0.95-1.02
-(`sim_adaptive.py --growth`; rates.PLACE_PRIOR_STEPS has the figures). Side by side on an
-H200 (4649a57, bench_adaptive's adaptive-unplaced), that draft at batch 1 ran 1.22-1.25x
-no-spec in 5 of 5 rounds where the blind controller began a run at 0.96x.
+A batch of one measures speculation per stretch of its request's output (bucket.place_of: the first
+16 tokens, then stretches doubling in length), its accept length shrunk toward every stretch's
+(rates.PlacedRate), and chooses on those rates alone: with one request the finish estimate is the
+rates' comparison, over an accept length blind to where in the answer the request is. A draft's
+acceptance changes along an answer: the default command's STANDALONE draft took 1.5 tokens a verify
+over a chat answer's first 4 verifies and 2.40 over all 53 (H200, d14091e), where a verify paid
+above 1.9; a warm-up and the looks measured speculation at the answers' starts, and the adaptive
+engine decoded plain at 0.96-0.98x no-spec while pinned speculation ran 1.18-1.24x. Simulated with
+acceptance rising along each answer, the position-blind controller ran 0.84-0.99 of the faster
+pinned side, this one 0.95-1.02 (`sim_adaptive.py --growth`; rates.PLACE_PRIOR_STEPS has the
+figures). Side by side on an H200 (4649a57, bench_adaptive's adaptive-unplaced), that draft at
+batch 1 ran 1.22-1.25x no-spec in 5 of 5 rounds where the blind controller began a run at 0.96x.
 
 NGRAM needs no looks to know its accept length: shadow verifies price its speculative side
 (specpcg/speculative/shadow.py says how, and why on rates alone).
 
-Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the
-choice changes speed only. A plain decode step still hands the target's hidden states to the
-draft (`DraftWorker.absorb`), which catches up on them at its next round.
+Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the choice
+changes speed only. A plain decode step still hands the target's hidden states to the draft
+(`DraftWorker.absorb`), which catches up on them at its next round.
 """
 
 from __future__ import annotations
@@ -165,6 +165,7 @@ class AdaptiveSpeculation:
         b = self._bucket(key)
         self._behind = behind
         self._arrived = self._last_key not in (None, key)
+        ends = finish  # a batch of one's finish too, for the step after a prefill
         if self._shadow is not None:
             b.shadow = self._shadow
         elif position is not None and batch_size == 1 and self.place_batch_of_one:
@@ -173,7 +174,7 @@ class AdaptiveSpeculation:
         if b.shadowed and self.shadow_rates_only:
             finish = None  # rates alone (module docstring), at a batch's tail too
         if self._interrupted:  # not measured: it spends no warm-up step and no look
-            choice, why = self._borrowed(key), "borrowed"
+            choice, why = self._after_prefill(key, b, ends, batch_size), "borrowed"
         elif b.spec.steps < WARMUP_STEPS or b.decode.steps < WARMUP_STEPS:
             if self._last_spec is not None and ends_within(finish, TAIL_TOKENS):
                 choice, why = self._last_spec, "tail"  # a batch's tail: no warm-up
@@ -245,9 +246,7 @@ class AdaptiveSpeculation:
         # A finish estimate prices a switch from the side running now (not after a look); rates
         # keep the bucket's choice (the other lost 0.6-1.8% in 5 of 27 simulated NGRAM cells).
         current = self._last_choice if b.explored_from is None and finish is not None else None
-        accepts = self.accepts if len(self.accepts) >= self.min_accepts else ()
-        return b.prefer_spec(finish, lambda side, size: self._step_s(side, size, b),
-                             accepts, current,
+        return b.prefer_spec(finish, *self._pricing(b), current,
                              self._lag(batch_size) if finish is not None else None)
 
     def _look_due(self, b: "Bucket", choice: bool, batch_size: int) -> bool:
@@ -255,11 +254,8 @@ class AdaptiveSpeculation:
         explore_every: the cheap test first spares the window sums look_wait reads on most
         steps (the host's work between two steps). From plain steps, with the draft's lag
         known, the look must also fit what its catch-up would cost now: the lag counts the
-        prompts, which the plain steps alone leave out. NOTE: told the lag or not, STANDALONE
-        at batch 16 on an H200 ran 0.96 / 0.95x no-spec side by side (800b3e5), the
-        difference within the rounds' spread; simulated, where plain steps win, told ran
-        1.000-1.001 of the faster pinned side against 0.979-0.988 (README, "The draft's
-        whole lag")."""
+        prompts, which the plain steps alone leave out (README, "The draft's whole lag": on
+        an H200 it made no difference; simulated, 1.000 of the faster pinned side, from 0.98)."""
         side, until = b.look_priced
         if b.since_explore < b.explore_every or (side == choice and b.since_explore < until):
             return False
@@ -283,6 +279,24 @@ class AdaptiveSpeculation:
             self._buckets[key] = Bucket(switches=SwitchCosts(self._switches),
                                          look_close=self.look_close, into_spec=self.into_spec)
         return self._buckets[key]
+
+    def _after_prefill(self, key: int, b: "Bucket", finish, batch_size: int) -> bool:
+        """The nearest bucket's side (`_borrowed`); with nothing waiting, in a measured bucket
+        whose draft catches up, speculation only if it ends the batch sooner paying the catch-up
+        on the new prompts. NOTE: unpriced, batches that ended speculating began the next so."""
+        borrowed = self._borrowed(key)
+        if (not borrowed or finish is None or b.shadowed
+                or min(b.spec.steps, b.decode.steps) < WARMUP_STEPS):
+            return borrowed
+        lag = self._lag(batch_size)
+        if self._behind is None:  # no catch-up (NGRAM)
+            return borrowed
+        return b.from_plain(finish() if callable(finish) else finish, *self._pricing(b), lag)
+
+    def _pricing(self, b: "Bucket") -> tuple:
+        """prefer_spec's step seconds by side and batch size, and finished accept lengths."""
+        accepts = self.accepts if len(self.accepts) >= self.min_accepts else ()
+        return lambda side, size: self._step_s(side, size, b), accepts
 
     def _borrowed(self, key: int) -> bool:
         """The choice for a step that will not be measured (the one after a prefill): the side
@@ -346,10 +360,7 @@ class AdaptiveSpeculation:
 
     def switches(self) -> Counter:
         """Switches of side so far by what chose them (SWITCH_WHY), every bucket."""
-        out = Counter()
-        for (_, why), n in self.switched.items():
-            out[why] += n
-        return out
+        return sum((Counter({why: n}) for (_, why), n in self.switched.items()), Counter())
 
     def shadow(self, accept_length: Optional[float]) -> None:
         """The running batch's accept length by its shadow verifies (their tokens per verify,

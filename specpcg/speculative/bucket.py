@@ -204,6 +204,12 @@ class Bucket:
             self.spec_chosen = True
         return self.spec_chosen
 
+    def from_plain(self, finish: Finish, step_s, accepts, behind: int) -> bool:
+        """prefer_spec as if from plain steps, speculation paying the draft's catch-up over
+        `behind` positions (the step after a prefill: adaptive.py, `_after_prefill`)."""
+        self.spec_chosen, self.since_finish = False, 1
+        return self.prefer_spec(finish, step_s, accepts, None, behind)
+
     def _into_spec_margin(self) -> float:
         """How much faster than plain steps speculation must be to switch into it."""
         return SWITCH_MARGIN if self.shadowed else self.into_spec
