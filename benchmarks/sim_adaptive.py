@@ -62,6 +62,13 @@ RATES = {
     "h100-nextn": (MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE),
     "h200-weak-eagle3": (1.75, {1: 1834, 2: 1500, 4: 1300, 8: 1300, 16: 1288, 32: 1000, 64: 896},
                          {1: 1771, 2: 1450, 4: 1359, 8: 1100, 16: 969, 32: 800, 64: 677}),
+    # The default model as its own STANDALONE draft at (7, 1, 8), whose steps tie plain ones:
+    # the adaptive engine's buckets 1, 4, 16 and 64 (H200, 3e9f562,
+    # adaptive_alone_prefill_3e9f562_h200.jsonl; 2, 8 and 32 read between their neighbours).
+    # Its accept length is the chain's at --alphas 0.97 (it accepts nearly every token).
+    "h200-self-standalone": (3.82, {1: 1466, 2: 1400, 4: 1342, 8: 1190, 16: 1035, 32: 870,
+                                    64: 713},
+                             {1: 1827, 2: 1550, 4: 1353, 8: 1225, 16: 1097, 32: 900, 64: 731}),
 }
 
 
