@@ -12,7 +12,7 @@ from specpcg.attention import create_attention_backend
 from specpcg.config import EngineConfig
 from specpcg.inputs import build_requests, normalize_inputs
 from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
-from specpcg.graphs.setup import build_graphs, decode_after_steps
+from specpcg.graphs.setup import build_graphs, capture_steps_then_decode
 from specpcg.model_runner import ModelRunner
 from specpcg.models.loading import load_target
 from specpcg.router import ForwardRouter
@@ -149,9 +149,7 @@ class Engine:
         step_round = self.draft.step_round(decode, cfg.max_running_requests)
         steps = SpecStepGraphs(dec, self.runner, step_round, decode.pool if decode else None,
                                cfg.show_progress, not cfg.disable_adaptive_speculation)
-        if decode is not None and step_round.captures:
-            steps.capture()
-        return decode_after_steps(steps, decode)
+        return capture_steps_then_decode(steps, decode, step_round.captures)
 
     def _adaptive(self):
         """Adaptive speculation, unless pinned off or the acceptance is simulated (a benchmark

@@ -90,12 +90,17 @@ def _stage_graphs(cfg, model_runner, aux_layers: tuple, pool, num_verify_tokens:
     return stage
 
 
-def decode_after_steps(steps, decode):
-    """Captures the target's decode graphs once more after captured speculative step graphs
-    (returns `steps`). Why: on an H200, a decode graph captured before the step graphs replayed
-    its same kernels about 12% slower (wider gaps) than one captured after (docs/PERFORMANCE.md).
-    Captured first as well: the step graphs' capture runs in inference mode, and buffers a
-    backend makes on first use must not be made there (a later capture fills them in place)."""
-    if steps is not None and steps.graphs and decode is not None:
+def capture_steps_then_decode(steps, decode, captures: bool):
+    """Captures the speculative step graphs where `captures` (the draft's round graphs are
+    captured) and the target's decode graphs exist, then, once step graphs are captured, the
+    decode graphs once more (returns `steps`). Why: on an H200, a decode graph captured before
+    the step graphs replayed its same kernels about 12% slower (wider gaps) than one captured
+    after (docs/PERFORMANCE.md). Captured first as well: the step graphs' capture runs in
+    inference mode, and buffers a backend makes on first use must not be made there (a later
+    capture fills them in place)."""
+    if decode is None or not captures:
+        return steps
+    steps.capture()
+    if steps.graphs:
         decode.capture()
     return steps
