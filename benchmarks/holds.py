@@ -40,6 +40,14 @@ def finish_recent8(engine) -> None:
         engine.scheduler.shadow.recent = 8
 
 
+def shadow_finish(engine) -> None:
+    """Shadow verifies priced by the finish estimate when nothing waits, over each request's
+    last RECENT as the engine keeps them (adaptive-shadow-finish): at batch 64 on chat prompts
+    NGRAM's slowest requests accept 1.04-1.17 tokens a verify where the mean is 2.1, and pinned
+    speculation ends the batch after 124 steps against plain decoding's 127."""
+    engine.scheduler.adaptive.shadow_rates_only = False
+
+
 def whole_budget(engine) -> None:
     """Looks priced as before LOOK_CLOSE (adaptive-whole-budget): the whole LOOK_BUDGET each."""
     engine.scheduler.adaptive.look_close = float("inf")
@@ -86,6 +94,7 @@ def unplaced(engine) -> None:
 
 
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
+         "adaptive-shadow-finish": shadow_finish,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
          "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
          "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,
