@@ -11,7 +11,8 @@ Here each system runs in a worker process of its own, one after another, the ord
 every other pass (--passes), so drift of the device lands on every system alike. A worker runs
 one untimed batch and --repeats timed ones of each size (bench_adaptive's interleaved_rates with
 one engine). A cell's speedup is the median of the system's timed batches over all passes
-against no-spec's. Lines ("bench": "adaptive_alone") carry bench_adaptive's fields.
+against no-spec's. Lines ("bench": "adaptive_alone") carry bench_adaptive's fields; before
+them, each worker's result is written as it ends ("bench": "adaptive_alone_worker").
 
     python benchmarks/bench_alone.py [--skip-ngram] [--drafts STANDALONE=DIR]
         [--untrained EAGLE3] [--systems no-spec pinned adaptive] [--batches 1 4 16 64]
@@ -31,6 +32,7 @@ import common
 common.add_repo_to_path()
 
 BENCH = "adaptive_alone"
+WORKER_BENCH = "adaptive_alone_worker"  # one worker's result, written as it ends
 
 
 def worker(spec: dict) -> dict:
@@ -68,9 +70,12 @@ def worker(spec: dict) -> dict:
     return out
 
 
-def run_passes(args, label: str, draft, run=common.run_json_worker) -> dict:
+def run_passes(args, label: str, draft, run=common.run_json_worker, keep=None) -> dict:
     """{system: [each pass's worker result]}, every system once a pass, in --systems order
-    on even passes and the reverse on odd ones."""
+    on even passes and the reverse on odd ones. keep: given each worker's result as a line
+    (`WORKER_BENCH`) as soon as it ends, so a run stopped by a time limit keeps the workers
+    that finished (the cells need every pass: before, a run cut in its last worker kept
+    nothing of the seven before it)."""
     results = {s: [] for s in args.systems}
     for k in range(args.passes):
         for system in args.systems if k % 2 == 0 else args.systems[::-1]:
@@ -80,6 +85,9 @@ def run_passes(args, label: str, draft, run=common.run_json_worker) -> dict:
                     "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
                     "prompt_len": args.prompt_len}
             results[system].append(run(str(Path(__file__).resolve()), "--worker", spec))
+            if keep is not None:
+                keep({"bench": WORKER_BENCH, "algorithm": label, "pass": k, **spec,
+                      **results[system][-1]})
             rates = {bs: round(common.median(c["rates"])) for bs, c in
                      results[system][-1]["batches"].items()}
             print(f"[bench_alone] {label} pass {k} {system}: tok/s by batch {rates}", flush=True)
@@ -122,7 +130,8 @@ def run_all(args) -> None:
     if args.systems[0] != "no-spec":
         raise SystemExit(f"--systems must start with no-spec (the baseline), got {args.systems}")
     for label, draft in drafts_of(args).items():
-        results = run_passes(args, label, draft)
+        results = run_passes(args, label, draft,
+                             keep=lambda line: common.append_jsonl(args.out, [line]))
         common.append_jsonl(args.out, lines_of(args, label, draft, results))
 
 

@@ -77,3 +77,23 @@ def test_the_worker_times_one_engine_alone(tmp_path):
         assert all(0 <= p <= 6 * int(bs) for p in cell["plain_decode_tokens_per_round"])
         assert cell["adaptive_buckets"]  # the adaptive engine's buckets, by size
     assert out["machine"]["git"] is not None
+
+
+def test_each_workers_result_is_kept_as_it_ends_so_a_cut_run_keeps_the_finished_ones():
+    kept = []
+
+    def cut(script, flag, spec):
+        if len(kept) == 4:  # the fifth worker never returns: a time limit
+            raise TimeoutError
+        return run(script, flag, spec)
+
+    run, _ = _fake_worker(lambda s, bs, k: [100.0 + k, 100.0])
+    try:
+        bench_alone.run_passes(_args(passes=2), "NGRAM", None, run=cut, keep=kept.append)
+    except TimeoutError:
+        pass
+    assert [(x["system"], x["pass"]) for x in kept] == [
+        ("no-spec", 0), ("pinned", 0), ("adaptive", 0), ("adaptive", 1)]
+    assert all(x["bench"] == bench_alone.WORKER_BENCH and x["algorithm"] == "NGRAM"
+               for x in kept)
+    assert kept[3]["batches"]["4"]["rates"] == [101.0, 100.0]  # the worker's own result
