@@ -10,10 +10,14 @@ Python's share is what a GPU's host runs. A tiny random Llama (2 layers) keeps p
 capture-time bodies short.
 
     python benchmarks/probe_spec_host.py [--batches 1 16 64] [--steps 24] [--repeats 5]
-        [--tokens 8] [--out benchmarks/results/spec_host_step.jsonl]
+        [--tokens 8] [--adaptive] [--out benchmarks/results/spec_host_step.jsonl]
 
 Per batch size: the median time between two of the scheduler's overlapped speculative calls
 (each queues a step and reads the one before), median (and range) over the repeats.
+
+With --adaptive the engine runs adaptive speculation's host work as well: NGRAM's shadow
+verifies after every step and the controller's choice before it (which is then overridden:
+every step still speculates, so the same steps are timed with and without that work).
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ common.add_repo_to_path()
 POSITIONS = 256  # the tiny model's context
 
 
-def spec_engine(path: str, max_bs: int, tokens: int):
-    """A CPU engine whose overlapped NGRAM steps replay graphs that do nothing."""
+def spec_engine(path: str, max_bs: int, tokens: int, adaptive: bool = False):
+    """A CPU engine whose overlapped NGRAM steps replay graphs that do nothing; with
+    `adaptive`, adaptive speculation's host work too (shadow verifies, the controller's
+    choice), every step still speculative."""
     import specpcg.speculative.step_graph as step_graph
     from specpcg import Engine
     from specpcg.graphs.buckets import decode_batch_buckets
@@ -47,8 +53,11 @@ def spec_engine(path: str, max_bs: int, tokens: int):
                     attention_backend="triton", max_total_tokens=max_bs * POSITIONS,
                     max_running_requests=max_bs, speculative_algorithm="NGRAM",
                     speculative_num_steps=tokens - 1, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=tokens, disable_adaptive_speculation=True,
+                    speculative_num_draft_tokens=tokens, disable_adaptive_speculation=not adaptive,
                     show_progress=False)
+    if adaptive:  # its choice made, then speculation whatever it chose: every step timed
+        choose = engine.scheduler.adaptive.use_spec
+        engine.scheduler.adaptive.use_spec = lambda *a, **k: choose(*a, **k) or True
     overlap = engine.scheduler.spec_overlap
     if overlap is None:
         raise RuntimeError("this engine's speculative steps do not overlap")
@@ -90,6 +99,8 @@ def main(argv=None) -> list:
     p.add_argument("--steps", type=int, default=24, help="steps a request runs")
     p.add_argument("--tokens", type=int, default=8, help="nodes a step verifies (all accepted)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--adaptive", action="store_true",
+                   help="adaptive speculation on: what its shadow verifies and choice add")
     p.add_argument("--out", default=None, help="append a JSON line per batch size here")
     args = p.parse_args(argv)
     if (args.steps + 2) * args.tokens + 40 > POSITIONS:
@@ -98,13 +109,14 @@ def main(argv=None) -> list:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as path:
         save_tiny_checkpoint("llama", path)
-        engine = spec_engine(path, max(args.batches), args.tokens)
+        engine = spec_engine(path, max(args.batches), args.tokens, args.adaptive)
         records = []
         for bs in args.batches:
             med, lo, hi, mean = step_us(engine, bs, args.steps, args.repeats, args.tokens)
             print(f"batch {bs:3d}: {med:7.1f} us a speculative step (host), range "
                   f"{lo:.1f}-{hi:.1f}; mean {mean:.1f}", flush=True)
             records.append({"bench": "spec_host_step", "algorithm": "NGRAM",
+                            "adaptive": args.adaptive,
                             "batch_size": bs, "tokens_per_step": args.tokens,
                             "host_us_per_step": med, "min_us": lo, "max_us": hi,
                             "mean_us": mean, "steps": args.steps, "repeats": args.repeats,

@@ -34,3 +34,10 @@ def test_a_run_reports_a_host_time_a_batch_size():
                                     "--repeats", "1"])
     assert [r["batch_size"] for r in records] == [1, 2]
     assert all(r["host_us_per_step"] > 0 and r["tokens_per_step"] == 4 for r in records)
+
+
+def test_adaptive_runs_its_controller_and_shadow_verifies_on_the_same_stub_steps():
+    records = probe_spec_host.main(["--batches", "2", "--steps", "3", "--tokens", "4",
+                                    "--repeats", "1", "--adaptive"])
+    assert [(r["batch_size"], r["adaptive"]) for r in records] == [(2, True)]
+    assert records[0]["host_us_per_step"] > 0
