@@ -2,9 +2,9 @@
 
 Each request keeps an index of where each token occurred, fed incrementally as tokens are
 committed; a propose grows matches backwards (up to max_window tokens) from the most recent
-occurrences of the last token, so its cost does not grow with the context. A chain takes the continuation after the longest matching suffix;
-a tree (topk > 1) merges the continuations of up to `bfs_breadth` matches into a trie and keeps
-its first N - 1 nodes in breadth-first order.
+occurrences of the last token, so its cost does not grow with the context. A chain takes the
+continuation after the longest matching suffix; a tree (topk > 1) merges the continuations of
+up to `bfs_breadth` matches into a trie and keeps its first N - 1 nodes in breadth-first order.
 """
 
 from __future__ import annotations
@@ -89,7 +89,6 @@ class _RequestIndex:
             if len(found) >= breadth:
                 break
         return found
-
 
     def _longest(self, candidates, last: int, length: int, context: int) -> list:
         """continuations' one continuation (a chain's), without ranking every candidate: the
