@@ -92,10 +92,15 @@ def instrument(engine) -> list:
         choose = s.adaptive._choose
 
         def chosen(b, finish, *rest):
-            b.last_finish = None
+            # NOTE: the log once cleared last_finish before each choice, to log only estimates
+            # made by it; the controller reads it between choices (Bucket.lead, look_share),
+            # so the logged engine chose otherwise than the real one. A fresh estimate is a new
+            # tuple instead.
+            before = b.last_finish
             spec = choose(b, finish, *rest)
+            fresh = b.last_finish is not before
             log.append({"kind": "choose", "bs": len(s.running), "spec": spec,
-                        "waiting": len(s.waiting), "finish_s": b.last_finish,
+                        "waiting": len(s.waiting), "finish_s": b.last_finish if fresh else None,
                         "rates": [b.spec.tok_s, b.decode.tok_s],
                         "step_s": [b.spec.step_s, b.decode.step_s],
                         "switch_s": [b.switches.cost(True), b.switches.cost(False)],

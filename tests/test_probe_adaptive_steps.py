@@ -1,4 +1,5 @@
-"""benchmarks/probe_adaptive_steps.py: a hold set on the controller holds every logged round."""
+"""benchmarks/probe_adaptive_steps.py: a hold set on the controller holds every logged round, and
+logging a choice changes nothing the controller reads."""
 
 import sys
 from pathlib import Path
@@ -56,4 +57,24 @@ def test_a_profiled_round_names_the_engines_own_functions(tmp_path, capsys):
     assert cum == sorted(cum, reverse=True)
     assert any("scheduler.py" in r["name"] for r in lines[1]["rows"])  # the step's path
     assert "by cumtime" in capsys.readouterr().out
+    engine.shutdown()
+
+
+def test_logging_a_choice_leaves_the_controllers_finish_estimate_alone(tmp_path):
+    import probe_adaptive_steps as probe
+    from specpcg import Engine
+    from specpcg.speculative.bucket import Bucket
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
+                    skip_tokenizer_init=True, speculative_algorithm="NGRAM",
+                    speculative_num_steps=3, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=4, show_progress=False)
+    log = probe.instrument(engine)
+    b, estimate = Bucket(), (0.5, 0.4)
+    b.last_finish = estimate  # an earlier choice's, which Bucket.lead reads until the next
+    engine.scheduler.adaptive._choose(b, None, 2)  # rates: no new estimate
+    assert b.last_finish is estimate
+    assert log[-1]["kind"] == "choose" and log[-1]["finish_s"] is None  # not made by it
     engine.shutdown()
