@@ -26,12 +26,30 @@ class StopChecker:
             self._walk(req, tokens, strings=True)
 
     def _walk(self, req: Request, tokens: list, strings: bool) -> None:
+        if not strings and len(tokens) > 1 and req.params.max_new_tokens > 0:
+            clear = self._clear_run(req, tokens)
+            req.output_ids.extend(tokens[:clear])
+            tokens = tokens[clear:]
         for token in tokens:
             if req.params.max_new_tokens > 0:
                 req.output_ids.append(token)
             self.check(req, strings)
             if req.finished:
                 return
+
+    def _clear_run(self, req: Request, tokens: list) -> int:
+        """How many of a run's first tokens end the request by no check but stop strings: those
+        before its first stop token, and before its length or the context is reached. They are
+        appended at once; the rest go through `check` one by one. NOTE: checked token by token,
+        a speculative step's 8 tokens for each of 64 requests took half its host time (a 2-core
+        CPU, `probe_spec_host.py`)."""
+        params = req.params
+        eos = () if params.ignore_eos else self.eos_token_ids
+        stops = params.stop_token_ids
+        first_stop = next((i for i, t in enumerate(tokens) if t in stops or t in eos),
+                          len(tokens))
+        return max(min(first_stop, params.max_new_tokens - len(req.output_ids) - 1,
+                       self.context_len - req.seq_len - 1), 0)
 
     def check(self, req: Request, strings: bool = True) -> None:
         """Sets req.finish_reason if the last output token ends the request (stop strings

@@ -54,6 +54,25 @@ def test_a_run_ends_where_token_by_token_checks_end_it(seed):
         want.output_ids, want.finish_reason, want.matched_stop)
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_a_long_run_at_the_context_ends_where_token_by_token_checks_end_it(seed):
+    """Runs as long as a speculative step's (up to 9 tokens), a context that may end them first,
+    and no stop strings: the runs' leading tokens are appended at once (`_clear_run`)."""
+    rng = random.Random(seed)
+    params = {"max_new_tokens": rng.randint(1, 30), "stop_token_ids": rng.choice([(), (3,)]),
+              "ignore_eos": rng.random() < 0.5}
+    runs = [[rng.choice([EOS, 1, 2, 3, 4, 5, 6, 7, 8]) for _ in range(rng.randint(1, 9))]
+            for _ in range(6)]
+    checker = StopChecker(None, (EOS,), context_len=rng.randint(4, 30))
+    want, got = _request(params), _request(params)
+    for run in runs:
+        if not want.finished:
+            _one_by_one(checker, want, run)
+        if not got.finished:
+            checker.append(got, run)
+    assert (got.output_ids, got.finish_reason) == (want.output_ids, want.finish_reason)
+
+
 def test_a_run_without_a_stop_string_decodes_once():
     tok = CharTokenizer()
     checker = StopChecker(tok, (EOS,), context_len=100)
