@@ -38,7 +38,7 @@ class StopChecker:
                 return
 
     def _clear_run(self, req: Request, tokens: list) -> int:
-        """How many of a run's first tokens end the request by no check but stop strings: those
+        """How many of a run's leading tokens cannot end the request but by a stop string: those
         before its first stop token, and before its length or the context is reached. They are
         appended at once; the rest go through `check` one by one. NOTE: checked token by token,
         a speculative step's 8 tokens for each of 64 requests took half its host time (a 2-core

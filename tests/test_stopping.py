@@ -35,6 +35,17 @@ def _request(params: dict) -> Request:
     return Request(prompt_ids=[5, 6, 7], params=SamplingParams.from_dict(params))
 
 
+def _both(checker, params: dict, runs: list) -> tuple:
+    """(a request fed the runs token by token, one fed them as runs), each until it ends."""
+    want, got = _request(params), _request(params)
+    for run in runs:
+        if not want.finished:
+            _one_by_one(checker, want, run)
+        if not got.finished:
+            checker.append(got, run)
+    return want, got
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_a_run_ends_where_token_by_token_checks_end_it(seed):
     rng = random.Random(seed)
@@ -42,14 +53,7 @@ def test_a_run_ends_where_token_by_token_checks_end_it(seed):
               "stop_token_ids": rng.choice([(), (3,)]), "ignore_eos": rng.random() < 0.3}
     runs = [[rng.choice([EOS, 1, 2, 3, 4, 23, 24, 25]) for _ in range(rng.randint(1, 5))]
             for _ in range(4)]
-    tok = CharTokenizer()
-    checker = StopChecker(tok, (EOS,), context_len=20)
-    want, got = _request(params), _request(params)
-    for run in runs:
-        if not want.finished:
-            _one_by_one(checker, want, run)
-        if not got.finished:
-            checker.append(got, run)
+    want, got = _both(StopChecker(CharTokenizer(), (EOS,), context_len=20), params, runs)
     assert (got.output_ids, got.finish_reason, got.matched_stop) == (
         want.output_ids, want.finish_reason, want.matched_stop)
 
@@ -63,13 +67,7 @@ def test_a_long_run_at_the_context_ends_where_token_by_token_checks_end_it(seed)
               "ignore_eos": rng.random() < 0.5}
     runs = [[rng.choice([EOS, 1, 2, 3, 4, 5, 6, 7, 8]) for _ in range(rng.randint(1, 9))]
             for _ in range(6)]
-    checker = StopChecker(None, (EOS,), context_len=rng.randint(4, 30))
-    want, got = _request(params), _request(params)
-    for run in runs:
-        if not want.finished:
-            _one_by_one(checker, want, run)
-        if not got.finished:
-            checker.append(got, run)
+    want, got = _both(StopChecker(None, (EOS,), context_len=rng.randint(4, 30)), params, runs)
     assert (got.output_ids, got.finish_reason) == (want.output_ids, want.finish_reason)
 
 
