@@ -29,23 +29,22 @@ def untold_lag(engine) -> None:
         batch_size, finish, None, position)
 
 
-def finish_recent8(engine) -> None:
-    """Shadow verifies priced by the finish estimate when nothing waits, over each request's
-    last 8 (adaptive-finish8): in simulation it follows acceptance rising along an answer as
-    rates alone do, and keeps the straggler's protection where acceptance is uneven; on an
-    H200's chat prompts it lost to rates alone at batch 4 / 16 / 64 (README, "Adaptive
-    speculation")."""
-    engine.scheduler.adaptive.shadow_rates_only = False
-    if engine.scheduler.shadow is not None:
-        engine.scheduler.shadow.recent = 8
-
-
 def shadow_finish(engine) -> None:
     """Shadow verifies priced by the finish estimate when nothing waits, over each request's
     last RECENT as the engine keeps them (adaptive-shadow-finish): at batch 64 on chat prompts
     NGRAM's slowest requests accept 1.04-1.17 tokens a verify where the mean is 2.1, and pinned
     speculation ends the batch after 124 steps against plain decoding's 127."""
     engine.scheduler.adaptive.shadow_rates_only = False
+
+
+def finish_recent8(engine) -> None:
+    """shadow_finish over each request's last 8 shadow verifies (adaptive-finish8): in
+    simulation it follows acceptance rising along an answer as rates alone do, and keeps the
+    straggler's protection where acceptance is uneven; on an H200's chat prompts it lost to
+    rates alone at batch 4 / 16 / 64 (README, "Adaptive speculation")."""
+    shadow_finish(engine)
+    if engine.scheduler.shadow is not None:
+        engine.scheduler.shadow.recent = 8
 
 
 def whole_budget(engine) -> None:
