@@ -10,14 +10,15 @@ keeps the prefills and the one capture-time forward short: a no-op replay makes 
 size irrelevant to a step.
 
     python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
-        [--draft held|adaptive] [--profile N] [--out benchmarks/results/host_step.jsonl]
+        [--draft held|adaptive|ngram-held] [--profile N] [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
 the first step on; a step's host time is the median time between two of the scheduler's
 overlapped decode calls. Median (and range) over the repeats. With --draft a second engine with
 a STANDALONE draft (the tiny model itself), held to plain steps or left to choose them, takes
 turns with the first, a repeat each: what a plain step costs the host in an engine that could
-speculate, and what its adaptive controller adds.
+speculate, and what its adaptive controller adds. ngram-held: an NGRAM engine held to plain
+steps, whose every step also runs the shadow verifies that price its speculation.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import common  # noqa: E402
 
 common.add_repo_to_path()
 
-DRAFTED = {"held": "STANDALONE held to plain steps", "adaptive": "STANDALONE, adaptive"}
+DRAFTED = {"held": "STANDALONE held to plain steps", "adaptive": "STANDALONE, adaptive",
+           "ngram-held": "NGRAM held to plain steps"}
 
 
 class _NoReplay:
@@ -58,7 +60,8 @@ def graph_engine(path: str, max_bs: int, draft: str = None):
     """A CPU engine whose DECODE steps replay graphs that do nothing; with `draft`, one with a
     STANDALONE draft (the model itself) whose adaptive controller is held to plain steps
     ("held"), or left to choose ("adaptive": its speculative steps run eagerly on CPU, so after
-    its warm-up it decodes plain, but for its looks)."""
+    its warm-up it decodes plain, but for its looks); "ngram-held": NGRAM held to plain
+    steps."""
     import specpcg.graphs.decode_runner as decode_runner
     from specpcg import Engine
     from specpcg.core import CaptureHiddenMode
@@ -69,10 +72,13 @@ def graph_engine(path: str, max_bs: int, draft: str = None):
     spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=path,
                 speculative_num_steps=3, speculative_eagle_topk=1,
                 speculative_num_draft_tokens=4) if draft else {}
+    if draft == "ngram-held":  # its plain steps feed shadow verifies (speculative/shadow.py)
+        spec = dict(speculative_algorithm="NGRAM", speculative_num_steps=7,
+                    speculative_eagle_topk=1, speculative_num_draft_tokens=8)
     engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                     attention_backend="triton", max_total_tokens=max_bs * 512,
                     max_running_requests=max_bs, **spec)
-    if draft == "held":
+    if draft in ("held", "ngram-held"):
         from holds import plain_only
 
         plain_only(engine)
@@ -150,7 +156,7 @@ def main(argv=None) -> list:
     p.add_argument("--steps", type=int, default=192,
                    help="new tokens per request (the tiny model holds 256 positions)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--draft", choices=("held", "adaptive"), default=None,
+    p.add_argument("--draft", choices=tuple(DRAFTED), default=None,
                    help="beside it, an engine with a draft held to plain steps or not")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="then one more batch of the largest size per engine under cProfile: "

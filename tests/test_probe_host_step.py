@@ -15,3 +15,19 @@ def test_the_held_draft_engine_times_plain_graph_steps_beside_no_spec():
     assert [(r["engine"], r["batch_size"]) for r in records] == [
         ("no-spec", 1), (held, 1), ("no-spec", 2), (held, 2)]
     assert all(r["host_us_per_step"] > 0 for r in records)
+
+
+
+def test_the_held_ngram_engine_runs_shadow_verifies_on_its_plain_graph_steps(monkeypatch):
+    from specpcg.speculative.shadow import ShadowVerify
+
+    seen = []
+    observe = ShadowVerify.observe
+    monkeypatch.setattr(ShadowVerify, "observe",
+                        lambda self, reqs, depth=None: seen.append(len(reqs)) or
+                        observe(self, reqs, depth))
+    records = probe_host_step.main(["--batches", "2", "--steps", "24", "--repeats", "1",
+                                    "--draft", "ngram-held"])
+    held = probe_host_step.DRAFTED["ngram-held"]
+    assert [(r["engine"], r["batch_size"]) for r in records] == [("no-spec", 2), (held, 2)]
+    assert seen.count(2) >= 2 * 20, seen  # the warm-up's and the timed run's plain steps
