@@ -47,12 +47,12 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # "adaptive-eager-prompts": without the prompt runner, a new prompt's catch-up one eager
 # forward where the look runners do not reach (`eager_prompts`); and "adaptive-unplaced": a
 # batch of one measured as any other batch, blind to where in its answer the request is
-# (`unplaced`); and "adaptive-shadow-finish": NGRAM's shadow verifies priced by the finish
-# estimate over each request's last RECENT of them (`shadow_finish`).
+# (`unplaced`); and "adaptive-shadow-rates": NGRAM's shadow verifies priced on rates alone, also
+# with nothing waiting (`shadow_rates`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
                  "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed",
                  "adaptive-min16", "pinned-eager-prompts", "adaptive-eager-prompts",
-                 "adaptive-unplaced", "adaptive-shadow-finish")
+                 "adaptive-unplaced", "adaptive-shadow-rates")
 CAP = 63
 
 

@@ -29,20 +29,18 @@ def untold_lag(engine) -> None:
         batch_size, finish, None, position)
 
 
-def shadow_finish(engine) -> None:
-    """Shadow verifies priced by the finish estimate when nothing waits, over each request's
-    last RECENT as the engine keeps them (adaptive-shadow-finish): at batch 64 on chat prompts
-    NGRAM's slowest requests accept 1.04-1.17 tokens a verify where the mean is 2.1, and pinned
-    speculation ends the batch after 124 steps against plain decoding's 127."""
-    engine.scheduler.adaptive.shadow_rates_only = False
+def shadow_rates(engine) -> None:
+    """Shadow verifies priced on rates alone, with or without requests waiting, as the engine
+    chose before the finish estimate priced them (adaptive-shadow-rates; shadow.py)."""
+    engine.scheduler.adaptive.shadow_rates_only = True
 
 
 def finish_recent8(engine) -> None:
-    """shadow_finish over each request's last 8 shadow verifies (adaptive-finish8): in
-    simulation it follows acceptance rising along an answer as rates alone do, and keeps the
-    straggler's protection where acceptance is uneven; on an H200's chat prompts it lost to
-    rates alone at batch 4 / 16 / 64 (README, "Adaptive speculation")."""
-    shadow_finish(engine)
+    """The finish estimate over each request's last 8 shadow verifies, not RECENT
+    (adaptive-finish8): in simulation it follows acceptance rising along an answer as rates
+    alone do, and keeps the straggler's protection where acceptance is uneven; on an H200's
+    chat prompts it lost to rates alone at batch 4 / 16 / 64 (docs/PERFORMANCE.md)."""
+    engine.scheduler.adaptive.shadow_rates_only = False
     if engine.scheduler.shadow is not None:
         engine.scheduler.shadow.recent = 8
 
@@ -93,7 +91,7 @@ def unplaced(engine) -> None:
 
 
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
-         "adaptive-shadow-finish": shadow_finish,
+         "adaptive-shadow-rates": shadow_rates,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
          "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
          "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,

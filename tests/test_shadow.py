@@ -224,19 +224,44 @@ def test_an_adaptive_ngram_engine_runs_shadow_verifies_and_keeps_its_tokens():
     assert seen[False] > 0 and seen[True] > 0, seen
 
 
-def test_with_shadow_verifies_the_choice_is_on_rates_even_with_nothing_waiting():
-    """The finish estimate (nothing waiting) is not asked: with shadow verifies the faster side
-    per request runs."""
+def _picks(ctrl, finish, spec_s: float = 0.0012, shadow: float = 2.0, steps: int = 60) -> list:
+    """The controller's sides over `steps` steps of a batch of 4: speculative steps take
+    spec_s, plain ones 1 ms, and shadow verifies measure `shadow` tokens a verify."""
+    picks = []
+    for _ in range(steps):
+        spec = ctrl.use_spec(4, finish)
+        ctrl.record(4, spec, 4, spec_s if spec else 0.001)
+        ctrl.shadow(shadow)
+        picks.append(spec)
+    return picks
+
+
+def test_shadow_verifies_on_rates_alone_never_ask_the_finish_estimate():
+    """shadow_rates_only (bench_adaptive's adaptive-shadow-rates): with nothing waiting, the
+    faster side per request runs."""
     def never():
         raise AssertionError("the finish estimate was asked")
 
-    ctrl, picks = AdaptiveSpeculation(), []
-    for _ in range(60):
-        spec = ctrl.use_spec(4, never)
-        ctrl.record(4, spec, 4, 0.0012 if spec else 0.001)
-        ctrl.shadow(2.0)  # 2 tokens a 1.2 ms step against 1 a 1 ms step
-        picks.append(spec)
-    assert all(picks[-40:])
+    ctrl = AdaptiveSpeculation()
+    ctrl.shadow_rates_only = True
+    assert all(_picks(ctrl, never)[-40:])  # 2 tokens a 1.2 ms step against 1 a 1 ms step
+
+
+def test_with_nothing_waiting_shadow_verifies_are_priced_by_the_finish_estimate():
+    """By default a straggler decides where nothing waits: speculation 1.33x faster per request
+    on the pooled shadow verifies (2 tokens a 1.5 ms step), yet the request accepting 1.0 a
+    verify would end the batch later speculating, so plain steps run; with requests waiting,
+    the rates."""
+    straggler = Finish(remaining=(50,) * 4, spec_tokens=(48, 48, 48, 16), verifies=(16,) * 4)
+    asked = []
+
+    def finish():
+        asked.append(1)
+        return straggler
+
+    ctrl = AdaptiveSpeculation()
+    assert not any(_picks(ctrl, finish, spec_s=0.0015)[-40:]) and asked
+    assert all(_picks(AdaptiveSpeculation(), None, spec_s=0.0015)[-40:])
 
 
 def _sim():

@@ -65,7 +65,7 @@ figures). Side by side on an H200 (4649a57, bench_adaptive's adaptive-unplaced),
 batch 1 ran 1.22-1.25x no-spec in 5 of 5 rounds where the blind controller began a run at 0.96x.
 
 NGRAM needs no looks to know its accept length: shadow verifies price its speculative side
-(specpcg/speculative/shadow.py says how, and why on rates alone).
+(specpcg/speculative/shadow.py says how, and how it chooses).
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the choice
 changes speed only. A plain decode step still hands the target's hidden states to the draft
@@ -134,9 +134,9 @@ class AdaptiveSpeculation:
         # The last step's side and bucket; whether this step's batch came from another bucket.
         self._last_choice, self._last_key, self._arrived = None, None, False
         self.accepts = deque(maxlen=KEPT_ACCEPTS)  # finished requests' (finish.priors)
-        # With shadow verifies, choose on rates alone (module docstring); False prices them by
-        # the finish estimate too, when nothing waits (bench_adaptive's adaptive-finish8).
-        self.shadow_rates_only = True
+        # With shadow verifies, price them by the finish estimate when nothing waits (shadow.py
+        # says why); True chooses on rates alone (bench_adaptive's adaptive-shadow-rates).
+        self.shadow_rates_only = False
         # LOOK_CLOSE for buckets made from now on (inf: every look gets the whole LOOK_BUDGET,
         # bench_adaptive's adaptive-whole-budget).
         self.look_close = LOOK_CLOSE
@@ -232,8 +232,8 @@ class AdaptiveSpeculation:
         b.explored_from = None
 
     def _choose(self, b: "Bucket", finish, batch_size: int) -> bool:
-        """The bucket's side for this step: re-chosen on rates alone while requests wait or
-        shadow verifies measure the draft, else on the finish estimate after a look, on a
+        """The bucket's side for this step: re-chosen on rates alone while requests wait (or
+        shadow verifies on rates alone), else on the finish estimate after a look, on a
         batch's arrival and every REDECIDE_EVERY steps, and the last choice in between."""
         if finish is not None:
             due = (b.spec_chosen is None or b.explored_from is not None

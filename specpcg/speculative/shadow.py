@@ -30,16 +30,21 @@ the speculative steps it chose accepted the first draft 11% of the time, 0.965x 
 How adaptive speculation uses them: NGRAM needs no looks to know its accept length. Shadow
 verifies judge what its draft would have accepted on the tokens plain steps emit anyway, so a
 bucket with enough of them prices a speculative step at their accept length and its own measured
-seconds, and looks only to keep those seconds current (adaptive.py, `look_every`). Such a draft
-chooses on rates alone, with or without requests waiting: the finish estimate's straggler is the
-request whose recent verifies accepted least, and with every request's acceptance measured at
-every step, that minimum of noisy accept lengths kept speculation out where it paid (H200, NGRAM
-(7, 1, 8) on chat: the finish estimate 1.06 / 1.10 / 1.01 / 0.99x no-spec at batch 1 / 4 / 16 /
-64, rates alone 1.05 / 1.13 / 1.12 / 0.98x, pinned 1.04 / 1.17 / 1.15 / 1.04x). Where it still
-loses, in simulation (sim_adaptive.py --shadow): equal-length requests whose acceptance differs
-widely, nothing waiting (0.87 / 0.79 of the faster side at batch 16 / 64). `shadow_rates_only =
-False` won that cell in simulation, yet ran 1.10 / 1.08 / 1.08 / 0.91x no-spec on the H200's
-chat prompts where rates alone ran 1.05 / 1.15 / 1.13 / 1.00x (180be28).
+seconds, and looks only to keep those seconds current (adaptive.py, `look_every`). With requests
+waiting such a draft chooses on rates; with none, on the finish estimate (adaptive.py), whose
+straggler is the request whose last RECENT verifies accepted least. At batch 64 on chat prompts
+NGRAM's slowest requests accept 1.04-1.17 tokens a verify where the mean is 2.1: a batch that
+speculates ends after 124 steps against plain decoding's 127, at 1.2x a plain step's time
+(H200, b188932). There the finish estimate decodes plain, where rates alone speculated and went
+plain at the batch's tail, switching back and forth. Each engine alone in its process
+(bench_alone.py, H200, fde4feb), the finish estimate ran 1.23 / 1.07 / 1.05 / 0.97x no-spec at
+batch 1 / 4 / 16 / 64, rates alone 1.14 / 1.04 / 1.05 / 0.90x; batch 64 alone, 0.96x against
+0.88x (pinned 0.93x). Side by side in one process (180be28 and before), where a neighbour's
+graphs slowed plain steps, rates alone had looked as good (1.05 / 1.13 / 1.12 / 0.98x against
+1.06 / 1.10 / 1.01 / 0.99x), and the finish estimate over each request's last 8 verifies ran
+0.91x at batch 64. `shadow_rates_only = True` chooses on rates alone; in simulation it lost where
+equal-length requests' acceptance differs widely with nothing waiting (sim_adaptive.py --shadow:
+0.87 / 0.79 of the faster side at batch 16 / 64).
 """
 
 from __future__ import annotations
