@@ -20,9 +20,9 @@ that a draft token is accepted: 0.05 is an untrained draft, where speculating ne
 gives the controller shadow verifies as NGRAM's engine does (specpcg/speculative/shadow.py): each
 request's new tokens are covered by verifies drawn at its accept chance of the moment, whichever
 side ran, and the controller reads the batch's pooled recent accept length every step (all of them:
-the engine's budget of 4 a step is not modelled). --shadow-finish N prices them as bench_adaptive's
-adaptive-finish8 does with N = 8: by the finish estimate when nothing waits, over each request's
-last N shadow verifies.
+the engine's budget of 4 a step is not modelled), on rates alone (adaptive-shadow-rates).
+--shadow-finish N prices them by the finish estimate when nothing waits, over each request's last
+N shadow verifies: the engine's default with N = 32 (RECENT), adaptive-finish8 with N = 8.
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]

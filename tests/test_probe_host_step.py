@@ -17,7 +17,6 @@ def test_the_held_draft_engine_times_plain_graph_steps_beside_no_spec():
     assert all(r["host_us_per_step"] > 0 for r in records)
 
 
-
 def test_the_held_ngram_engine_runs_shadow_verifies_on_its_plain_graph_steps(monkeypatch):
     from specpcg.speculative.shadow import ShadowVerify
 
