@@ -48,11 +48,13 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # forward where the look runners do not reach (`eager_prompts`); and "adaptive-unplaced": a
 # batch of one measured as any other batch, blind to where in its answer the request is
 # (`unplaced`); and "adaptive-shadow-rates": NGRAM's shadow verifies priced on rates alone, also
-# with nothing waiting (`shadow_rates`).
+# with nothing waiting (`shadow_rates`); and "adaptive-shadow-relook": a bucket with them looks
+# at a side it holds fewer than 8 steps of as other buckets do (`shadow_relook`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
                  "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed",
                  "adaptive-min16", "pinned-eager-prompts", "adaptive-eager-prompts",
-                 "adaptive-unplaced", "adaptive-shadow-rates")
+                 "adaptive-unplaced", "adaptive-shadow-rates",
+                 "adaptive-shadow-relook")
 CAP = 63
 
 

@@ -35,6 +35,20 @@ def shadow_rates(engine) -> None:
     engine.scheduler.adaptive.shadow_rates_only = True
 
 
+def shadow_relook(engine, below: int = 8) -> None:
+    """Buckets with shadow verifies look at the side not chosen as other buckets do while it
+    holds fewer than `below` recorded steps (adaptive-shadow-relook; Bucket.relook_below)."""
+    adaptive = engine.scheduler.adaptive
+    make = adaptive._bucket
+
+    def bucket(key: int):
+        b = make(key)
+        b.relook_below = below
+        return b
+
+    adaptive._bucket = bucket
+
+
 def finish_recent8(engine) -> None:
     """The finish estimate over each request's last 8 shadow verifies, not RECENT
     (adaptive-finish8): in simulation it follows acceptance rising along an answer as rates
@@ -91,7 +105,7 @@ def unplaced(engine) -> None:
 
 
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
-         "adaptive-shadow-rates": shadow_rates,
+         "adaptive-shadow-rates": shadow_rates, "adaptive-shadow-relook": shadow_relook,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
          "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
          "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,

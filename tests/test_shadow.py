@@ -264,6 +264,41 @@ def test_with_nothing_waiting_shadow_verifies_are_priced_by_the_finish_estimate(
     assert all(_picks(AdaptiveSpeculation(), None, spec_s=0.0015)[-40:])
 
 
+@pytest.mark.parametrize("below", [0, 8])
+def test_a_side_known_by_its_warm_up_alone_is_looked_at_again_sooner_when_asked(below):
+    """relook_below (bench_adaptive's adaptive-shadow-relook): with shadow verifies a bucket
+    looks every EXPLORE_MAX_EVERY steps, so the plain side keeps its warm-up's steps; asked,
+    it looks as other buckets do until the side holds `below` recorded steps, then no more."""
+    ctrl = AdaptiveSpeculation()
+    ctrl.use_spec(4)
+    ctrl._bucket(4).relook_below = below
+    picks = _picks(ctrl, None, shadow=1.5, steps=900)  # speculation 1.25x faster
+    plain_after_warm_up = picks[2 * WARMUP_STEPS + 1:].count(False)  # (+1: the switch back)
+    if below:
+        assert plain_after_warm_up >= 6, picks  # looks of 3 steps, the first a switch
+        assert len(ctrl._bucket(4).decode.recent) >= below
+        assert picks[300:].count(False) == 0, picks  # then every 1,024 steps
+    else:
+        assert plain_after_warm_up == 0, picks
+
+
+def test_the_relook_hold_sets_every_new_bucket():
+    """bench_adaptive's adaptive-shadow-relook is a system it runs, and it makes every bucket
+    made from then on look at a side known by fewer than 8 steps."""
+    from types import SimpleNamespace
+
+    _sim()  # benchmarks/ on the path
+    from bench_adaptive import EXTRA_SYSTEMS
+    from holds import HOLDS
+
+    ctrl = AdaptiveSpeculation()
+    HOLDS["adaptive-shadow-relook"](SimpleNamespace(scheduler=SimpleNamespace(adaptive=ctrl)))
+    ctrl.use_spec(4)
+    ctrl.use_spec(64)
+    assert "adaptive-shadow-relook" in EXTRA_SYSTEMS
+    assert ctrl._bucket(4).relook_below == ctrl._bucket(64).relook_below == 8
+
+
 def _sim():
     import sys
     from pathlib import Path

@@ -71,6 +71,12 @@ class Bucket:
     # of this bucket's step; None: not measured that way.
     shadow: Optional[float] = None
     look_close: float = LOOK_CLOSE  # the controller's (AdaptiveSpeculation.look_close)
+    # With shadow verifies, the side not chosen is looked at as a bucket without them would
+    # while it holds fewer recorded steps than this (0: never; bench_adaptive's
+    # adaptive-shadow-relook). NOTE: an H200 pass of NGRAM at batch 64 priced plain steps on
+    # its warm-up's 5 (median 1.496 ms, where other passes measured 1.21-1.35 ms) for all its
+    # batches, since such a bucket looks every EXPLORE_MAX_EVERY steps (docs/PERFORMANCE.md).
+    relook_below: int = 0
     into_spec: float = -SPEC_HOME  # the controller's (AdaptiveSpeculation.into_spec)
     # A batch of one's speculative rate per stretch of its output (`place`), and every
     # stretch's steps together (the bucket's own rate before its first place).
@@ -97,7 +103,7 @@ class Bucket:
         """Whether shadow verifies measure the speculative side's accept length: then a
         speculative step's tokens come from them, its seconds from its own steps, and the bucket
         looks only every EXPLORE_MAX_EVERY steps (what a look still measures is a step's time,
-        which a look of 3 steps in 1,024 keeps current)."""
+        which a look of 3 steps in 1,024 keeps current), or sooner (`relook_below`)."""
         return self.shadow is not None
 
     def per_req(self, spec: bool) -> float:
@@ -115,7 +121,7 @@ class Bucket:
 
     def look_every(self, spec: bool, batch_size: int) -> float:
         """Steps of the chosen (`spec`) side between two looks at the other."""
-        if self.shadowed:
+        if self.shadowed and len(self.side(not spec).recent) >= self.relook_below:
             return EXPLORE_MAX_EVERY
         return max(self.explore_every, self.look_wait(spec, batch_size))
 
