@@ -38,15 +38,7 @@ def shadow_rates(engine) -> None:
 def shadow_relook(engine, below: int = 8) -> None:
     """Buckets with shadow verifies look at the side not chosen as other buckets do while it
     holds fewer than `below` recorded steps (adaptive-shadow-relook; Bucket.relook_below)."""
-    adaptive = engine.scheduler.adaptive
-    make = adaptive._bucket
-
-    def bucket(key: int):
-        b = make(key)
-        b.relook_below = below
-        return b
-
-    adaptive._bucket = bucket
+    engine.scheduler.adaptive.relook_below = below
 
 
 def finish_recent8(engine) -> None:

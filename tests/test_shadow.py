@@ -270,8 +270,7 @@ def test_a_side_known_by_its_warm_up_alone_is_looked_at_again_sooner_when_asked(
     looks every EXPLORE_MAX_EVERY steps, so the plain side keeps its warm-up's steps; asked,
     it looks as other buckets do until the side holds `below` recorded steps, then no more."""
     ctrl = AdaptiveSpeculation()
-    ctrl.use_spec(4)
-    ctrl._bucket(4).relook_below = below
+    ctrl.relook_below = below
     picks = _picks(ctrl, None, shadow=1.5, steps=900)  # speculation 1.25x faster
     plain_after_warm_up = picks[2 * WARMUP_STEPS + 1:].count(False)  # (+1: the switch back)
     if below:

@@ -122,8 +122,7 @@ class AdaptiveSpeculation:
         # Seconds the step flushed at a switch into speculation took beyond a plain step (the
         # draft's catch-up ran before its read): the switch step's too (`flushed`).
         self._switch_extra = 0.0
-        # False: flushed steps are not counted, as before `flushed` (bench_adaptive's
-        # adaptive-unflushed).
+        # False: flushed steps are not counted, as before `flushed` (adaptive-unflushed).
         self.count_flushed = True
         self._shadow = None  # the running batch's accept length by shadow verifies, or None
         self._switches = SwitchCosts(keep=KEPT_EVERYWHERE)  # every bucket's (switches.py)
@@ -140,16 +139,15 @@ class AdaptiveSpeculation:
         # LOOK_CLOSE for buckets made from now on (inf: every look gets the whole LOOK_BUDGET,
         # bench_adaptive's adaptive-whole-budget).
         self.look_close = LOOK_CLOSE
+        self.relook_below = 0  # Bucket's, for buckets made from now on (adaptive-shadow-relook)
         # How much faster than plain steps speculation must be to switch into it, for buckets
         # made from now on (SPEC_HOME; SWITCH_MARGIN: as out of it, bench_adaptive's
         # adaptive-symmetric).
         self.into_spec = -SPEC_HOME
-        # Finished requests needed before their accept lengths are the finish estimate's priors
-        # (finish.MIN_ACCEPTS; 16 as before, bench_adaptive's adaptive-min16).
+        # finish.MIN_ACCEPTS: finished requests before their accept lengths are priors (16:
+        # adaptive-min16).
         self.min_accepts = MIN_ACCEPTS
-        # False: a batch of one measured as any other, blind to where its request's output is
-        # (bench_adaptive's adaptive-unplaced).
-        self.place_batch_of_one = True
+        self.place_batch_of_one = True  # False: blind to a batch of one's place (adaptive-unplaced)
 
     def use_spec(self, batch_size: int, finish=None, behind=None,
                  position: Optional[int] = None) -> bool:
@@ -277,7 +275,8 @@ class AdaptiveSpeculation:
     def _bucket(self, key: int) -> "Bucket":
         if key not in self._buckets:  # (setdefault would build a bucket every step)
             self._buckets[key] = Bucket(switches=SwitchCosts(self._switches),
-                                         look_close=self.look_close, into_spec=self.into_spec)
+                                         look_close=self.look_close, into_spec=self.into_spec,
+                                         relook_below=self.relook_below)
         return self._buckets[key]
 
     def _after_prefill(self, key: int, b: "Bucket", finish, batch_size: int) -> bool:

@@ -72,10 +72,10 @@ class Bucket:
     shadow: Optional[float] = None
     look_close: float = LOOK_CLOSE  # the controller's (AdaptiveSpeculation.look_close)
     # With shadow verifies, the side not chosen is looked at as a bucket without them would
-    # while it holds fewer recorded steps than this (0: never; bench_adaptive's
-    # adaptive-shadow-relook). NOTE: an H200 pass of NGRAM at batch 64 priced plain steps on
-    # its warm-up's 5 (median 1.496 ms, where other passes measured 1.21-1.35 ms) for all its
-    # batches, since such a bucket looks every EXPLORE_MAX_EVERY steps (docs/PERFORMANCE.md).
+    # while it holds fewer recorded steps than this (0: never; AdaptiveSpeculation's). NOTE: an
+    # H200 pass of NGRAM at batch 64 priced plain steps on its warm-up's 5 (median 1.496 ms,
+    # where other passes measured 1.21-1.35 ms) for all its batches, since such a bucket looks
+    # every EXPLORE_MAX_EVERY steps (docs/PERFORMANCE.md).
     relook_below: int = 0
     into_spec: float = -SPEC_HOME  # the controller's (AdaptiveSpeculation.into_spec)
     # A batch of one's speculative rate per stretch of its output (`place`), and every
