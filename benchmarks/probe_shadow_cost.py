@@ -9,9 +9,9 @@ held-out chat prompts (128 greedy tokens) a round at a time, its arms in turn:
 With --no-spec a no-spec engine runs instead (arm `no-spec`), so that two processes, one after
 the other, put the engines side by side without a neighbour's graphs in either.
 
-Per round: tok/s; the plain decode steps overlapped; and per step the seconds the host spent
+Per round: tok/s; the plain decode steps overlapped; per step the seconds the host spent
 blocked on the step before's tokens (HostCopy.tolist), in the shadow verifies and in the
-controller's choice. Where the device sets the pace the host waits there for most of a step;
+controller's choice; and the round's garbage collections (benchmarks/stalls.py). Where the device sets the pace the host waits there for most of a step;
 where the host does, that wait falls to nothing and the step's wall time grows by its work.
 
     python benchmarks/probe_shadow_cost.py --batch 64 [--rounds 8] [--no-spec] [--out F.jsonl]
@@ -20,6 +20,7 @@ where the host does, that wait falls to nothing and the step's wall time grows b
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import common
@@ -78,28 +79,33 @@ def timers():
                    "step": (Scheduler, "_run_overlapped")})
 
 
-def round_record(arm: str, bs: int, tokens: int, dt: float, t: Timers) -> dict:
+def round_record(arm: str, bs: int, tokens: int, dt: float, t: Timers, stalls: dict) -> dict:
     steps = t.calls.get("step", 0)
     per = lambda name: round(t.spent.get(name, 0.0) / steps * 1e6, 1) if steps else None  # noqa
     return {"arm": arm, "batch": bs, "tok_per_s": round(tokens / dt, 1), "overlapped_steps": steps,
             "wall_us_per_step": round(dt / steps * 1e6, 1) if steps else None,
             "blocked_us_per_step": per("blocked"), "shadow_us_per_step": per("shadow"),
-            "choice_us_per_step": per("choice"), "step_call_us_per_step": per("step")}
+            "choice_us_per_step": per("choice"), "step_call_us_per_step": per("step"),
+            "stalls": stalls}
 
 
 def run(args) -> list:
     from bench_adaptive import prompts_for
+    from stalls import StallWatch
+
     from specpcg import Engine
 
     kw = {} if args.no_spec else dict(speculative_algorithm="NGRAM", speculative_num_steps=7,
                                       speculative_eagle_topk=1, speculative_num_draft_tokens=8)
     engine = Engine(model_path=args.model_path, show_progress=False,
                     max_running_requests=args.batch, **kw)
+    if args.gc_threshold is not None:
+        gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
     arms = ("no-spec",) if args.no_spec else ARMS
     own = None if args.no_spec else (engine.scheduler.adaptive.use_spec, engine.scheduler.shadow)
     prompts = prompts_for(engine, args.batch, 0)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
-    records = []
+    records, watch = [], StallWatch(engine.device)
     with timers() as t:
         for arm in arms:  # one untimed batch each: graphs, buckets and caches warm
             if own:
@@ -110,16 +116,19 @@ def run(args) -> list:
                 if own:
                     set_arm(engine, arm, own)
                 t.reset()
+                before = watch.counts()
                 common.synchronize(engine.device)
                 t0 = time.perf_counter()
                 outs = engine.generate(input_ids=prompts, sampling_params=params)
                 common.synchronize(engine.device)
                 dt = time.perf_counter() - t0
                 tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-                records.append(round_record(arm, args.batch, tokens, dt, t))
+                records.append(round_record(arm, args.batch, tokens, dt, t, watch.since(before)))
                 print(f"[probe_shadow_cost] {records[-1]}", flush=True)
+    watch.close()
     engine.shutdown()
-    info = {"bench": "shadow_cost", "git": common.git_commit(), **common.machine_info(engine.device)}
+    info = {"bench": "shadow_cost", "git": common.git_commit(), "gc_threshold": gc.get_threshold(),
+            **common.machine_info(engine.device)}
     return [{**info, **rec} for rec in records]
 
 
@@ -141,6 +150,8 @@ def main(argv=None) -> list:
     p.add_argument("--rounds", type=int, default=8, help="timed batches per arm")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--no-spec", action="store_true", help="a no-spec engine instead")
+    p.add_argument("--gc-threshold", type=int, default=None,
+                   help="the collector's first threshold, set once the engine is built")
     p.add_argument("--out", default=None, help="append the rounds as JSON lines here")
     args = p.parse_args(argv)
     records = run(args)
