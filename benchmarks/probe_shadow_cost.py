@@ -9,10 +9,14 @@ held-out chat prompts (128 greedy tokens) a round at a time, its arms in turn:
 With --no-spec a no-spec engine runs instead (arm `no-spec`), so that two processes, one after
 the other, put the engines side by side without a neighbour's graphs in either.
 
-Per round: tok/s; the plain decode steps overlapped; per step the seconds the host spent
-blocked on the step before's tokens (HostCopy.tolist), in the shadow verifies and in the
-controller's choice; and the round's garbage collections (benchmarks/stalls.py). Where the device sets the pace the host waits there for most of a step;
+Per round: tok/s; the plain decode steps overlapped; the shadow verifies' rounds; per step the
+seconds the host spent blocked on the step before's tokens (HostCopy.tolist), in the shadow
+verifies and in the controller's choice; and the round's garbage collections
+(benchmarks/stalls.py). Where the device sets the pace the host waits there for much of a step;
 where the host does, that wait falls to nothing and the step's wall time grows by its work.
+On one H200 at batch 64 (0327117) the host still waited 150-620 us a step with the shadow
+verifies' 54-82 us and the choice's 32-52 us on it: the device set the pace
+(docs/PERFORMANCE.md, "What sets a plain step's pace at batch 64").
 
     python benchmarks/probe_shadow_cost.py --batch 64 [--rounds 8] [--no-spec] [--out F.jsonl]
 """
@@ -72,9 +76,11 @@ def set_arm(engine, arm: str, own: tuple) -> None:
 
 def timers():
     from specpcg.scheduler import Scheduler
+    from specpcg.speculative.shadow import ShadowVerify
     from specpcg.transfer import HostCopy
 
     return Timers({"blocked": (HostCopy, "tolist"), "shadow": (Scheduler, "_shadow_verify"),
+                   "observe": (ShadowVerify, "observe"),
                    "choice": (Scheduler, "_next_speculates"),
                    "step": (Scheduler, "_run_overlapped")})
 
@@ -83,13 +89,15 @@ def round_record(arm: str, bs: int, tokens: int, dt: float, t: Timers, stalls: d
     steps = t.calls.get("step", 0)
     per = lambda name: round(t.spent.get(name, 0.0) / steps * 1e6, 1) if steps else None  # noqa
     return {"arm": arm, "batch": bs, "tok_per_s": round(tokens / dt, 1), "overlapped_steps": steps,
+            "shadow_rounds": t.calls.get("observe", 0),
             "wall_us_per_step": round(dt / steps * 1e6, 1) if steps else None,
             "blocked_us_per_step": per("blocked"), "shadow_us_per_step": per("shadow"),
             "choice_us_per_step": per("choice"), "step_call_us_per_step": per("step"),
             "stalls": stalls}
 
 
-def run(args) -> list:
+def run(args, extra: dict = None) -> list:
+    """extra: more Engine arguments (the tests' CPU engine)."""
     from bench_adaptive import prompts_for
     from stalls import StallWatch
 
@@ -98,12 +106,12 @@ def run(args) -> list:
     kw = {} if args.no_spec else dict(speculative_algorithm="NGRAM", speculative_num_steps=7,
                                       speculative_eagle_topk=1, speculative_num_draft_tokens=8)
     engine = Engine(model_path=args.model_path, show_progress=False,
-                    max_running_requests=args.batch, **kw)
+                    max_running_requests=args.batch, **kw, **(extra or {}))
     if args.gc_threshold is not None:
         gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
     arms = ("no-spec",) if args.no_spec else ARMS
     own = None if args.no_spec else (engine.scheduler.adaptive.use_spec, engine.scheduler.shadow)
-    prompts = prompts_for(engine, args.batch, 0)
+    prompts = prompts_for(engine, args.batch, args.prompt_len)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     records, watch = [], StallWatch(engine.device)
     with timers() as t:
@@ -143,7 +151,7 @@ def summary(records: list) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> list:
+def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None)
     p.add_argument("--batch", type=int, default=64)
@@ -152,8 +160,14 @@ def main(argv=None) -> list:
     p.add_argument("--no-spec", action="store_true", help="a no-spec engine instead")
     p.add_argument("--gc-threshold", type=int, default=None,
                    help="the collector's first threshold, set once the engine is built")
+    p.add_argument("--prompt-len", type=int, default=64, help="repeated-id prompts' length "
+                   "(an engine without a tokenizer)")
     p.add_argument("--out", default=None, help="append the rounds as JSON lines here")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list:
+    args = parse(argv)
     records = run(args)
     print(summary(records))
     if args.out:
