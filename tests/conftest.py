@@ -1,17 +1,11 @@
 """Shared pytest setup: tests marked `cuda` need a GPU and skip without one; the Triton
-interpreter's nested calls are made cheaper (see `_patch_language_once_per_helper`)."""
+interpreter's nested calls are made cheaper (see `_patch_language_once_per_helper`), and its
+tl.dot sums each element in one order whatever numpy's BLAS (`_dot_in_one_order`)."""
 
 import os
-import platform
-import sys
 
-# pytest run without scripts/test.sh: numpy's OpenBLAS reads its kernel choice when it loads
-# (scripts/test.sh says why the tests need this one).
-if "numpy" not in sys.modules and platform.machine() == "x86_64":
-    os.environ.setdefault("OPENBLAS_CORETYPE", "Nehalem")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -53,10 +47,51 @@ def _patch_language_once_per_helper() -> None:
     cls.__call__ = call
 
 
+def _dot_in_one_order() -> None:
+    """The interpreter's tl.dot is numpy's matmul, whose BLAS kernels may sum an output element
+    in an order that follows the matrices' shapes (OpenBLAS's Haswell and Zen kernels do; its
+    Nehalem kernel does not, and OPENBLAS_CORETYPE, which picks one, is the machine's to set).
+    The kernels' tests of bit invariance (a row among others, a tile's width, a program's rows)
+    would then blame the kernels for the BLAS: on the GPU one tile's dot is one order. Here a
+    float32 dot is summed in float64 and rounded once: the products are exact, and the rounding
+    gives each element the same bits whatever the tile's other rows or columns (unless an order's
+    float64 error crosses a float32 rounding boundary, about 2^-29 of elements). The kernels'
+    own sums across tiles stay float32, as on the GPU."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    cls, handle = getattr(interpreter, "InterpreterBuilder", None), getattr(
+        interpreter, "TensorHandle", None)
+    if cls is None or handle is None or not hasattr(cls, "create_dot"):
+        return
+    real = cls.create_dot
+    if getattr(real, "in_one_order", False):
+        return
+
+    def create_dot(self, a, b, d, *rest):
+        if not all(t.data.dtype == np.float32 for t in (a, b, d)):
+            return real(self, a, b, d, *rest)
+        out = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64))
+        return handle(out.astype(np.float32) + d.data, d.dtype.scalar)
+
+    create_dot.in_one_order = True
+    cls.create_dot = create_dot
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; skipped when torch.cuda is unavailable")
     if os.environ.get("TRITON_INTERPRET") == "1":
         _patch_language_once_per_helper()
+        _dot_in_one_order()
+
+
+def pytest_collection_finish(session):
+    """Test files that set TRITON_INTERPRET themselves (a plain `pytest`) have set it now; an
+    import of the interpreter before they did would have left Triton compiling."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _dot_in_one_order()
 
 
 def pytest_collection_modifyitems(config, items):
