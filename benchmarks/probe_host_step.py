@@ -69,13 +69,12 @@ def graph_engine(path: str, max_bs: int, draft: str = None):
 
     decode_runner.warm_and_capture = _capture_once
     stub_cuda_timing()
+    from bench_adaptive import engine_kwargs
+
     if draft == "ngram-held":  # its plain steps feed shadow verifies (speculative/shadow.py)
-        spec = dict(speculative_algorithm="NGRAM", speculative_num_steps=7,
-                    speculative_eagle_topk=1, speculative_num_draft_tokens=8)
+        spec = engine_kwargs("adaptive", "NGRAM", None, (7, 1, 8))
     else:
-        spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=path,
-                    speculative_num_steps=3, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=4) if draft else {}
+        spec = engine_kwargs("adaptive" if draft else "no-spec", "STANDALONE", path, (3, 1, 4))
     engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                     attention_backend="triton", max_total_tokens=max_bs * 512,
                     max_running_requests=max_bs, **spec)

@@ -98,13 +98,12 @@ def round_record(arm: str, bs: int, tokens: int, dt: float, t: Timers, stalls: d
 
 def run(args, extra: dict = None) -> list:
     """extra: more Engine arguments (the tests' CPU engine)."""
-    from bench_adaptive import prompts_for
+    from bench_adaptive import engine_kwargs, prompts_for
     from stalls import StallWatch
 
     from specpcg import Engine
 
-    kw = {} if args.no_spec else dict(speculative_algorithm="NGRAM", speculative_num_steps=7,
-                                      speculative_eagle_topk=1, speculative_num_draft_tokens=8)
+    kw = engine_kwargs("no-spec" if args.no_spec else "adaptive", "NGRAM", None, (7, 1, 8))
     engine = Engine(model_path=args.model_path, show_progress=False,
                     max_running_requests=args.batch, **kw, **(extra or {}))
     if args.gc_threshold is not None:

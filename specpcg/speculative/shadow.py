@@ -39,14 +39,15 @@ speculates ends after 124 steps against plain decoding's 127, at 1.2x a plain st
 plain at the batch's tail, switching back and forth. Each engine alone in its process
 (bench_alone.py, H200, fde4feb), the finish estimate ran 1.23 / 1.07 / 1.05 / 0.97x no-spec at
 batch 1 / 4 / 16 / 64, rates alone 1.14 / 1.04 / 1.05 / 0.90x; batch 64 alone, 0.96x against
-0.88x (pinned 0.93x); two more passes of it 1.21 / 1.02 / 1.01 / 1.05x (0327117). Their host work
-(54-82 us a step at batch 64 on the H200) runs while the device runs the step: the host still
-waited 150-620 us a step for it (benchmarks/probe_shadow_cost.py). Side by side in one process (180be28 and before), where a neighbour's
-graphs slowed plain steps, rates alone had looked as good (1.05 / 1.13 / 1.12 / 0.98x against
-1.06 / 1.10 / 1.01 / 0.99x), and the finish estimate over each request's last 8 verifies ran
-0.91x at batch 64. `shadow_rates_only = True` chooses on rates alone; in simulation it lost where
-equal-length requests' acceptance differs widely with nothing waiting (sim_adaptive.py --shadow:
-0.87 / 0.79 of the faster side at batch 16 / 64).
+0.88x (pinned 0.93x); two more passes of it 1.21 / 1.02 / 1.01 / 1.05x (0327117). The shadow
+verifies' host work (54-82 us a step at batch 64 on the H200) runs while the device runs the
+step: the host still waited 150-620 us a step for it (benchmarks/probe_shadow_cost.py). Side by
+side in one process (180be28 and before), where a neighbour's graphs slowed plain steps, rates
+alone had looked as good (1.05 / 1.13 / 1.12 / 0.98x against 1.06 / 1.10 / 1.01 / 0.99x), and
+the finish estimate over each request's last 8 verifies ran 0.91x at batch 64.
+`shadow_rates_only = True` chooses on rates alone; in simulation it lost where equal-length
+requests' acceptance differs widely with nothing waiting (sim_adaptive.py --shadow: 0.87 / 0.79
+of the faster side at batch 16 / 64).
 """
 
 from __future__ import annotations
