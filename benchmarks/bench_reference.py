@@ -96,8 +96,10 @@ def run(args) -> list:
         for bs in args.batches:
             ids = [torch.randint(100, 20000, (args.prompt_len,), generator=gen).tolist()
                    for _ in range(bs)]
-            # Ours first, then the peer: on the 8B shape our next forward after the compiled
-            # peer had run hit an illegal memory access on the H100 (not yet understood).
+            # Ours first, then the peer. At 136acb5 our next forward after the compiled peer
+            # faulted on the 8B shape: the peer's CUDA graphs drop torch's cached cuBLAS
+            # workspaces, one of which our graphs wrote; each capture now allocates its own
+            # (breakable.own_cublas_workspace).
             ours(engine, ids, 8)  # warm-up
             a = common.median([ours(engine, ids, args.new_tokens) for _ in range(args.repeats)])
             ref = make_peer(engine.model, bs, args.prompt_len + args.new_tokens + 8, compiled)

@@ -153,6 +153,22 @@ def joined_capture_stream() -> torch.cuda.Stream:
     return stream
 
 
+def own_cublas_workspace() -> None:
+    """Drops torch's cached cuBLAS workspaces, so the capture about to begin allocates its own
+    from the graph's pool. Call it after the warm-up, right before a capture begins.
+
+    Why: a captured cuBLAS kernel keeps the raw address of the workspace torch caches per
+    (handle, stream), which the warm-up allocated outside any pool. Whoever clears those caches
+    frees that memory while the graph still writes it: torch.compile's CUDA graphs clear them
+    around every recording, and an engine's next piecewise prefill of the 8B shape after a
+    compiled module ran faulted with an illegal memory access (one H200, 136acb5). A workspace
+    allocated inside the capture lies in the graph's pool, whose blocks torch keeps while any
+    graph captured in it lives and lends to no allocation outside a capture into that pool."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def warm_and_capture(fn: Callable, pool):
     """Runs fn() twice on the joined capture stream (lazy init and Triton compilation stay
     outside the capture), then captures a third call into one graph; returns (graph, output)."""
@@ -161,6 +177,7 @@ def warm_and_capture(fn: Callable, pool):
         for _ in range(2):
             fn()
     torch.cuda.synchronize()
+    own_cublas_workspace()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         out = fn()
@@ -176,6 +193,7 @@ def _begin_segment(state: _CaptureState) -> None:
 
 
 def _begin_first_segment(state: _CaptureState) -> None:
+    own_cublas_workspace()  # the segments' cuBLAS calls then share one inside the pool
     try:
         _begin_segment(state)
     except RuntimeError as exc:
