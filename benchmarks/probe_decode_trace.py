@@ -16,6 +16,7 @@ With --algorithm and --draft the engine carries that draft, held to plain steps 
 
     python benchmarks/probe_decode_trace.py --model-path shape:llama-3-8b --batch 1 > out.txt
     python benchmarks/probe_decode_trace.py --batch 64 --algorithm EAGLE3 --draft DIR
+    python benchmarks/probe_decode_trace.py --batch 1 --algorithm EAGLE3 --untrained
 """
 
 from __future__ import annotations
@@ -157,12 +158,17 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--algorithm", default=None, help="a draft held to plain steps")
     p.add_argument("--draft", default=None)
+    p.add_argument("--untrained", action="store_true",
+                   help="the draft: bench_adaptive's untrained one for --algorithm")
     p.add_argument("--prompt-len", type=int, default=32,
                    help="128 with 64 new tokens: probe_step_trace's contexts")
     p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args(argv)
-    from bench_adaptive import engine_kwargs
+    from bench_adaptive import engine_kwargs, untrained_drafts
     from holds import plain_only
+
+    if args.untrained:
+        args.draft = untrained_drafts([args.algorithm], args.model_path)[args.algorithm]
 
     kw = engine_kwargs("plain", args.algorithm, args.draft, (3, 1, 4)) if args.algorithm else {}
     engine = Engine(model_path=args.model_path or default_model_path(), show_progress=False,

@@ -10,7 +10,8 @@ keeps the prefills and the one capture-time forward short: a no-op replay makes 
 size irrelevant to a step.
 
     python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
-        [--draft held|adaptive|ngram-held] [--profile N] [--out benchmarks/results/host_step.jsonl]
+        [--draft held|adaptive|ngram-held|eagle3-held] [--profile N]
+        [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
 the first step on; a step's host time is the median time between two of the scheduler's
@@ -37,7 +38,8 @@ import common  # noqa: E402
 common.add_repo_to_path()
 
 DRAFTED = {"held": "STANDALONE held to plain steps", "adaptive": "STANDALONE, adaptive",
-           "ngram-held": "NGRAM held to plain steps"}
+           "ngram-held": "NGRAM held to plain steps",
+           "eagle3-held": "EAGLE3 (random head) held to plain steps"}
 
 
 class _NoReplay:
@@ -73,23 +75,29 @@ def graph_engine(path: str, max_bs: int, draft: str = None):
 
     if draft == "ngram-held":  # its plain steps feed shadow verifies (speculative/shadow.py)
         spec = engine_kwargs("adaptive", "NGRAM", None, (7, 1, 8))
+    elif draft == "eagle3-held":  # its plain steps capture three layers' hidden states
+        from bench_step import random_head_dir
+
+        spec = engine_kwargs("adaptive", "EAGLE3", random_head_dir("EAGLE3", path), (7, 1, 8))
     else:
         spec = engine_kwargs("adaptive" if draft else "no-spec", "STANDALONE", path, (3, 1, 4))
     engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                     attention_backend="triton", max_total_tokens=max_bs * 512,
                     max_running_requests=max_bs, **spec)
-    if draft in ("held", "ngram-held"):
+    if draft in ("held", "ngram-held", "eagle3-held"):
         from holds import plain_only
 
         plain_only(engine)
+    # The hidden states a plain step captures for the draft, as the engine's graphs would.
+    head = engine.draft if draft == "eagle3-held" else None
+    hidden = (head.needs_hidden, tuple(head.aux_layers)) if head else (CaptureHiddenMode.NULL, ())
     kw = dict(show_progress=False)
     try:
         runner = decode_runner.DecodeGraphRunner(engine.runner, decode_batch_buckets(max_bs),
-                                                 CaptureHiddenMode.NULL, (), None,
-                                                 write_rows=True, **kw)
+                                                 *hidden, None, write_rows=True, **kw)
     except TypeError:  # a tree before the runner wrote req_to_token itself
         runner = decode_runner.DecodeGraphRunner(engine.runner, decode_batch_buckets(max_bs),
-                                                 CaptureHiddenMode.NULL, (), None, **kw)
+                                                 *hidden, None, **kw)
     runner.capture()
     engine.router.runners["decode_graph"] = runner
     return engine
@@ -165,7 +173,8 @@ def main(argv=None) -> list:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as path:
-        save_tiny_checkpoint("llama", path)
+        # An EAGLE3 head reads three distinct layers of its target.
+        save_tiny_checkpoint("llama", path, num_layers=4 if args.draft == "eagle3-held" else 2)
         engines = {"no-spec": graph_engine(path, max(args.batches))}
         if args.draft:
             engines[DRAFTED[args.draft]] = graph_engine(path, max(args.batches), args.draft)

@@ -30,3 +30,20 @@ def test_the_held_ngram_engine_runs_shadow_verifies_on_its_plain_graph_steps(mon
     held = probe_host_step.DRAFTED["ngram-held"]
     assert [(r["engine"], r["batch_size"]) for r in records] == [("no-spec", 2), (held, 2)]
     assert seen.count(2) >= 2 * 20, seen  # the warm-up's and the timed run's plain steps
+
+
+def test_the_held_eagle3_engine_keeps_its_plain_graph_steps_hidden_rows(monkeypatch):
+    """Its decode graphs capture the three layers its head reads, and every plain step hands
+    their rows to the head, as in the engine."""
+    from drafts.eagle import HeadDraft
+
+    rows = []
+    absorb = HeadDraft.absorb_rows
+    monkeypatch.setattr(HeadDraft, "absorb_rows",
+                        lambda self, reqs, hidden: rows.append(tuple(hidden.shape)) or
+                        absorb(self, reqs, hidden))
+    records = probe_host_step.main(["--batches", "2", "--steps", "12", "--repeats", "1",
+                                    "--draft", "eagle3-held"])
+    held = probe_host_step.DRAFTED["eagle3-held"]
+    assert [(r["engine"], r["batch_size"]) for r in records] == [("no-spec", 2), (held, 2)]
+    assert rows.count((2, 3 * 64)) >= 2 * 10, rows  # 3 layers of the 64-wide tiny model

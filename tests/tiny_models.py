@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 
-def tiny_hf_model(family: str, tie: bool = False, seed: int = 0):
+def tiny_hf_model(family: str, tie: bool = False, seed: int = 0, num_layers: int = 2):
     """A random HF transformers model of the given family: llama | qwen2 | qwen3."""
     import transformers as tf
 
-    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=num_layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   tie_word_embeddings=tie, rms_norm_eps=1e-6)
     if family == "llama":
@@ -34,8 +35,8 @@ def tiny_hf_model(family: str, tie: bool = False, seed: int = 0):
     return model
 
 
-def save_tiny_checkpoint(family: str, path, tie: bool = False):
-    model = tiny_hf_model(family, tie)
+def save_tiny_checkpoint(family: str, path, tie: bool = False, num_layers: int = 2):
+    model = tiny_hf_model(family, tie, num_layers=num_layers)
     model.save_pretrained(path)
     return model
 
