@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
 import common
@@ -40,7 +39,7 @@ def run_case(case: str, model_path: str, engine_options=None, compile_peer=True)
     from specpcg import Engine
     from static_ref import StaticCacheDecoder
 
-    options = {"mem_fraction_static": 0.5, **(engine_options or {})}
+    options = {"mem_fraction_static": 0.5, "skip_tokenizer_init": True, **(engine_options or {})}
     if case == "peer-nopcg":
         options["disable_piecewise_cuda_graph"] = True
     engine = Engine(model_path=model_path, max_running_requests=8, show_progress=False,
@@ -73,7 +72,8 @@ def run_case(case: str, model_path: str, engine_options=None, compile_peer=True)
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--case"]:
-        print(json.dumps(run_case(argv[1], argv[2])))
+        spec = json.loads(argv[1])
+        print(json.dumps(run_case(spec["case"], spec["model_path"])))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default="shape:llama-3-8b")
@@ -81,12 +81,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(common.RESULTS_DIR / "compiled_neighbour.jsonl"))
     args = p.parse_args(argv)
     for case in args.cases:
-        proc = subprocess.run([sys.executable, __file__, "--case", case, args.model_path],
-                              capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        line = json.loads(lines[-1]) if lines else {
-            "case": case, "model": args.model_path,
-            "result": f"process exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        try:
+            line = common.run_json_worker(__file__, "--case",
+                                          {"case": case, "model_path": args.model_path})
+        except RuntimeError as exc:  # the process died before its line: its error's tail
+            line = {"case": case, "model": args.model_path, "result": str(exc)[-300:]}
         common.append_jsonl(args.out, [line])
         print(f"[probe_compiled_neighbour] {case:10} {line['result']}", flush=True)
 
