@@ -3,7 +3,13 @@ through the one read a step makes of its tokens (an event on a pinned copy,
 `specpcg.transfer.HostCopy`, which CUDA's sync check does not count): the check is set to raise
 while the engine runs steps of requests already decoding. A wait anywhere else (a pageable copy,
 `.item()`, `.tolist()` of a device tensor, a mask's `nonzero()`) would leave the GPU idle while
-the host prepares the next step."""
+the host prepares the next step.
+
+An EAGLE3 engine (a random head: what is checked is the host's waits, not what it accepts) runs
+its chain pinned, and its plain steps held (adaptive speculation choosing them at every step),
+where the target's aux hidden states go to the draft each step."""
+
+import tempfile
 
 import pytest
 import torch
@@ -18,14 +24,42 @@ SYSTEMS = {
                         speculative_eagle_topk=1, speculative_num_draft_tokens=8),
     "NGRAM tree": dict(speculative_algorithm="NGRAM", speculative_num_steps=5,
                        speculative_eagle_topk=4, speculative_num_draft_tokens=8),
+    "EAGLE3 chain": dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                         speculative_eagle_topk=1, speculative_num_draft_tokens=4),
+    "EAGLE3 plain steps": dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                               speculative_eagle_topk=1, speculative_num_draft_tokens=4),
 }
+HELD_PLAIN = ("EAGLE3 plain steps",)
+
+
+@pytest.fixture(scope="module")
+def eagle3_head() -> str:
+    """A random EAGLE3 head for the default model, saved as a checkpoint."""
+    from drafts.head_checkpoint import random_head, save_head
+    from specpcg.models.loader import default_model_path, load_checkpoint
+
+    cfg = load_checkpoint(default_model_path())[0]
+    head, spec = random_head("EAGLE3", cfg, "cpu", torch.float32,
+                             draft_vocab_size=min(8192, cfg.vocab_size // 2))
+    return save_head(head, spec, cfg, tempfile.mkdtemp(prefix="random-EAGLE3-"))
+
+
+def build(system: str, request) -> Engine:
+    kw = dict(SYSTEMS[system])
+    held = system in HELD_PLAIN
+    if kw.get("speculative_algorithm") == "EAGLE3":
+        kw["speculative_draft_model_path"] = request.getfixturevalue("eagle3_head")
+    engine = Engine(device="cuda", skip_tokenizer_init=True, max_running_requests=8,
+                    disable_adaptive_speculation=not held, show_progress=False, **kw)
+    if held:
+        engine.scheduler.adaptive.use_spec = lambda *args, **kwargs: False
+    return engine
 WARM_STEPS, CHECKED_STEPS = 8, 24
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
-def test_steady_steps_never_wait_for_the_device(system):
-    engine = Engine(device="cuda", skip_tokenizer_init=True, max_running_requests=8,
-                    disable_adaptive_speculation=True, show_progress=False, **SYSTEMS[system])
+def test_steady_steps_never_wait_for_the_device(system, request):
+    engine = build(system, request)
     gen = torch.Generator().manual_seed(0)
     # Repeated spans give NGRAM matches, so its verifies accept runs of drafts.
     base = torch.randint(100, 20000, (24,), generator=gen).tolist()
