@@ -4,10 +4,12 @@ matmul reached.
 
 An engine without speculation decodes random-id prompts; the first decode-graph replay at the
 batch size after a warm-up generate is traced. The lines give the step's span, its busy time
-(the sum of kernel durations) and the idle time between kernels; then each kernel kind's count
-and time; then the first layer's kernels in order; then the matmuls (counted in launch order
-against the model's weights: qkv, o, gate_up, down per layer, then the LM head) with the
-bytes each read per microsecond, against a device-to-device copy's rate. Last, a whole generate
+(the kernels' own time, `own_times`: with programmatic dependent launch a kernel's duration
+includes its wait for the one before) and the idle time between kernels; then each kernel
+kind's count and own time; then the first layer's kernels in order; then the matmuls (counted
+in launch order against the model's weights: qkv, o, gate_up, down per layer, then the LM head)
+with the bytes each read per microsecond of its own time, against a device-to-device copy's
+rate. Last, a whole generate
 under the profiler: the period of a decode step, its busy and idle time, and the kernels that
 run outside the graph each step.
 
@@ -34,6 +36,22 @@ from bench_reference import copy_bandwidth  # noqa: E402
 from probe_step_trace import cuda_kernels, trace_first_call  # noqa: E402
 
 MATMUL_MARKS = ("gemv", "gemm", "nvjet", "cutlass", "sm90_xmma", "matmul")
+
+
+def own_times(events: list) -> list:
+    """(name, own start us, end us) of each kernel in start order: its own time runs from its
+    start or the end of every kernel before it, whichever is later. A kernel launched early
+    (programmatic dependent launch, kernels/dispatch.pdl) waits inside its duration for the one
+    before: summed durations then count those waits twice (a step's kernels summed to more than
+    its span, H200, e8752dc), and a matmul's bandwidth by its duration came out a tenth of the
+    copy rate. Own times sum to the time some kernel ran; a kernel wholly inside others' gets
+    none."""
+    out, last_end = [], None
+    for name, s, e in events:
+        begin = s if last_end is None else min(max(s, last_end), max(e, last_end))
+        out.append((name, begin, max(e, begin)))
+        last_end = e if last_end is None else max(last_end, e)
+    return out
 
 
 def trace_one_replay(bs: int, run) -> list:
@@ -72,12 +90,12 @@ def report_window(events: list, step_kernels: set, first_name: str) -> None:
     if len(starts) < 4:
         print(f"# window: only {len(starts)} steps found")
         return
-    window = events[starts[1]:starts[-1]]
+    window = own_times(events[starts[1]:starts[-1]])
     steps = len(starts) - 2
-    span = window[-1][2] - window[0][1]
+    span = events[starts[-1]][1] - events[starts[1]][1]  # marker to marker: whole periods
     busy = sum(e[2] - e[1] for e in window)
     print(f"# window: {steps} steps, {span / steps:.1f} us a step, busy {busy / steps:.1f} us, "
-          f"idle {(span - busy) / steps:.1f} us a step")
+          f"idle {(span - busy) / steps:.1f} us a step (kernels' own time)")
     outside = collections.defaultdict(lambda: [0, 0.0])
     for name, s, e in window:
         if name not in step_kernels:
@@ -111,9 +129,9 @@ def is_matmul(name: str) -> bool:
 
 
 def print_by_kernel(events: list) -> None:
-    """Each kernel's count and summed time, the costliest first."""
+    """Each kernel's count and summed own time (own_times), the costliest first."""
     kinds = collections.defaultdict(lambda: [0, 0.0])
-    for name, s, e in events:
+    for name, s, e in own_times(events):
         kinds[name[:90]][0] += 1
         kinds[name[:90]][1] += e - s
     print("# by kernel: count, us, name")
@@ -122,12 +140,15 @@ def print_by_kernel(events: list) -> None:
 
 
 def report(events: list, model, copy_bps: float) -> None:
-    t0, t1 = events[0][1], events[-1][2]
-    busy = sum(e[2] - e[1] for e in events)
+    own = own_times(events)
+    t0, t1 = events[0][1], max(e[2] for e in events)
+    busy = sum(e[2] - e[1] for e in own)
+    summed = sum(e[2] - e[1] for e in events)
     print(f"# {len(events)} kernels, span {t1 - t0:.0f} us, busy {busy:.0f} us, "
-          f"idle {t1 - t0 - busy:.0f} us; copy {copy_bps / 1e9:.0f} GB/s")
+          f"idle {t1 - t0 - busy:.0f} us (kernels' own time; durations sum to {summed:.0f} us); "
+          f"copy {copy_bps / 1e9:.0f} GB/s")
     print_by_kernel(events)
-    mm = [e for e in events if is_matmul(e[0])]
+    mm = [e for e in own if is_matmul(e[0])]
     weights = weight_bytes_in_order(model)
     print(f"# matmuls: {len(mm)} kernels for {len(weights)} weights")
     if len(mm) == len(weights):
@@ -139,7 +160,7 @@ def report(events: list, model, copy_bps: float) -> None:
         for key, (nbytes, us) in sums.items():
             print(f"  {key:8s} {nbytes / 1e6:9.1f} MB {us:9.1f} us "
                   f"{nbytes / us / 1e3:6.0f} GB/s ({nbytes / us * 1e6 / copy_bps:.2f} of copy)")
-    print("# the first layer's kernels (start us, us, name)")
+    print("# the first layer's kernels (start us, duration us, name)")
     first = [i for i, e in enumerate(events) if is_matmul(e[0])]
     stop = first[4] if len(first) > 4 else len(events)
     for name, s, e in events[:stop + 1]:

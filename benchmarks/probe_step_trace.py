@@ -3,7 +3,8 @@
 An engine with a random EAGLE3 head (or NGRAM) at (7, 1, 8) (or --setting: a tree, topk > 1)
 and synthetic acceptance decodes repeated-id prompts; one replay of the speculative step graph
 at the given batch size runs under the torch profiler, and its kernels are printed in launch
-order, runs of the same kernel folded: start (us from the first), count, summed duration, name.
+order, runs of the same kernel folded: start (us from the first), count, summed own time
+(probe_decode_trace.own_times), name.
 The draft's steps, the verify's layers and the accept stand apart by their kernels, so the
 launches each phase costs can be counted. Then each kernel's count and time, and a whole
 generate under the profiler (probe_decode_trace's window): a step's period, busy and idle time,
@@ -88,7 +89,8 @@ def plot_traces(path: str, traces: list) -> None:
 
 
 def main(argv=None) -> None:
-    from probe_decode_trace import print_by_kernel, report_window, step_marker, trace_window
+    from probe_decode_trace import (own_times, print_by_kernel, report_window, step_marker,
+                                    trace_window)
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
 
@@ -120,11 +122,11 @@ def main(argv=None) -> None:
         run()  # warm-up
         events = trace_one_step(engine, args.batch, run)
         window = trace_window(run)
-    t0 = events[0][1]
+    t0, own = events[0][1], own_times(events)
     print(f"batch {args.batch} {args.algorithm} {args.setting}: {len(events)} kernels, span "
-          f"{events[-1][2] - t0:.0f} us, busy "
-          f"{sum(e[2] - e[1] for e in events):.0f} us")
-    for name, group in itertools.groupby(events, key=lambda e: e[0][:60]):
+          f"{max(e[2] for e in events) - t0:.0f} us, busy "
+          f"{sum(e[2] - e[1] for e in own):.0f} us")
+    for name, group in itertools.groupby(own, key=lambda e: e[0][:60]):
         g = list(group)
         print(f"  {g[0][1] - t0:8.1f} {len(g):3d}x {sum(e[2] - e[1] for e in g):7.1f}us  {name}")
     print_by_kernel(events)
