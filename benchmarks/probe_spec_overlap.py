@@ -98,17 +98,24 @@ def device_gaps(prof) -> tuple:
 
 def device_profile(run) -> tuple:
     """(kernel seconds, kernel launches, [(seconds, calls, name)] of the top kernels,
-    device_gaps)."""
+    device_gaps). A kernel's seconds are its own time (probe_decode_trace.own_times): one
+    launched early under programmatic dependent launch waits inside its duration."""
     from torch.profiler import ProfilerActivity, profile
+
+    from probe_decode_trace import own_times
+    from probe_step_trace import cuda_kernels
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
-    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
-    total = sum(e.self_device_time_total for e in kernels) / 1e6
-    calls = sum(e.count for e in kernels)
-    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
-    return (total, calls, [(e.self_device_time_total / 1e6, e.count, e.key[:70]) for e in top],
-            device_gaps(prof))
+    kinds = {}
+    for name, s, e in own_times(cuda_kernels(prof)):
+        kind = kinds.setdefault(name[:70], [0.0, 0])
+        kind[0] += (e - s) / 1e6
+        kind[1] += 1
+    total = sum(us for us, _ in kinds.values())
+    calls = sum(n for _, n in kinds.values())
+    top = sorted(((us, n, name) for name, (us, n) in kinds.items()), reverse=True)[:12]
+    return total, calls, top, device_gaps(prof)
 
 
 def probe(system: str, bs: int, args, tmp: str) -> dict:
