@@ -102,8 +102,15 @@ def run(args) -> list:
             # (breakable.own_cublas_workspace).
             ours(engine, ids, 8)  # warm-up
             a = common.median([ours(engine, ids, args.new_tokens) for _ in range(args.repeats)])
+            # The peer's compile and capture take minutes on the 8B shape: a call cut off there
+            # says so in its log.
+            print(f"[bench_reference] {model_path or 'default'} bs={bs}: specpcg {a:.0f} tok/s; "
+                  f"building the peer", flush=True)
+            t0 = time.perf_counter()
             ref = make_peer(engine.model, bs, args.prompt_len + args.new_tokens + 8, compiled)
             peer(ref, ids, 8)  # compile, warm-up
+            print(f"[bench_reference] the peer built and warmed in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
             b = common.median([peer(ref, ids, args.new_tokens) for _ in range(args.repeats)])
             del ref
             line = {"bench": "reference", "model": model_path or "default", "batch": bs,
