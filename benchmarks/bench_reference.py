@@ -102,8 +102,8 @@ def run(args) -> list:
             # (breakable.own_cublas_workspace).
             ours(engine, ids, 8)  # warm-up
             a = common.median([ours(engine, ids, args.new_tokens) for _ in range(args.repeats)])
-            # The peer's compile and capture take minutes on the 8B shape: a call cut off there
-            # says so in its log.
+            # The peer's compile and capture run here (the 8B shape's batch 8 had not ended in a
+            # 200 s call, H200, e8752dc): a call cut off there says so in its log.
             print(f"[bench_reference] {model_path or 'default'} bs={bs}: specpcg {a:.0f} tok/s; "
                   f"building the peer", flush=True)
             t0 = time.perf_counter()
