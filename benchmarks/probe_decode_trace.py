@@ -46,11 +46,11 @@ def own_times(events: list) -> list:
     its span, H200, e8752dc), and a matmul's bandwidth by its duration came out a tenth of the
     copy rate. Own times sum to the time some kernel ran; a kernel wholly inside others' gets
     none."""
-    out, last_end = [], None
+    out, last_end = [], float("-inf")
     for name, s, e in events:
-        begin = s if last_end is None else min(max(s, last_end), max(e, last_end))
+        begin = max(s, last_end)
         out.append((name, begin, max(e, begin)))
-        last_end = e if last_end is None else max(last_end, e)
+        last_end = max(last_end, e)
     return out
 
 

@@ -9,12 +9,15 @@ An EAGLE3 engine (a random head: what is checked is the host's waits, not what i
 its chain pinned, and its plain steps held (adaptive speculation choosing them at every step),
 where the target's aux hidden states go to the draft each step."""
 
-import tempfile
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from specpcg import Engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 pytestmark = pytest.mark.cuda
 
@@ -34,17 +37,16 @@ HELD_PLAIN = ("EAGLE3 plain steps",)
 
 @pytest.fixture(scope="module")
 def eagle3_head() -> str:
-    """A random EAGLE3 head for the default model, saved as a checkpoint."""
-    from drafts.head_checkpoint import random_head, save_head
-    from specpcg.models.loader import default_model_path, load_checkpoint
+    """A random EAGLE3 head for the default model, saved as a checkpoint (bench_step's)."""
+    from bench_step import random_head_dir
+    from specpcg.models.loader import default_model_path
 
-    cfg = load_checkpoint(default_model_path())[0]
-    head, spec = random_head("EAGLE3", cfg, "cpu", torch.float32,
-                             draft_vocab_size=min(8192, cfg.vocab_size // 2))
-    return save_head(head, spec, cfg, tempfile.mkdtemp(prefix="random-EAGLE3-"))
+    return random_head_dir("EAGLE3", default_model_path())
 
 
 def build(system: str, request) -> Engine:
+    from holds import plain_only
+
     kw = dict(SYSTEMS[system])
     held = system in HELD_PLAIN
     if kw.get("speculative_algorithm") == "EAGLE3":
@@ -52,8 +54,10 @@ def build(system: str, request) -> Engine:
     engine = Engine(device="cuda", skip_tokenizer_init=True, max_running_requests=8,
                     disable_adaptive_speculation=not held, show_progress=False, **kw)
     if held:
-        engine.scheduler.adaptive.use_spec = lambda *args, **kwargs: False
+        plain_only(engine)
     return engine
+
+
 WARM_STEPS, CHECKED_STEPS = 8, 24
 
 
