@@ -200,11 +200,11 @@ def _rows_fma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, 
         mask = mask_n[:, None] & mask_k[None, :]
         x = tl.load(xs + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                     other=0.0).to(tl.float32)[:, None, :]
-        w_k = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-        acc += tl.sum(x * w_k[None, :, :], 2)
+        w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        acc += tl.sum(x * w[None, :, :], 2)
         if SILU_MUL:
-            up_k = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-            acc_up += tl.sum(x * up_k.to(tl.float32)[None, :, :], 2)
+            up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
+            acc_up += tl.sum(x * up.to(tl.float32)[None, :, :], 2)
     _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
                    HAS_BIAS, SILU_MUL)
 
