@@ -17,7 +17,7 @@ its calls), and whether the chain's output has the bits of the first run without
 before the wait would show as a difference). The results files of d79f8e8 and 944702a also
 list variants of copies of the kernels ("copy", "pdl", "pdl-early") that the probe then carried.
 Each line also gives the largest difference from the first variant's output (a variant of
-other sums, such as the CUDA-core kernel's, differs in rounding only).
+other sums differs in rounding only).
 
     python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] \
         [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 ...] [--cublas] > out.txt
@@ -40,9 +40,8 @@ HIDDEN, QKV, INTER = 576, 960, 1536  # the default model's shapes
 
 def parse_tiles(spec: str) -> tuple:
     """"NAME:576=32,128,4,1,5:960x576=32,1024,4,1,1" -> (NAME, {576: (32, 128, 4, 1, 5),
-    (960, 576): ...}): tiles (BLOCK_N, BLOCK_K, warps, stages, SPLITS[, FMA]) by depth or by a
-    weight's shape (which wins), with PDL on; other weights keep the library's tiling. FMA 1:
-    the CUDA-core kernel (kernels/gemv_triton._rows_fma_kernel)."""
+    (960, 576): ...}): tiles (BLOCK_N, BLOCK_K, warps, stages, SPLITS) by depth or by a
+    weight's shape (which wins), with PDL on; other weights keep the library's tiling."""
     name, *pairs = spec.split(":")
     tiles = {}
     for pair in pairs:

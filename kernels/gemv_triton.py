@@ -81,7 +81,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
 @triton.jit
 def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
                    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):
-    """The one-row kernel's epilogue over [rows, BLOCK_N] sums: bias, SiLU-and-mul, store."""
+    """The one-row kernel's epilogue over [16, BLOCK_N] sums: bias, SiLU-and-mul, store."""
     y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -156,57 +156,6 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
         slot = tl.program_id(2) * tl.num_programs(0) + tile  # this tile of these 16 rows
         _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, slot, offs_m,
                          mask_m, offs_n, mask_n, stride_ym, HAS_BIAS, SILU_MUL, BLOCK_N, SPLITS)
-
-
-# Rows a program of the CUDA-core kernel takes: fixed, so a row's bits never follow the batch.
-FMA_ROWS = 8
-
-
-@triton.jit
-def _rows_fma_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, UP_OFFSET, stride_xm, stride_wn,
-                     stride_ym, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
-                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PDL: tl.constexpr):
-    """2 or more rows on CUDA cores, as the one-row kernel: BLOCK_N whole weight rows a program
-    against ROWS rows of activations (program (tile, b): rows ROWS b to ROWS b + ROWS - 1),
-    fp32 products summed once a BLOCK_K step. With PDL the first step's weights are read
-    before the wait; what follows it is a load of the activations (from L2) and the sums,
-    where the tensor-core kernel also stages both operands for the dot."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    offs_k = tl.arange(0, BLOCK_K)
-    mask = mask_n[:, None] & (offs_k < K)[None, :]
-    w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0)
-    up = w
-    if SILU_MUL:
-        up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    mask_m = offs_m < M
-    xs = x_ptr + offs_m[:, None] * stride_xm
-    x = tl.load(xs + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :],
-                other=0.0).to(tl.float32)[:, None, :]
-    acc = tl.sum(x * w.to(tl.float32)[None, :, :], 2)
-    acc_up = acc
-    if SILU_MUL:
-        acc_up = tl.sum(x * up.to(tl.float32)[None, :, :], 2)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        mask = mask_n[:, None] & mask_k[None, :]
-        x = tl.load(xs + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
-                    other=0.0).to(tl.float32)[:, None, :]
-        w = tl.load(rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-        acc += tl.sum(x * w[None, :, :], 2)
-        if SILU_MUL:
-            up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask, other=0.0)
-            acc_up += tl.sum(x * up.to(tl.float32)[None, :, :], 2)
-    _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
-                   HAS_BIAS, SILU_MUL)
 
 
 @triton.jit
@@ -333,13 +282,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """x [M, K] (any M, in programs of 16 rows), weight [N, K], and out [M, N] or, for
     silu_mul, [M, N / 2] (weight rows: gate, then up), each with unit column stride.
-    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS[, FMA]) instead of `tiling`'s
-    (probe_gemv's sweep; SPLITS and FMA apply from 2 rows; FMA 1: the CUDA-core kernel,
-    `_rows_fma_kernel`, which takes no splits). Returns out."""
+    tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) instead of `tiling`'s (probe_gemv's
+    sweep; SPLITS applies from 2 rows). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
     # from 2 rows the tiles follow K alone (whatever rows `tiling` would leave to cuBLAS)
-    block_n, block_k, warps, stages, splits, *fma = tile or tiling(
+    block_n, block_k, warps, stages, splits = tile or tiling(
         n_out, k, min(m, 2), m > 1 and one_step_fits(x)) or (
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
     args = (x, weight, bias if bias is not None else weight, out)
@@ -349,11 +297,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     up_offset = n_out if silu_mul else 0
     if m == 1:
         _gemv_kernel[(tiles,)](*args, n_out, k, up_offset, weight.stride(0), **flags)
-        return out
-    if fma and fma[0]:
-        _rows_fma_kernel[(tiles, triton.cdiv(m, FMA_ROWS))](
-            *args, m, n_out, k, up_offset, x.stride(0), weight.stride(0), out.stride(0),
-            ROWS=FMA_ROWS, **flags)
         return out
     blocks = triton.cdiv(m, 16)
     if splits > 1 and tiles * blocks > MAX_TILES:

@@ -194,24 +194,3 @@ def test_prepare_capture_makes_zeroed_counters_a_capture_then_uses():
     torch.cuda.synchronize()
     assert gemv_triton.arrival_counters(device) is counters and not counters.any()
     torch.testing.assert_close(out.float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-1)
-
-
-@needs_interpreter
-@pytest.mark.parametrize("tile", [(1, 64, 4, 1, 1, 1), (4, 256, 4, 1, 1, 1)])
-def test_the_cuda_core_rows_kernel_matches_its_twin_and_keeps_each_rows_bits(tile):
-    """FMA tiles (programs of FMA_ROWS rows on CUDA cores): the twin's result, with a bias and
-    with the SiLU-and-mul epilogue, K past one step; a row's bits whatever rows sit beside it
-    and however many rows the call has."""
-    from kernels import gemv_triton
-
-    x, w = torch.randn(19, 150), torch.randn(2 * 24, 150) / 150 ** 0.5
-    b = torch.randn(48)
-    for silu in (False, True):
-        n = 24 if silu else 48
-        bias = None if silu else b
-        out = gemv_triton.gemv(x, w, bias, torch.empty(19, n), silu, tile)
-        want = (gemv.linear_silu_mul_torch(x, w) if silu else gemv.linear_torch(x, w, bias))
-        _close_fp32(out, want)
-        for lo, hi in ((0, 2), (3, 11), (5, 6 + 8), (16, 19)):
-            alone = gemv_triton.gemv(x[lo:hi], w, bias, torch.empty(hi - lo, n), silu, tile)
-            assert torch.equal(out[lo:hi], alone), (silu, lo, hi)
