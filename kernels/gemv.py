@@ -175,3 +175,44 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
                                       use_triton=use_triton)
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     return triton_module("gemv_triton").gemv(x, weight, None, out, silu_mul=True)
+
+
+def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
+              n_out: int | None = None) -> bool:
+    """Whether a call the kernel serves (`gemv_applies`) can take the RMSNorm before it into
+    its launch (`normed_linear`): where the launch reads x's whole depth in one step (the
+    default model's 576: one row, or more with PDL's one-step tiles; not the 8B shape's 4,096)."""
+    if not gemv_applies(x, weight, n_out) or _pads(x) or norm_weight.dtype != x.dtype:
+        return False
+    kernel = triton_module("gemv_triton")
+    rows, k = x.shape
+    tile = kernel.tiling(n_out or weight.shape[0], k, min(rows, 2),
+                         rows > 1 and kernel.one_step_fits(x))
+    return tile is not None and tile[1] >= k and (rows == 1 or tile[4] == 1)
+
+
+def normed_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                  eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  silu_mul: bool = False, use_triton: bool | None = None) -> tuple | None:
+    """(linear(rmsnorm(x + residual)) or, silu_mul, its SiLU-and-mul, x + residual) in one
+    launch, where `norm_fits` (use_triton None) or use_triton: a batch-1 decode step of the
+    default model ran 61 RMSNorm kernels of about 1.3 us each, each between two matmuls.
+    residual None: rmsnorm(x), and x is the residual. None where the launch does not fit: the
+    caller runs the norm's kernel, then the matmul. The norm rounds as kernels/norm.py's."""
+    n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    if not (norm_fits(x, weight, norm_weight, n_out) if use_triton is None else pick_triton(x, use_triton)):
+        return None
+    residual_out = torch.empty_like(x) if residual is not None else None
+    out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
+    triton_module("gemv_triton").gemv(x, weight, bias, out, silu_mul,
+                                      norm=(residual, norm_weight, eps, residual_out))
+    return out, (x if residual is None else residual_out)
+
+
+def normed_linear_torch(x, residual, norm_weight, eps, weight, bias=None, silu_mul=False):
+    """normed_linear's twin: the norm's kernel (or its twin), then the matmul."""
+    if residual is None:
+        residual, h = x, fused_ops.rms_norm_torch(x, norm_weight, eps)
+    else:
+        h, residual = fused_ops.fused_add_rms_norm_torch(x, residual, norm_weight, eps)
+    return (linear_silu_mul_torch(h, weight) if silu_mul else F.linear(h, weight, bias)), residual

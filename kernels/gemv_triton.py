@@ -33,12 +33,15 @@ from kernels.gemv import MAX_ROWS
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
-                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm, stride_rom,
+                 eps, N, K, UP_OFFSET, stride_wn,
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """One program: BLOCK_N outputs. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET
     . x), each sum rounded to the output dtype first, as silu_and_mul over a matmul's output.
-    PDL (kernels/dispatch.pdl): the first BLOCK_K of the weights are read before the wait."""
+    PDL (kernels/dispatch.pdl): the first BLOCK_K of the weights are read before the wait.
+    NORM (K <= BLOCK_K): x is first RMSNorm'd (`_norm_rows`)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -52,9 +55,15 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
     if SILU_MUL:
         up = tl.load(rows + UP_OFFSET * stride_wn + offs_k[None, :], mask=mask,
                      other=0.0).to(tl.float32)
+    if NORM:
+        nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)[None, :]
+    x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
+    if NORM:
+        x = _norm_rows(x, r_ptr + offs_k, r_out_ptr + offs_k, nw, mask_k, K, eps,
+                       tl.program_id(0) == 0, HAS_RESIDUAL, 0)
+    x = x.to(tl.float32)[None, :]
     acc = w * x
     acc_up = up * x
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -79,6 +88,23 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, UP_OFFSET, stride_wn,
 
 
 @triton.jit
+def _norm_rows(x, r_ptrs, r_out_ptrs, nw, mask, K, eps, WRITER, HAS_RESIDUAL: tl.constexpr,
+               AXIS: tl.constexpr):
+    """RMSNorm of the rows of x (along AXIS, whole in this step) with kernels/norm.py's
+    rounding: x + residual rounded to x's dtype (stored to r_out by the WRITER program alone:
+    the others still read the residual), normalised, rounded, scaled by nw, rounded."""
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptrs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        if WRITER:
+            tl.store(r_out_ptrs, x, mask=mask)
+    x32 = x.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=AXIS, keep_dims=True) / K + eps)
+    normed = (x32 * inv_rms).to(x.dtype).to(tl.float32)
+    return (normed * nw.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
                    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):
     """The one-row kernel's epilogue over [16, BLOCK_N] sums: bias, SiLU-and-mul, store."""
@@ -95,9 +121,11 @@ def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, st
 
 
 @triton.jit
-def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_PER, UP_OFFSET,
+def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm, stride_rom,
+                 eps, part_ptr, arrived_ptr, M, N, K, K_PER, UP_OFFSET,
                  stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
-                 SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, PDL: tl.constexpr):
     """2 or more rows: BLOCK_N outputs of 16 rows a program (program (tile, s, b): rows 16 b
     to 16 b + 15), on tensor cores (the rows padded to 16, which costs nothing where the
@@ -107,7 +135,8 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
     with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the one-row
     kernel's first step is. Several steps wait first: reading only the first step's
     weights early measured no faster (3.61-3.65 against 3.50 us a call in a chain of the
-    default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py)."""
+    default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py). NORM (ONE_STEP,
+    SPLITS 1): each row of x is first RMSNorm'd (`_norm_rows`)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -128,10 +157,17 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, arrived_ptr, M, N, K, K_P
         up = w
         if SILU_MUL:
             up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask, other=0.0)
+        if NORM:
+            nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0)[None, :]
         if PDL:
             tl.extra.cuda.gdc_wait()
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        x_mask = mask_m[:, None] & mask_k[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
+                    other=0.0)
+        if NORM:
+            x = _norm_rows(x, r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :],
+                           r_out_ptr + offs_m[:, None] * stride_rom + offs_k[None, :], nw,
+                           x_mask, K, eps, tile == 0, HAS_RESIDUAL, 1)
         acc = tl.dot(x, w, acc)
         if SILU_MUL:
             acc_up = tl.dot(x, up, acc_up)
@@ -279,20 +315,31 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None) -> torch.Tensor:
+         out: torch.Tensor, silu_mul: bool = False, tile: tuple | None = None,
+         norm: tuple | None = None) -> torch.Tensor:
     """x [M, K] (any M, in programs of 16 rows), weight [N, K], and out [M, N] or, for
     silu_mul, [M, N / 2] (weight rows: gate, then up), each with unit column stride.
     tile: (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLITS) instead of `tiling`'s (probe_gemv's
-    sweep; SPLITS applies from 2 rows). Returns out."""
+    sweep; SPLITS applies from 2 rows). norm: (residual or None, norm weight [K], eps,
+    residual_out or None): the matmul takes RMSNorm(x + residual) and writes x + residual to
+    residual_out, a tensor of its own (`norm_fits` says where it may). Returns out."""
     m, k = x.shape
     n_out = out.shape[-1]
     # from 2 rows the tiles follow K alone (whatever rows `tiling` would leave to cuBLAS)
     block_n, block_k, warps, stages, splits = tile or tiling(
         n_out, k, min(m, 2), m > 1 and one_step_fits(x)) or (
         (32, 128, 4, 4, 1) if m > 1 else (1, 1024, 4, 4, 1))
-    args = (x, weight, bias if bias is not None else weight, out)
-    flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_N=block_n,
-                 BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl(x))
+    residual, norm_weight, eps, residual_out = norm or (None, x, 0.0, None)
+    if norm is not None and not (block_k >= k and (m == 1 or splits == 1)):
+        raise ValueError(f"a normed launch takes x's whole depth in one step, got K {k} in "
+                         f"steps of {block_k} over {splits} splits")
+    has_residual = residual is not None
+    residual, residual_out = (residual, residual_out) if has_residual else (x, x)
+    args = (x, weight, bias if bias is not None else weight, out, residual, norm_weight,
+            residual_out, residual.stride(0), residual_out.stride(0), eps)
+    flags = dict(HAS_BIAS=bias is not None, SILU_MUL=silu_mul, NORM=norm is not None,
+                 HAS_RESIDUAL=has_residual, BLOCK_N=block_n, BLOCK_K=block_k,
+                 num_warps=warps, num_stages=stages, **pdl(x))
     tiles = triton.cdiv(n_out, block_n)
     up_offset = n_out if silu_mul else 0
     if m == 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.topk import argmax_rows
 from specpcg.core import Request, SamplingParams
 
 
@@ -38,8 +39,10 @@ def make_generator(params: SamplingParams, device, engine_seed: int, rid: int) -
 
 
 def sample(logits: torch.Tensor, reqs: list) -> torch.Tensor:
-    """logits: [bs, vocab] float32, one row per request; returns [bs] int64 token ids."""
-    next_ids = logits.argmax(-1)
+    """logits: [bs, vocab] float32, one row per request; returns [bs] int64 token ids. The
+    greedy pick is the top-k kernel's on CUDA: torch's argmax took 13 us of a batch-1 decode
+    step of the default model (about 560 us on an H200), its two passes about 3."""
+    next_ids = argmax_rows(logits)
     for i, req in enumerate(reqs):
         if req.params.is_greedy:
             continue

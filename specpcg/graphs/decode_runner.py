@@ -17,6 +17,7 @@ import dataclasses
 
 import torch
 
+from kernels.topk import argmax_rows
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
@@ -213,6 +214,7 @@ class DecodeGraphRunner:
             graph, self.outputs[(mode, keys, bs)] = warm_and_capture(
                 lambda: self._body(batch), self.pool)
         self.graphs[(mode, keys, bs)] = graph
+        argmax_rows(self.outputs[(mode, keys, bs)][2])  # sampler.sample's, compiled before serving
 
     def _body(self, batch: ForwardBatch):
         """The model and its LM head on every row: logits come out of the graph, which saves

@@ -90,6 +90,13 @@ class Linear(BucketedLinear):
         where it applies, else the SiLU-and-mul kernel after the matmul."""
         return gemv.linear_silu_mul(x, self.weight)
 
+    def forward_normed(self, x: torch.Tensor, residual, norm: RMSNorm,
+                       silu_mul: bool = False) -> tuple | None:
+        """(this layer over norm(x + residual), x + residual) with the norm in the GEMV's launch
+        where it fits (kernels/gemv.normed_linear), else None: the caller runs the norm first."""
+        return gemv.normed_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
+                                  silu_mul)
+
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):

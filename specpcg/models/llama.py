@@ -70,8 +70,12 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary  # shared, not a parameter owner
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        return self.attend(positions, self.qkv_proj(x))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The layer past its qkv projection (whose output is `qkv`)."""
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split(self.split_sizes, dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         # v stays a view into the qkv output (rows strided): the fused rotary + KV write reads it
@@ -92,14 +96,33 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions, hidden: torch.Tensor, residual):
-        """Returns (mlp output, residual stream before it); the caller adds them (fused)."""
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+        """Returns (mlp output, residual stream before it); the caller adds them (fused). Each
+        norm runs in the launch of the matmul after it where that fits (`_normed`)."""
+        qkv = _normed(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
+        if qkv is not None:
+            qkv, residual = qkv
+            hidden = self.self_attn.attend(positions, qkv)
         else:
-            hidden, residual = self.input_layernorm.forward_add(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm.forward_add(hidden, residual)
-        return self.mlp(hidden), residual
+            if residual is None:
+                residual, hidden = hidden, self.input_layernorm(hidden)
+            else:
+                hidden, residual = self.input_layernorm.forward_add(hidden, residual)
+            hidden = self.self_attn(positions, hidden)
+        act = _normed(self.post_attention_layernorm, self.mlp.gate_up_proj, hidden, residual,
+                      silu_mul=True)
+        if act is None:
+            hidden, residual = self.post_attention_layernorm.forward_add(hidden, residual)
+            return self.mlp(hidden), residual
+        act, residual = act
+        return self.mlp.down_proj(act), residual
+
+
+def _normed(norm, linear, hidden, residual, silu_mul: bool = False) -> tuple | None:
+    """(linear over norm(hidden + residual), hidden + residual) in one launch where the layer
+    takes it (layers.Linear.forward_normed; a batch-invariant layer has none, and a training
+    forward's `self_attn` is patched: both take the norm's kernel, then the layer), else None."""
+    fused = getattr(linear, "forward_normed", None)
+    return None if fused is None else fused(hidden, residual, norm, silu_mul)
 
 
 class LlamaModel(nn.Module):
