@@ -88,3 +88,36 @@ def test_a_model_whose_layers_take_the_norm_in_their_launches_keeps_its_tokens(
         assert 9 in rows and 2 in rows  # the prompts' prefill and the decode steps
     finally:
         engine.shutdown()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("silu", [False, True])
+def test_cuda_the_normed_launch_matches_the_norm_then_the_matmul(rows, silu):
+    """bf16 at the default model's shapes (576 deep, one step), eagerly and in a CUDA graph:
+    the twin's result within a bf16 rounding of the norm's output, the residual exact, and
+    from 2 rows each row's bits whatever rows sit beside it."""
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    k, n = 576, (3072 if silu else 960)
+    x = torch.randn(rows, k, device=dev, dtype=bf)
+    residual = torch.randn(rows, k, device=dev, dtype=bf)
+    w = (torch.randn(n, k, device=dev) * k ** -0.5).to(bf)
+    nw = (torch.rand(k, device=dev) + 0.5).to(bf)
+    if torch.cuda.get_device_capability()[0] >= 9:  # PDL: one-step tiles from 2 rows too
+        assert gemv.norm_fits(x, w, nw, n // 2 if silu else n)
+    out, res = gemv.normed_linear(x, residual, nw, 1e-5, w, None, silu, use_triton=True)
+    want, want_res = gemv.normed_linear_torch(x, residual, nw, 1e-5, w, None, silu)
+    assert torch.equal(res, want_res)
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=3e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_res = gemv.normed_linear(x, residual, nw, 1e-5, w, None, silu, use_triton=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_out, out) and torch.equal(g_res, res)
+    if rows > 1:
+        one, _ = gemv.normed_linear(x[1:2].repeat(2, 1), residual[1:2].repeat(2, 1), nw, 1e-5,
+                                    w, None, silu, use_triton=True)
+        assert torch.equal(one[0], out[1])
