@@ -42,6 +42,18 @@ def _max_rows() -> int:
 MAX_ROWS = _max_rows()
 
 
+def _norm_in_gemv() -> bool:
+    """Whether linear layers take the RMSNorm before them into their launch where it fits
+    (`normed_linear`): SPECPCG_NORM_IN_GEMV, 1 (the default) or 0."""
+    value = os.environ.get("SPECPCG_NORM_IN_GEMV", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"SPECPCG_NORM_IN_GEMV={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+NORM_IN_GEMV = _norm_in_gemv()
+
+
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, n_out: int | None = None) -> bool:
     """True for a call the GEMV kernel serves by default: 1 to MAX_ROWS rows of bf16/fp16 on
     CUDA, no gradient asked for, both operands with unit column stride, and a shape where the
@@ -181,8 +193,10 @@ def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
               n_out: int | None = None) -> bool:
     """Whether a call the kernel serves (`gemv_applies`) can take the RMSNorm before it into
     its launch (`normed_linear`): where the launch reads x's whole depth in one step (the
-    default model's 576: one row, or more with PDL's one-step tiles; not the 8B shape's 4,096)."""
-    if not gemv_applies(x, weight, n_out) or _pads(x) or norm_weight.dtype != x.dtype:
+    default model's 576: one row, or more with PDL's one-step tiles; not the 8B shape's 4,096),
+    unless SPECPCG_NORM_IN_GEMV=0 (`_norm_in_gemv`)."""
+    if (not NORM_IN_GEMV or not gemv_applies(x, weight, n_out) or _pads(x)
+            or norm_weight.dtype != x.dtype):
         return False
     kernel = triton_module("gemv_triton")
     rows, k = x.shape

@@ -121,3 +121,13 @@ def test_cuda_the_normed_launch_matches_the_norm_then_the_matmul(rows, silu):
         one, _ = gemv.normed_linear(x[1:2].repeat(2, 1), residual[1:2].repeat(2, 1), nw, 1e-5,
                                     w, None, silu, use_triton=True)
         assert torch.equal(one[0], out[1])
+
+
+def test_the_norm_in_gemv_setting_is_0_or_1_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv("SPECPCG_NORM_IN_GEMV", "0")
+    assert gemv._norm_in_gemv() is False
+    monkeypatch.setenv("SPECPCG_NORM_IN_GEMV", "yes")
+    with pytest.raises(ValueError, match="SPECPCG_NORM_IN_GEMV='yes'"):
+        gemv._norm_in_gemv()
+    monkeypatch.delenv("SPECPCG_NORM_IN_GEMV")
+    assert gemv._norm_in_gemv() is True
