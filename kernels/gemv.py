@@ -191,18 +191,18 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
 
 def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
               n_out: int | None = None) -> bool:
-    """Whether a call the kernel serves (`gemv_applies`) can take the RMSNorm before it into
-    its launch (`normed_linear`): where the launch reads x's whole depth in one step (the
-    default model's 576: one row, or more with PDL's one-step tiles; not the 8B shape's 4,096),
-    unless SPECPCG_NORM_IN_GEMV=0 (`_norm_in_gemv`)."""
-    if (not NORM_IN_GEMV or not gemv_applies(x, weight, n_out) or _pads(x)
-            or norm_weight.dtype != x.dtype):
+    """Whether a call the kernel serves (`gemv_applies`) takes the RMSNorm before it into its
+    launch (`normed_linear`): one row whose whole depth the launch reads in one step (the
+    default model's 576, not the 8B shape's 4,096), unless SPECPCG_NORM_IN_GEMV=0. On an H200
+    (818ce96, bench_accept side by side with the norm's own kernel) a batch-1 decode of the
+    default model ran 1,937 against 1,781 tok/s, but 8 rows a launch lost: decode at batch 8
+    10,961 against 11,734, a batch-1 verify 1,372 against 1,359 (each program of the rows
+    kernel normalises its 16 rows again), so from 2 rows the norm keeps its kernel."""
+    if (not NORM_IN_GEMV or x.shape[0] != 1 or not gemv_applies(x, weight, n_out)
+            or _pads(x) or norm_weight.dtype != x.dtype):
         return False
-    kernel = triton_module("gemv_triton")
-    rows, k = x.shape
-    tile = kernel.tiling(n_out or weight.shape[0], k, min(rows, 2),
-                         rows > 1 and kernel.one_step_fits(x))
-    return tile is not None and tile[1] >= k and (rows == 1 or tile[4] == 1)
+    tile = triton_module("gemv_triton").tiling(n_out or weight.shape[0], x.shape[1])
+    return tile is not None and tile[1] >= x.shape[1]
 
 
 def normed_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,

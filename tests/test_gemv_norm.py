@@ -105,8 +105,7 @@ def test_cuda_the_normed_launch_matches_the_norm_then_the_matmul(rows, silu):
     residual = torch.randn(rows, k, device=dev, dtype=bf)
     w = (torch.randn(n, k, device=dev) * k ** -0.5).to(bf)
     nw = (torch.rand(k, device=dev) + 0.5).to(bf)
-    if torch.cuda.get_device_capability()[0] >= 9:  # PDL: one-step tiles from 2 rows too
-        assert gemv.norm_fits(x, w, nw, n // 2 if silu else n)
+    assert gemv.norm_fits(x, w, nw, n // 2 if silu else n) == (rows == 1)  # the engine's rule
     out, res = gemv.normed_linear(x, residual, nw, 1e-5, w, None, silu, use_triton=True)
     want, want_res = gemv.normed_linear_torch(x, residual, nw, 1e-5, w, None, silu)
     assert torch.equal(res, want_res)
