@@ -193,11 +193,11 @@ def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
               n_out: int | None = None) -> bool:
     """Whether a call the kernel serves (`gemv_applies`) takes the RMSNorm before it into its
     launch (`normed_linear`): one row whose whole depth the launch reads in one step (the
-    default model's 576, not the 8B shape's 4,096), unless SPECPCG_NORM_IN_GEMV=0. On an H200
-    (818ce96, bench_accept side by side with the norm's own kernel) a batch-1 decode of the
-    default model ran 1,937 against 1,781 tok/s, but 8 rows a launch lost: decode at batch 8
-    10,961 against 11,734, a batch-1 verify 1,372 against 1,359 (each program of the rows
-    kernel normalises its 16 rows again), so from 2 rows the norm keeps its kernel."""
+    default model's 576, not the 8B shape's 4,096), unless SPECPCG_NORM_IN_GEMV=0. At one row
+    a batch-1 decode step of the default model runs 190 kernels where it ran 250, their own
+    time 495 against 530 us (H200, probe_decode_trace). From 2 rows the rows kernel's launch
+    normalises its rows in every program and nothing was gained (a batch-1 verify 1,372
+    against 1,359 tok/s, 818ce96, bench_accept), so there the norm keeps its kernel."""
     if (not NORM_IN_GEMV or x.shape[0] != 1 or not gemv_applies(x, weight, n_out)
             or _pads(x) or norm_weight.dtype != x.dtype):
         return False
