@@ -214,7 +214,9 @@ def normed_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     residual None: rmsnorm(x), and x is the residual. None where the launch does not fit: the
     caller runs the norm's kernel, then the matmul. The norm rounds as kernels/norm.py's."""
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    if not (norm_fits(x, weight, norm_weight, n_out) if use_triton is None else pick_triton(x, use_triton)):
+    fits = (norm_fits(x, weight, norm_weight, n_out) if use_triton is None
+            else pick_triton(x, use_triton))
+    if not fits:
         return None
     residual_out = torch.empty_like(x) if residual is not None else None
     out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
