@@ -201,8 +201,7 @@ def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
     if (not NORM_IN_GEMV or x.shape[0] != 1 or not gemv_applies(x, weight, n_out)
             or _pads(x) or norm_weight.dtype != x.dtype):
         return False
-    tile = triton_module("gemv_triton").tiling(n_out or weight.shape[0], x.shape[1])
-    return tile is not None and tile[1] >= x.shape[1]
+    return x.shape[1] <= triton_module("gemv_triton").ONE_ROW_BLOCK_K  # gemv_applies tiled it
 
 
 def normed_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,

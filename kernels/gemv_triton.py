@@ -32,6 +32,10 @@ from kernels.dispatch import cuda_index, pdl
 from kernels.gemv import MAX_ROWS
 
 
+# One row's steps along K, whatever the shape (`tiling`): a normed launch needs K within one.
+ONE_ROW_BLOCK_K = 1024
+
+
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm, stride_rom,
                  eps, N, K, UP_OFFSET, stride_wn,
@@ -257,7 +261,7 @@ def tiling(n: int, k: int, rows: int = 1, one_step: bool = True) -> tuple | None
     if rows > MAX_ROWS or (k < 1024 and n > 16384) or (rows > 16 and k >= 4096):
         return None
     if rows == 1:
-        return (2 if n >= 65536 else 1), 1024, 4, 4, 1
+        return (2 if n >= 65536 else 1), ONE_ROW_BLOCK_K, 4, 4, 1
     # by K alone, like BLOCK_K: a tensor-parallel shard (fewer outputs) keeps the tiling
     if k < 1024:
         return (32, max(16, triton.next_power_of_2(k)), 4, 1, 1) if one_step else (
