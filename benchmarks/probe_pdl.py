@@ -51,7 +51,7 @@ def parse_tiles(spec: str) -> tuple:
     return name, tiles
 
 
-def call(variant: str, x, w, out, silu: bool, tiles: dict) -> None:
+def call(variant: str, x, w, out, silu: bool, tiles: dict, norm: tuple | None = None) -> None:
     """kernels/gemv_triton.gemv with PDL off ("library", "nopdl...") or on (any other variant),
     with the variant's tile for w's shape or depth, if it has one; "cublas": what the model runs
     past gemv.MAX_ROWS rows (cuBLAS, then the SiLU-and-mul kernel for gate/up)."""
@@ -67,31 +67,51 @@ def call(variant: str, x, w, out, silu: bool, tiles: dict) -> None:
             torch.mm(x, w.t(), out=out)
         return
     dispatch._pdl_devices[x.device.index or 0] = not variant.startswith(("library", "nopdl"))
-    gemv(x, w, None, out, silu, tile=tiles.get(tuple(w.shape), tiles.get(w.shape[1])))
+    tile = tiles.get(tuple(w.shape), tiles.get(w.shape[1]))
+    if norm is not None and "norm" not in variant:  # the norm's kernel, then the matmul
+        residual, norm_weight, residual_out, normed = norm
+        fused_ops.fused_add_rms_norm(x, residual, norm_weight, 1e-5, out=normed,
+                                     residual_out=residual_out)
+        x, norm = normed, None
+    elif norm is not None:
+        norm = (norm[0], norm[1], 1e-5, norm[2])
+    gemv(x, w, None, out, silu, tile=tile, norm=norm)
 
 
-def chain(variant: str, layers: list, x: torch.Tensor, bufs: dict, tiles: dict) -> torch.Tensor:
-    """Every layer's four linear calls, each reading the one before's output."""
+def chain(variant: str, layers: list, x: torch.Tensor, bufs: dict, tiles: dict,
+          norms: bool = False) -> torch.Tensor:
+    """Every layer's four linear calls, each reading the one before's output. norms: qkv and
+    gate/up each take an RMSNorm of their input plus a residual first, as in the model: in
+    their launch where the variant's name says "norm", else the norm's kernel before them."""
     h = x
     for qkv, o, gate_up, down in layers:
-        call(variant, h, qkv, bufs["qkv"], False, tiles)
+        norm = (bufs["res"], bufs["nw"], bufs["res2"], bufs["normed"]) if norms else None
+        call(variant, h, qkv, bufs["qkv"], False, tiles, norm)
         call(variant, bufs["qkv"][:, :HIDDEN], o, bufs["o"], False, tiles)
-        call(variant, bufs["o"], gate_up, bufs["act"], True, tiles)
+        norm = (bufs["res2"], bufs["nw"], bufs["res"], bufs["normed"]) if norms else None
+        call(variant, bufs["o"], gate_up, bufs["act"], True, tiles, norm)
         call(variant, bufs["act"], down, bufs["h"], False, tiles)
         h = bufs["h"]
     return h
 
 
-def measure(variant: str, layers: list, rows: int, replays: int, tiles: dict) -> tuple:
+def measure(variant: str, layers: list, rows: int, replays: int, tiles: dict,
+            norms: bool = False) -> tuple:
     dev = layers[0][0].device
-    x = torch.randn(rows, HIDDEN, device=dev, dtype=torch.bfloat16)
+    seeded = torch.Generator(device=dev).manual_seed(rows)  # every variant's inputs alike
+    x = torch.randn(rows, HIDDEN, device=dev, generator=seeded).to(torch.bfloat16)
     bufs = {name: torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
-            for name, n in (("qkv", QKV), ("o", HIDDEN), ("act", INTER), ("h", HIDDEN))}
-    chain(variant, layers, x, bufs, tiles)  # compile outside the graph
+            for name, n in (("qkv", QKV), ("o", HIDDEN), ("act", INTER), ("h", HIDDEN),
+                            ("res2", HIDDEN), ("normed", HIDDEN))}
+    bufs["res"] = torch.randn(rows, HIDDEN, device=dev, generator=seeded).to(torch.bfloat16)
+    bufs["nw"] = (torch.rand(HIDDEN, device=dev, generator=seeded) + 0.5).to(torch.bfloat16)
+    start_res = bufs["res"].clone()
+    chain(variant, layers, x, bufs, tiles, norms)  # compile outside the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = chain(variant, layers, x, bufs, tiles)
+        bufs["res"].copy_(start_res)  # each replay from the same residual
+        out = chain(variant, layers, x, bufs, tiles, norms)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,6 +158,8 @@ def main(argv=None) -> None:
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8])
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--cublas", action="store_true", help="also cuBLAS (and SiLU-and-mul)")
+    p.add_argument("--norms", action="store_true", help="qkv and gate/up after an RMSNorm, "
+                   "in their launch for variants named with 'norm', else the norm's kernel")
     p.add_argument("--tiles", nargs="*", default=[],
                    help="variants with other tiles by depth (parse_tiles), rows past 1; PDL "
                    "on unless the name starts with nopdl")
@@ -160,14 +182,15 @@ def main(argv=None) -> None:
         variants += [("cublas", {})] * 2 if args.cublas else []
         for variant, tiles in variants:
             try:
-                us, out = measure(variant, layers, rows, args.replays, tiles)
+                us, out = measure(variant, layers, rows, args.replays, tiles, args.norms)
             except Exception as err:  # noqa: BLE001 (a Triton without PDL, a GPU before Hopper)
                 print(f"{rows:2d} {variant:14s} failed: {type(err).__name__}: {err}", flush=True)
                 continue
             first = out if first is None else first
             diff = (out.float() - first.float()).abs().max().item()
             print(f"{rows:2d} {variant:14s} {us:6.2f} us a call  bits of the first: "
-                  f"{torch.equal(out, first)}  max |diff| {diff:.3g}", flush=True)
+                  f"{torch.equal(out, first)}  max |diff| {diff:.3g}  "
+                  f"max |out| {out.float().abs().max().item():.3g}", flush=True)
 
 
 if __name__ == "__main__":

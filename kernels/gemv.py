@@ -42,16 +42,18 @@ def _max_rows() -> int:
 MAX_ROWS = _max_rows()
 
 
-def _norm_in_gemv() -> bool:
-    """Whether linear layers take the RMSNorm before them into their launch where it fits
-    (`normed_linear`): SPECPCG_NORM_IN_GEMV, 1 (the default) or 0."""
-    value = os.environ.get("SPECPCG_NORM_IN_GEMV", "1")
+def _flag(name: str) -> bool:
+    """An on/off setting: 1 (the default) or 0."""
+    value = os.environ.get(name, "1")
     if value not in ("0", "1"):
-        raise ValueError(f"SPECPCG_NORM_IN_GEMV={value!r}: expected 0 or 1")
+        raise ValueError(f"{name}={value!r}: expected 0 or 1")
     return value == "1"
 
 
-NORM_IN_GEMV = _norm_in_gemv()
+# Linear layers take the RMSNorm before them into their launch where it fits (`normed_linear`).
+NORM_IN_GEMV = _flag("SPECPCG_NORM_IN_GEMV")
+# A one-row qkv projection takes the rotary and the K/V cache write too (`normed_qkv_rope`).
+ROPE_IN_GEMV = _flag("SPECPCG_ROPE_IN_GEMV")
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, n_out: int | None = None) -> bool:
@@ -231,3 +233,30 @@ def normed_linear_torch(x, residual, norm_weight, eps, weight, bias=None, silu_m
     else:
         h, residual = fused_ops.fused_add_rms_norm_torch(x, residual, norm_weight, eps)
     return (linear_silu_mul_torch(h, weight) if silu_mul else F.linear(h, weight, bias)), residual
+
+
+def normed_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                    eps: float, weight: torch.Tensor, bias: torch.Tensor | None, rope: tuple,
+                    use_triton: bool | None = None) -> tuple | None:
+    """normed_linear of a qkv projection, then the rotary on q and k and k, v written to the
+    caches at the token's slot, all in one launch (kernels/gemv_rope_triton.py; rope is as
+    there): (qkv, x + residual), or None where `norm_fits` does not hold (use_triton None)
+    or SPECPCG_ROPE_IN_GEMV=0: the caller then runs them apart. One row only."""
+    fits = (ROPE_IN_GEMV and norm_fits(x, weight, norm_weight) if use_triton is None
+            else pick_triton(x, use_triton))
+    if not fits:
+        return None
+    residual_out = torch.empty_like(x) if residual is not None else None
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    triton_module("gemv_rope_triton").gemv_rope(
+        x, weight, bias, out, (residual, norm_weight, eps, residual_out), rope)
+    return out, (x if residual is None else residual_out)
+
+
+def normed_qkv_rope_torch(x, residual, norm_weight, eps, weight, bias, rope):
+    """normed_qkv_rope's twin: the norm, the matmul, then the rotary and the cache write."""
+    qkv, residual = normed_linear_torch(x, residual, norm_weight, eps, weight, bias)
+    positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim = rope
+    q, k, v = qkv.split([num_q_heads * head_dim] + [num_kv_heads * head_dim] * 2, dim=-1)
+    fused_ops.rotary_store_torch_(positions, q, k, v, cos_sin, head_dim, k_cache, v_cache, slots)
+    return qkv, residual

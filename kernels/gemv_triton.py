@@ -42,14 +42,26 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
                  HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
                  HAS_RESIDUAL: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """One program: BLOCK_N outputs. SILU_MUL: output n is silu(row n . x) * (row n + UP_OFFSET
-    . x), each sum rounded to the output dtype first, as silu_and_mul over a matmul's output.
-    PDL (kernels/dispatch.pdl): the first BLOCK_K of the weights are read before the wait.
-    NORM (K <= BLOCK_K): x is first RMSNorm'd (`_norm_rows`)."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    """One program: BLOCK_N outputs (`one_row_sums`)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
+    y = one_row_sums(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, offs_n, mask_n,
+                     K, UP_OFFSET, stride_wn, HAS_BIAS, SILU_MUL, NORM, HAS_RESIDUAL, BLOCK_K,
+                     PDL)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def one_row_sums(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, offs_n, mask_n, K,
+                 UP_OFFSET, stride_wn, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+                 NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Outputs offs_n of one row (fp32, bias added). SILU_MUL: output n is silu(row n . x) *
+    (row n + UP_OFFSET . x), each sum rounded to y's dtype first, as silu_and_mul over a
+    matmul's output. PDL (kernels/dispatch.pdl): the first BLOCK_K of the weights are read
+    before the wait. NORM (K <= BLOCK_K): x is first RMSNorm'd (`_norm_rows`)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
@@ -88,7 +100,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
         gate = y.to(dtype).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
         y = act * tl.sum(acc_up, 1).to(dtype).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=mask_n)
+    return y
 
 
 @triton.jit

@@ -122,11 +122,12 @@ def test_cuda_the_normed_launch_matches_the_norm_then_the_matmul(rows, silu):
         assert torch.equal(one[0], out[1])
 
 
-def test_the_norm_in_gemv_setting_is_0_or_1_and_a_bad_one_is_named(monkeypatch):
-    monkeypatch.setenv("SPECPCG_NORM_IN_GEMV", "0")
-    assert gemv._norm_in_gemv() is False
-    monkeypatch.setenv("SPECPCG_NORM_IN_GEMV", "yes")
-    with pytest.raises(ValueError, match="SPECPCG_NORM_IN_GEMV='yes'"):
-        gemv._norm_in_gemv()
-    monkeypatch.delenv("SPECPCG_NORM_IN_GEMV")
-    assert gemv._norm_in_gemv() is True
+@pytest.mark.parametrize("name", ["SPECPCG_NORM_IN_GEMV", "SPECPCG_ROPE_IN_GEMV"])
+def test_the_in_gemv_settings_are_0_or_1_and_a_bad_one_is_named(monkeypatch, name):
+    monkeypatch.setenv(name, "0")
+    assert gemv._flag(name) is False
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(ValueError, match=f"{name}='yes'"):
+        gemv._flag(name)
+    monkeypatch.delenv(name)
+    assert gemv._flag(name) is True

@@ -97,6 +97,13 @@ class Linear(BucketedLinear):
         return gemv.normed_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias,
                                   silu_mul)
 
+    def forward_normed_rope(self, x: torch.Tensor, residual, norm: RMSNorm,
+                            rope: tuple) -> tuple | None:
+        """forward_normed of a qkv projection with the rotary and the K/V cache write in its
+        launch too (kernels/gemv.normed_qkv_rope, `rope` as there), else None."""
+        return gemv.normed_qkv_rope(x, residual, norm.weight, norm.eps, self.weight, self.bias,
+                                    rope)
+
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):

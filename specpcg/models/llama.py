@@ -12,6 +12,7 @@ from torch import nn
 
 from kernels import gemv
 from kernels.topk import argmax_rows
+from specpcg.attention.base import AttentionBackend
 from specpcg.forward_context import get_forward_context
 from specpcg.graphs.breakable import eager_break
 from specpcg.models.config import ModelConfig
@@ -47,6 +48,9 @@ def _attend(q: torch.Tensor, layer_id: int, out: torch.Tensor | None = None) -> 
     return ctx.attn_backend.attend(q, layer_id, ctx.batch, out)
 
 
+_BASE_ROTATE = AttentionBackend.rotate_and_save_kv
+
+
 @eager_break
 def _attention_unpaged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        layer_id: int) -> torch.Tensor:
@@ -71,6 +75,29 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.attend(positions, self.qkv_proj(x))
+
+    def forward_normed_rope(self, positions: torch.Tensor, hidden: torch.Tensor, residual,
+                            norm: RMSNorm) -> tuple | None:
+        """(the layer over norm(hidden + residual), hidden + residual) with the norm, the qkv
+        projection, the rotary and the K/V write in one launch (kernels/gemv.normed_qkv_rope:
+        a batch-1 decode), else None. Not where a paged backend writes K/V its own way, nor
+        where q and k are normed first, nor where `forward` is replaced (a training forward)."""
+        fused = getattr(self.qkv_proj, "forward_normed_rope", None)
+        if fused is None or hasattr(self, "q_norm") or "forward" in self.__dict__:
+            return None
+        ctx = get_forward_context()
+        backend = ctx.attn_backend
+        if not backend.paged or type(backend).rotate_and_save_kv is not _BASE_ROTATE:
+            return None
+        pool = backend.kv_cache.pool
+        rope = (positions, self.rotary.cos_sin, ctx.batch.out_cache_loc[:1],
+                pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id], self.num_heads,
+                self.num_kv_heads, self.head_dim)
+        done = fused(hidden, residual, norm, rope)
+        if done is None:
+            return None
+        qkv, residual = done
+        return self.o_proj(_attend(qkv[:, :self.split_sizes[0]], self.layer_id)), residual
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """The layer past its qkv projection (whose output is `qkv`)."""
@@ -97,9 +124,15 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden: torch.Tensor, residual):
         """Returns (mlp output, residual stream before it); the caller adds them (fused). Each
-        norm runs in the launch of the matmul after it where that fits (`_normed`)."""
-        qkv = _normed(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
-        if qkv is not None:
+        norm runs in the launch of the matmul after it where that fits (`_normed`), and at one
+        row the rotary and the K/V write run in the qkv projection's too."""
+        roped = self.self_attn.forward_normed_rope(positions, hidden, residual,
+                                                   self.input_layernorm)
+        qkv = None if roped else _normed(self.input_layernorm, self.self_attn.qkv_proj, hidden,
+                                         residual)
+        if roped:
+            hidden, residual = roped
+        elif qkv is not None:
             qkv, residual = qkv
             hidden = self.self_attn.attend(positions, qkv)
         else:

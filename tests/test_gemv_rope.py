@@ -1,0 +1,138 @@
+"""The one-row qkv projection with the norm, the rotary and the K/V cache write in its launch
+(kernels/gemv.normed_qkv_rope) against its twin, and a model whose decode steps take it: the
+same greedy tokens as the norm's, the matmul's and the rotary's kernels one after another.
+
+On CPU the kernel runs in the Triton interpreter in fp32; bf16 and graphs are checked on CUDA.
+"""
+
+import torch
+from test_gemv import _close_fp32, needs_interpreter  # sets TRITON_INTERPRET first on CPU
+
+import pytest  # noqa: E402
+
+from kernels import gemv  # noqa: E402
+from specpcg import Engine  # noqa: E402
+from specpcg.models.layers import Linear, RotaryEmbedding  # noqa: E402
+from tests.tiny_models import save_tiny_checkpoint  # noqa: E402
+
+
+def _case(heads, kv_heads, head_dim, k, device="cpu", dtype=torch.float32, bias=False):
+    """Inputs of one decode token: x, residual, norm weight, weight, bias, and a rope tuple
+    whose caches hold random rows (the twin's own copies come from `_copy_rope`)."""
+    torch.manual_seed(0)
+    n = (heads + 2 * kv_heads) * head_dim
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device).to(dtype)
+    x, residual, w = rand(1, k), rand(1, k), (rand(n, k) * k ** -0.5).to(dtype)
+    nw = (torch.rand(k, device=device) + 0.5).to(dtype)
+    b = rand(n) if bias else None
+    cos_sin = RotaryEmbedding(head_dim, 64, 10000.0).cos_sin.to(device)
+    positions = torch.tensor([37], device=device)
+    slots = torch.tensor([5], device=device)
+    caches = rand(12, kv_heads, head_dim), rand(12, kv_heads, head_dim)
+    return x, residual, nw, w, b, (positions, cos_sin, slots, *caches, heads, kv_heads, head_dim)
+
+
+def _copy_rope(rope):
+    return rope[:3] + (rope[3].clone(), rope[4].clone()) + rope[5:]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_roped_launch_matches_the_norm_the_matmul_and_the_rotary(with_residual, bias):
+    x, residual, nw, w, b, rope = _case(4, 2, 8, 48, bias=bias)
+    residual = residual if with_residual else None
+    want_rope = _copy_rope(rope)
+    untouched = rope[3].clone()
+    out, res = gemv.normed_qkv_rope(x, residual, nw, 1e-6, w, b, rope, use_triton=True)
+    want, want_res = gemv.normed_qkv_rope_torch(x, residual, nw, 1e-6, w, b, want_rope)
+    _close_fp32(out, want)
+    _close_fp32(rope[3], want_rope[3])  # the caches at the slot: k rotated, and v
+    _close_fp32(rope[4], want_rope[4])
+    assert torch.equal(rope[3][:5], untouched[:5]) and torch.equal(rope[3][6:], untouched[6:])
+    assert torch.equal(res, want_res) if with_residual else res is x
+
+
+@needs_interpreter
+def test_the_roped_launch_refuses_what_it_cannot_pair():
+    from kernels.gemv_rope_triton import gemv_rope
+
+    x, residual, nw, w, b, rope = _case(4, 2, 8, 48)
+    out = torch.empty(1, w.shape[0])
+    with pytest.raises(ValueError, match="qkv weight of 32 \\+ 2 x 16 rows"):
+        gemv_rope(x, w[:40], None, out[:, :40], (None, nw, 1e-6, None), rope)
+    with pytest.raises(ValueError, match="one row"):
+        gemv_rope(x.repeat(2, 1), w, None, out.repeat(2, 1), (None, nw, 1e-6, None), rope)
+
+
+def test_cpu_calls_and_the_setting_off_run_the_kernels_apart(monkeypatch):
+    x, residual, nw, w, b, rope = _case(4, 2, 8, 48)
+    assert gemv.normed_qkv_rope(x, residual, nw, 1e-6, w, b, rope) is None  # CPU: no fit
+    monkeypatch.setattr(gemv, "ROPE_IN_GEMV", False)
+    if torch.cuda.is_available():
+        cuda = [t.cuda() if isinstance(t, torch.Tensor) else t for t in rope]
+        assert gemv.normed_qkv_rope(x.cuda().bfloat16(), None, nw.cuda().bfloat16(), 1e-6,
+                                    w.cuda().bfloat16(), None, tuple(cuda)) is None
+
+
+@needs_interpreter
+def test_a_model_whose_decode_takes_the_roped_launch_keeps_its_tokens(tmp_path, monkeypatch):
+    """Greedy tokens of a tiny model with its one-row qkv launches roped (forced on CPU
+    through the interpreter) equal those of the kernels apart, on the same engine."""
+    save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), skip_tokenizer_init=True, device="cpu",
+                    dtype="float32", max_total_tokens=512)
+    prompts = [[4, 8, 15, 16, 23, 42]]
+
+    def run():
+        outs = engine.generate(input_ids=prompts,
+                               sampling_params={"max_new_tokens": 6, "temperature": 0,
+                                                "ignore_eos": True})
+        return [o["output_ids"] for o in outs]
+
+    try:
+        plain, calls = run(), []
+
+        def forced(self, x, residual, norm, rope):
+            calls.append(x.shape[0])
+            if x.shape[0] != 1:
+                return None
+            return gemv.normed_qkv_rope(x, residual, norm.weight, norm.eps, self.weight,
+                                        self.bias, rope, use_triton=True)
+
+        monkeypatch.setattr(Linear, "forward_normed_rope", forced)
+        assert run() == plain
+        assert calls.count(1) >= 2 * 5  # two layers, five decode steps at least
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_cuda_the_roped_launch_has_the_bits_of_the_kernels_apart(with_residual):
+    """bf16 at the default model's shapes (9 heads, 3 KV heads of 64, 576 deep), eagerly and
+    in a CUDA graph: the one-row GEMV, then the rotary-and-store kernel, give the same bits
+    as the one launch (the same sums, the same rounding)."""
+    from kernels import fused_ops
+
+    x, residual, nw, w, b, rope = _case(9, 3, 64, 576, "cuda", torch.bfloat16)
+    residual = residual if with_residual else None
+    apart = _copy_rope(rope)
+    qkv, res = gemv.normed_linear(x, residual, nw, 1e-5, w, None, use_triton=True)
+    q, k, v = qkv.split([576, 192, 192], dim=-1)
+    fused_ops.rotary_embedding_store_(apart[0], q, k, v, apart[1], 64, apart[3], apart[4],
+                                      apart[2])
+    assert gemv.norm_fits(x, w, nw)
+    out, out_res = gemv.normed_qkv_rope(x, residual, nw, 1e-5, w, None, rope)
+    assert torch.equal(out, qkv) and torch.equal(out_res, res)
+    assert torch.equal(rope[3], apart[3]) and torch.equal(rope[4], apart[4])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, _ = gemv.normed_qkv_rope(x, residual, nw, 1e-5, w, None, rope)
+    rope[3].zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(g_out, qkv) and torch.equal(rope[3][5], apart[3][5])
