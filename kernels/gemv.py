@@ -199,11 +199,31 @@ def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
     a batch-1 decode step of the default model runs 190 kernels where it ran 250, their own
     time 495 against 530 us (H200, probe_decode_trace). From 2 rows the rows kernel's launch
     normalises its rows in every program and nothing was gained (a batch-1 verify 1,372
-    against 1,359 tok/s, 818ce96, bench_accept), so there the norm keeps its kernel."""
-    if (not NORM_IN_GEMV or x.shape[0] != 1 or not gemv_applies(x, weight, n_out)
-            or _pads(x) or norm_weight.dtype != x.dtype):
+    against 1,359 tok/s, 818ce96, bench_accept; in a chain of the default model's layers on
+    an H200, 3.31 against 3.28 us a call with the norm's kernel, probe_pdl.py --norms), so
+    there the norm keeps its kernel."""
+    return x.shape[0] == 1 and _one_step_norm(x, weight, norm_weight, n_out)
+
+
+def _one_step_norm(x, weight, norm_weight, n_out=None) -> bool:
+    """A call the kernel serves whose launch may take the norm: its whole depth in one step."""
+    if (not NORM_IN_GEMV or not gemv_applies(x, weight, n_out) or _pads(x)
+            or norm_weight.dtype != x.dtype):
         return False
     return x.shape[1] <= triton_module("gemv_triton").ONE_ROW_BLOCK_K  # gemv_applies tiled it
+
+
+def rope_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
+              head_dim: int) -> bool:
+    """Whether a qkv projection takes the norm, the rotary and the K/V write into one launch
+    (`normed_qkv_rope`): where its depth is one step, at one row, or from 2 rows where the
+    rows kernel reads it in one step (with PDL, `one_step_fits`) and a head's halves are
+    tensor-core tiles (D / 2 a multiple of 16); unless SPECPCG_ROPE_IN_GEMV or
+    SPECPCG_NORM_IN_GEMV is 0."""
+    if not (ROPE_IN_GEMV and _one_step_norm(x, weight, norm_weight)) or head_dim % 2:
+        return False
+    return x.shape[0] == 1 or (head_dim // 2 % 16 == 0
+                               and triton_module("gemv_triton").one_step_fits(x))
 
 
 def normed_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
@@ -239,10 +259,10 @@ def normed_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
                     eps: float, weight: torch.Tensor, bias: torch.Tensor | None, rope: tuple,
                     use_triton: bool | None = None) -> tuple | None:
     """normed_linear of a qkv projection, then the rotary on q and k and k, v written to the
-    caches at the token's slot, all in one launch (kernels/gemv_rope_triton.py; rope is as
-    there): (qkv, x + residual), or None where `norm_fits` does not hold (use_triton None)
-    or SPECPCG_ROPE_IN_GEMV=0: the caller then runs them apart. One row only."""
-    fits = (ROPE_IN_GEMV and norm_fits(x, weight, norm_weight) if use_triton is None
+    caches at the tokens' slots, all in one launch (kernels/gemv_rope_triton.py; rope is as
+    there): (qkv, x + residual), or None where `rope_fits` does not hold (use_triton None):
+    the caller then runs them apart."""
+    fits = (rope_fits(x, weight, norm_weight, rope[-1]) if use_triton is None
             else pick_triton(x, use_triton))
     if not fits:
         return None

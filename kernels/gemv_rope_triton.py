@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels.dispatch import pdl
-from kernels.gemv_triton import ONE_ROW_BLOCK_K, one_row_sums
+from kernels.gemv_triton import ONE_ROW_BLOCK_K, one_row_sums, rows_one_step
 
 
 @triton.jit
@@ -69,18 +69,65 @@ def _gemv_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps,
                      out.to(v_cache_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm,
+                      stride_rom, eps, M, K, stride_xm, stride_wn, stride_ym, pos_ptr,
+                      cos_sin_ptr, stride_cs, slot_ptr, k_cache_ptr, v_cache_ptr, stride_cache,
+                      HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, Q_OUT: tl.constexpr,
+                      KV_OUT: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """2 or more rows, 16 a program (program (tile, b): rows 16 b to 16 b + 15): BLOCK_N
+    outputs of a head's first half and the BLOCK_N they pair with in its second, as two
+    tensor-core tiles in one step (gemv_triton.rows_one_step, as gate and up are), then each
+    row rotated at its own position and, for k and v, stored at its own slot."""
+    tile = tl.program_id(0)
+    first = tile // (HALF // BLOCK_N) * (2 * HALF)  # the head's first output
+    offs_n = first + tile % (HALF // BLOCK_N) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * 16 + tl.arange(0, 16)
+    mask_m = offs_m < M
+    cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
+    x1, x2 = rows_one_step(x_ptr, cols, cols + HALF * stride_wn, r_ptr, nw_ptr, r_out_ptr,
+                           stride_xm, stride_rm, stride_rom, eps, offs_m, mask_m,
+                           offs_n < Q_OUT + 2 * KV_OUT, 0, K, K, tile == 0, True, True,
+                           HAS_RESIDUAL, BLOCK_N, BLOCK_K, PDL)
+    if HAS_BIAS:
+        x1 += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
+        x2 += tl.load(b_ptr + offs_n + HALF).to(tl.float32)[None, :]
+    dtype = y_ptr.dtype.element_ty
+    x1, x2 = x1.to(dtype).to(tl.float32), x2.to(dtype).to(tl.float32)
+    if first < Q_OUT + KV_OUT:  # q or k: each row rotated at its position
+        pos = tl.load(pos_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        table = cos_sin_ptr + pos[:, None] * stride_cs + (offs_n - first)[None, :]
+        cos, sin = tl.load(table).to(tl.float32), tl.load(table + HALF).to(tl.float32)
+        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    y1, y2 = x1.to(dtype), x2.to(dtype)
+    out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, y1, mask=mask_m[:, None])
+    tl.store(out + HALF, y2, mask=mask_m[:, None])
+    if first >= Q_OUT:
+        slot = tl.load(slot_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        if first < Q_OUT + KV_OUT:
+            dst = k_cache_ptr + slot[:, None] * stride_cache + (offs_n - Q_OUT)[None, :]
+        else:
+            dst = v_cache_ptr + slot[:, None] * stride_cache + (offs_n - Q_OUT - KV_OUT)[None, :]
+        tl.store(dst, y1.to(dst.dtype.element_ty), mask=mask_m[:, None])
+        tl.store(dst + HALF, y2.to(dst.dtype.element_ty), mask=mask_m[:, None])
+
+
 def gemv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
               out: torch.Tensor, norm: tuple, rope: tuple) -> torch.Tensor:
-    """x [1, K] (K <= ONE_ROW_BLOCK_K), weight [(Hq + 2 Hk) D, K] (q, k, v rows), out [1, that].
-    norm: (residual or None, norm weight [K], eps, residual_out or None), as gemv_triton.gemv's.
-    rope: (positions [1], cos_sin [max_pos, D] fp32, slots [1], k_cache, v_cache ([slots, Hk,
-    D], contiguous), Hq, Hk, D). Writes out (q and k rotated), the caches at the slot, and
-    residual_out; returns out."""
+    """x [M, K] (K one step deep: <= ONE_ROW_BLOCK_K), weight [(Hq + 2 Hk) D, K] (q, k, v rows),
+    out [M, that]. norm: (residual or None, norm weight [K], eps, residual_out or None), as
+    gemv_triton.gemv's. rope: (positions [>= M], cos_sin [max_pos, D] fp32, slots [>= M],
+    k_cache, v_cache ([slots, Hk, D], contiguous), Hq, Hk, D). Writes out (q and k rotated),
+    the caches at the slots, and residual_out; returns out. From 2 rows D / 2 must be a
+    multiple of 16 (a tensor-core tile of each half)."""
     positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim = rope
-    k = x.shape[1]
-    if x.shape[0] != 1 or k > ONE_ROW_BLOCK_K or head_dim % 2:
-        raise ValueError(f"the rotary GEMV takes one row of depth <= {ONE_ROW_BLOCK_K} and an "
-                         f"even head dim, got x {tuple(x.shape)}, head_dim {head_dim}")
+    m, k = x.shape
+    if k > ONE_ROW_BLOCK_K or head_dim % 2 or (m > 1 and head_dim // 2 % 16):
+        raise ValueError(f"the rotary GEMV takes a depth <= {ONE_ROW_BLOCK_K} and an even head "
+                         f"dim (from 2 rows, halves of 16s), got x {tuple(x.shape)}, head_dim "
+                         f"{head_dim}")
     q_out, kv_out = num_q_heads * head_dim, num_kv_heads * head_dim
     if out.shape[-1] != q_out + 2 * kv_out or weight.shape[0] != out.shape[-1]:
         raise ValueError(f"a qkv weight of {q_out} + 2 x {kv_out} rows, got {tuple(weight.shape)}"
@@ -88,10 +135,18 @@ def gemv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual, norm_weight, eps, residual_out = norm
     has_residual = residual is not None
     residual, residual_out = (residual, residual_out) if has_residual else (x, x)
-    _gemv_rope_kernel[(out.shape[-1] // 2,)](
-        x, weight, bias if bias is not None else weight, out, residual, norm_weight,
-        residual_out, eps, k, weight.stride(0), positions, cos_sin, cos_sin.stride(0), slots,
-        k_cache, v_cache, k_cache.stride(0), HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=has_residual, Q_OUT=q_out, KV_OUT=kv_out, HALF=head_dim // 2,
-        BLOCK_K=ONE_ROW_BLOCK_K, num_warps=4, num_stages=4, **pdl(x))
+    head = (x, weight, bias if bias is not None else weight, out, residual, norm_weight,
+            residual_out)
+    rotary = (positions, cos_sin, cos_sin.stride(0), slots, k_cache, v_cache, k_cache.stride(0))
+    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=has_residual, Q_OUT=q_out,
+                 KV_OUT=kv_out, HALF=head_dim // 2, num_warps=4, **pdl(x))
+    if m == 1:
+        _gemv_rope_kernel[(out.shape[-1] // 2,)](
+            *head, eps, k, weight.stride(0), *rotary, BLOCK_K=ONE_ROW_BLOCK_K, num_stages=4,
+            **flags)
+        return out
+    _rows_rope_kernel[(out.shape[-1] // 32, triton.cdiv(m, 16))](
+        *head, residual.stride(0), residual_out.stride(0), eps, m, k, x.stride(0),
+        weight.stride(0), out.stride(0), *rotary, BLOCK_N=16,
+        BLOCK_K=max(16, triton.next_power_of_2(k)), num_stages=1, **flags)
     return out

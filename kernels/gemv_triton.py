@@ -166,27 +166,10 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
     k_lo = tl.program_id(1) * K_PER
     k_hi = tl.minimum(k_lo + K_PER, K)
     if ONE_STEP:
-        offs_k = k_lo + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < k_hi
-        mask = mask_k[:, None] & mask_n[None, :]
-        w = tl.load(cols + offs_k[:, None], mask=mask, other=0.0)
-        up = w
-        if SILU_MUL:
-            up = tl.load(cols + UP_OFFSET * stride_wn + offs_k[:, None], mask=mask, other=0.0)
-        if NORM:
-            nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0)[None, :]
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-        x_mask = mask_m[:, None] & mask_k[None, :]
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
-                    other=0.0)
-        if NORM:
-            x = _norm_rows(x, r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :],
-                           r_out_ptr + offs_m[:, None] * stride_rom + offs_k[None, :], nw,
-                           x_mask, K, eps, tile == 0, HAS_RESIDUAL, 1)
-        acc = tl.dot(x, w, acc)
-        if SILU_MUL:
-            acc_up = tl.dot(x, up, acc_up)
+        acc, acc_up = rows_one_step(x_ptr, cols, cols + UP_OFFSET * stride_wn, r_ptr, nw_ptr,
+                                    r_out_ptr, stride_xm, stride_rm, stride_rom, eps, offs_m,
+                                    mask_m, mask_n, k_lo, k_hi, K, tile == 0, SILU_MUL, NORM,
+                                    HAS_RESIDUAL, BLOCK_N, BLOCK_K, PDL)
     else:
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -208,6 +191,39 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
         slot = tl.program_id(2) * tl.num_programs(0) + tile  # this tile of these 16 rows
         _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, slot, offs_m,
                          mask_m, offs_n, mask_n, stride_ym, HAS_BIAS, SILU_MUL, BLOCK_N, SPLITS)
+
+
+@triton.jit
+def rows_one_step(x_ptr, cols, up_cols, r_ptr, nw_ptr, r_out_ptr, stride_xm, stride_rm,
+                  stride_rom, eps, offs_m, mask_m, mask_n, k_lo, k_hi, K, WRITER,
+                  UP: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """[16, BLOCK_N] fp32 sums of rows offs_m over depth k_lo..k_hi (one step) against the
+    weight columns at `cols` (and, UP, at `up_cols`: else acc_up is zeros); with PDL the
+    weights are read before the wait. NORM: the rows are RMSNorm'd first (`_norm_rows`), the
+    WRITER program storing the residual."""
+    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < k_hi
+    mask = mask_k[:, None] & mask_n[None, :]
+    w = tl.load(cols + offs_k[:, None], mask=mask, other=0.0)
+    up = w
+    if UP:
+        up = tl.load(up_cols + offs_k[:, None], mask=mask, other=0.0)
+    if NORM:
+        nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0)[None, :]
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x_mask = mask_m[:, None] & mask_k[None, :]
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
+    if NORM:
+        x = _norm_rows(x, r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :],
+                       r_out_ptr + offs_m[:, None] * stride_rom + offs_k[None, :], nw,
+                       x_mask, K, eps, WRITER, HAS_RESIDUAL, 1)
+    acc = tl.dot(x, w, tl.zeros([16, BLOCK_N], dtype=tl.float32))
+    acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    if UP:
+        acc_up = tl.dot(x, up, acc_up)
+    return acc, acc_up
 
 
 @triton.jit

@@ -16,7 +16,7 @@ from specpcg.models.layers import Linear, RotaryEmbedding  # noqa: E402
 from tests.tiny_models import save_tiny_checkpoint  # noqa: E402
 
 
-def _case(heads, kv_heads, head_dim, k, device="cpu", dtype=torch.float32, bias=False):
+def _case(heads, kv_heads, head_dim, k, device="cpu", dtype=torch.float32, bias=False, rows=1):
     """Inputs of one decode token: x, residual, norm weight, weight, bias, and a rope tuple
     whose caches hold random rows (the twin's own copies come from `_copy_rope`)."""
     torch.manual_seed(0)
@@ -24,13 +24,13 @@ def _case(heads, kv_heads, head_dim, k, device="cpu", dtype=torch.float32, bias=
 
     def rand(*shape):
         return torch.randn(*shape, device=device).to(dtype)
-    x, residual, w = rand(1, k), rand(1, k), (rand(n, k) * k ** -0.5).to(dtype)
+    x, residual, w = rand(rows, k), rand(rows, k), (rand(n, k) * k ** -0.5).to(dtype)
     nw = (torch.rand(k, device=device) + 0.5).to(dtype)
     b = rand(n) if bias else None
     cos_sin = RotaryEmbedding(head_dim, 64, 10000.0).cos_sin.to(device)
-    positions = torch.tensor([37], device=device)
-    slots = torch.tensor([5], device=device)
-    caches = rand(12, kv_heads, head_dim), rand(12, kv_heads, head_dim)
+    positions = torch.arange(37, 37 + rows, device=device)
+    slots = torch.arange(5, 5 + rows, device=device).flip(0)  # slots need not follow positions
+    caches = rand(30, kv_heads, head_dim), rand(30, kv_heads, head_dim)
     return x, residual, nw, w, b, (positions, cos_sin, slots, *caches, heads, kv_heads, head_dim)
 
 
@@ -41,8 +41,10 @@ def _copy_rope(rope):
 @needs_interpreter
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_roped_launch_matches_the_norm_the_matmul_and_the_rotary(with_residual, bias):
-    x, residual, nw, w, b, rope = _case(4, 2, 8, 48, bias=bias)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_the_roped_launch_matches_the_norm_the_matmul_and_the_rotary(with_residual, bias, rows):
+    # head dim 32: from 2 rows each half is one 16-wide tensor-core tile
+    x, residual, nw, w, b, rope = _case(4, 2, 32, 48, bias=bias, rows=rows)
     residual = residual if with_residual else None
     want_rope = _copy_rope(rope)
     untouched = rope[3].clone()
@@ -51,7 +53,9 @@ def test_the_roped_launch_matches_the_norm_the_matmul_and_the_rotary(with_residu
     _close_fp32(out, want)
     _close_fp32(rope[3], want_rope[3])  # the caches at the slot: k rotated, and v
     _close_fp32(rope[4], want_rope[4])
-    assert torch.equal(rope[3][:5], untouched[:5]) and torch.equal(rope[3][6:], untouched[6:])
+    written = torch.zeros(30, dtype=torch.bool)
+    written[rope[2]] = True
+    assert torch.equal(rope[3][~written], untouched[~written])
     assert torch.equal(res, want_res) if with_residual else res is x
 
 
@@ -63,7 +67,7 @@ def test_the_roped_launch_refuses_what_it_cannot_pair():
     out = torch.empty(1, w.shape[0])
     with pytest.raises(ValueError, match="qkv weight of 32 \\+ 2 x 16 rows"):
         gemv_rope(x, w[:40], None, out[:, :40], (None, nw, 1e-6, None), rope)
-    with pytest.raises(ValueError, match="one row"):
+    with pytest.raises(ValueError, match="halves of 16s"):  # head dim 8 past one row
         gemv_rope(x.repeat(2, 1), w, None, out.repeat(2, 1), (None, nw, 1e-6, None), rope)
 
 
@@ -112,27 +116,28 @@ def test_a_model_whose_decode_takes_the_roped_launch_keeps_its_tokens(tmp_path, 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_cuda_the_roped_launch_has_the_bits_of_the_kernels_apart(with_residual):
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_cuda_the_roped_launch_has_the_bits_of_the_kernels_apart(with_residual, rows):
     """bf16 at the default model's shapes (9 heads, 3 KV heads of 64, 576 deep), eagerly and
-    in a CUDA graph: the one-row GEMV, then the rotary-and-store kernel, give the same bits
-    as the one launch (the same sums, the same rounding)."""
+    in a CUDA graph: the GEMV with the norm in its launch, then the rotary-and-store kernel,
+    give the same bits as the one launch (the same sums, the same rounding)."""
     from kernels import fused_ops
 
-    x, residual, nw, w, b, rope = _case(9, 3, 64, 576, "cuda", torch.bfloat16)
+    x, residual, nw, w, b, rope = _case(9, 3, 64, 576, "cuda", torch.bfloat16, rows=rows)
     residual = residual if with_residual else None
     apart = _copy_rope(rope)
     qkv, res = gemv.normed_linear(x, residual, nw, 1e-5, w, None, use_triton=True)
     q, k, v = qkv.split([576, 192, 192], dim=-1)
     fused_ops.rotary_embedding_store_(apart[0], q, k, v, apart[1], 64, apart[3], apart[4],
                                       apart[2])
-    assert gemv.norm_fits(x, w, nw)
+    assert gemv.rope_fits(x, w, nw, 64)
     out, out_res = gemv.normed_qkv_rope(x, residual, nw, 1e-5, w, None, rope)
     assert torch.equal(out, qkv) and torch.equal(out_res, res)
     assert torch.equal(rope[3], apart[3]) and torch.equal(rope[4], apart[4])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         g_out, _ = gemv.normed_qkv_rope(x, residual, nw, 1e-5, w, None, rope)
-    rope[3].zero_()
+    rope[3][rope[2]] = 0  # the replay writes them again
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(g_out, qkv) and torch.equal(rope[3][5], apart[3][5])
+    assert torch.equal(g_out, qkv) and torch.equal(rope[3], apart[3])

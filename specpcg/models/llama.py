@@ -79,8 +79,8 @@ class LlamaAttention(nn.Module):
     def forward_normed_rope(self, positions: torch.Tensor, hidden: torch.Tensor, residual,
                             norm: RMSNorm) -> tuple | None:
         """(the layer over norm(hidden + residual), hidden + residual) with the norm, the qkv
-        projection, the rotary and the K/V write in one launch (kernels/gemv.normed_qkv_rope:
-        a batch-1 decode), else None. Not where a paged backend writes K/V its own way, nor
+        projection, the rotary and the K/V write in one launch where it fits
+        (kernels/gemv.rope_fits: a decode step or a verify of a few rows), else None. Not where a paged backend writes K/V its own way, nor
         where q and k are normed first, nor where `forward` is replaced (a training forward)."""
         fused = getattr(self.qkv_proj, "forward_normed_rope", None)
         if fused is None or hasattr(self, "q_norm") or "forward" in self.__dict__:
@@ -90,7 +90,7 @@ class LlamaAttention(nn.Module):
         if not backend.paged or type(backend).rotate_and_save_kv is not _BASE_ROTATE:
             return None
         pool = backend.kv_cache.pool
-        rope = (positions, self.rotary.cos_sin, ctx.batch.out_cache_loc[:1],
+        rope = (positions, self.rotary.cos_sin, ctx.batch.out_cache_loc[:hidden.shape[0]],
                 pool.k_buffers[self.layer_id], pool.v_buffers[self.layer_id], self.num_heads,
                 self.num_kv_heads, self.head_dim)
         done = fused(hidden, residual, norm, rope)
@@ -124,8 +124,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden: torch.Tensor, residual):
         """Returns (mlp output, residual stream before it); the caller adds them (fused). Each
-        norm runs in the launch of the matmul after it where that fits (`_normed`), and at one
-        row the rotary and the K/V write run in the qkv projection's too."""
+        norm runs in the launch of the matmul after it where that fits (`_normed`); the rotary
+        and the K/V write run in the qkv projection's too where that fits."""
         roped = self.self_attn.forward_normed_rope(positions, hidden, residual,
                                                    self.input_layernorm)
         qkv = None if roped else _normed(self.input_layernorm, self.self_attn.qkv_proj, hidden,
