@@ -58,23 +58,28 @@ def test_cpu_calls_and_other_dtypes_run_the_norm_kernel_first():
         assert not gemv.norm_fits(cx, cw, torch.ones(64, device="cuda"))  # fp32 norm weight
 
 
-@needs_interpreter
-def test_a_model_whose_layers_take_the_norm_in_their_launches_keeps_its_tokens(
-        tmp_path, monkeypatch):
-    """Greedy tokens of a tiny model, with each layer's norms in its qkv and gate/up launches
-    (forced on CPU through the interpreter: prefill and decode), equal those with the norm's
-    own kernel first, on the same engine."""
+def tiny_greedy(tmp_path, prompts: list) -> tuple:
+    """A tiny llama's engine on CPU in fp32, and a function that returns its greedy tokens
+    (6 a prompt) for `prompts`."""
     save_tiny_checkpoint("llama", tmp_path)
     engine = Engine(model_path=str(tmp_path), skip_tokenizer_init=True, device="cpu",
                     dtype="float32", max_total_tokens=512)
-    prompts = [[4, 8, 15, 16, 23, 42], [7, 3, 9]]
 
     def run():
         outs = engine.generate(input_ids=prompts,
                                sampling_params={"max_new_tokens": 6, "temperature": 0,
                                                 "ignore_eos": True})
         return [o["output_ids"] for o in outs]
+    return engine, run
 
+
+@needs_interpreter
+def test_a_model_whose_layers_take_the_norm_in_their_launches_keeps_its_tokens(
+        tmp_path, monkeypatch):
+    """Greedy tokens of a tiny model, with each layer's norms in its qkv and gate/up launches
+    (forced on CPU through the interpreter: prefill and decode), equal those with the norm's
+    own kernel first, on the same engine."""
+    engine, run = tiny_greedy(tmp_path, [[4, 8, 15, 16, 23, 42], [7, 3, 9]])
     try:
         plain, rows = run(), []
 

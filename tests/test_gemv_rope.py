@@ -7,13 +7,12 @@ On CPU the kernel runs in the Triton interpreter in fp32; bf16 and graphs are ch
 
 import torch
 from test_gemv import _close_fp32, needs_interpreter  # sets TRITON_INTERPRET first on CPU
+from test_gemv_norm import tiny_greedy
 
 import pytest  # noqa: E402
 
 from kernels import gemv  # noqa: E402
-from specpcg import Engine  # noqa: E402
 from specpcg.models.layers import Linear, RotaryEmbedding  # noqa: E402
-from tests.tiny_models import save_tiny_checkpoint  # noqa: E402
 
 
 def _case(heads, kv_heads, head_dim, k, device="cpu", dtype=torch.float32, bias=False, rows=1):
@@ -85,17 +84,7 @@ def test_cpu_calls_and_the_setting_off_run_the_kernels_apart(monkeypatch):
 def test_a_model_whose_decode_takes_the_roped_launch_keeps_its_tokens(tmp_path, monkeypatch):
     """Greedy tokens of a tiny model with its one-row qkv launches roped (forced on CPU
     through the interpreter) equal those of the kernels apart, on the same engine."""
-    save_tiny_checkpoint("llama", tmp_path)
-    engine = Engine(model_path=str(tmp_path), skip_tokenizer_init=True, device="cpu",
-                    dtype="float32", max_total_tokens=512)
-    prompts = [[4, 8, 15, 16, 23, 42]]
-
-    def run():
-        outs = engine.generate(input_ids=prompts,
-                               sampling_params={"max_new_tokens": 6, "temperature": 0,
-                                                "ignore_eos": True})
-        return [o["output_ids"] for o in outs]
-
+    engine, run = tiny_greedy(tmp_path, [[4, 8, 15, 16, 23, 42]])
     try:
         plain, calls = run(), []
 
