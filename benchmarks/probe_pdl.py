@@ -17,10 +17,13 @@ its calls), and whether the chain's output has the bits of the first run without
 before the wait would show as a difference). The results files of d79f8e8 and 944702a also
 list variants of copies of the kernels ("copy", "pdl", "pdl-early") that the probe then carried.
 Each line also gives the largest difference from the first variant's output (a variant of
-other sums differs in rounding only).
+other sums differs in rounding only) and the output's largest value: without --norms the
+chain's values fall to zero within a few layers (a SiLU-and-mul of small values is quadratic
+in them), so only --norms (an RMSNorm of each layer's input and a residual before qkv and
+gate/up, as in the model) makes the bits comparable. Every variant's inputs come from one seed.
 
-    python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] \
-        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 ...] [--cublas] > out.txt
+    python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] [--norms] \
+        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 norm ...] [--cublas] > out.txt
     python benchmarks/probe_pdl.py --plot OUT.png "LABEL=FILE:VARIANT+FILE:VARIANT" ...
 """
 

@@ -14,9 +14,9 @@ once for all of them, the same epilogue. (fp32 products on CUDA cores for severa
 NOTE: an output's sum depends on K and BLOCK_K only: BLOCK_K follows K (`tiling`), one row's
 BLOCK_N never changes a sum, and from 2 rows the whole tiling follows K and whether the launch
 takes one-step tiles (PDL on a device with the shared memory; on an H200 both tilings gave
-the same bits, benchmarks/probe_pdl.py). So a column shard of a weight (tensor parallelism)
-gives the same bits as the whole weight. From 2 rows a row's bits do not depend on the other
-rows either.
+the same bits at 8 and 16 rows, benchmarks/probe_pdl.py --norms). So a column shard of a
+weight (tensor parallelism) gives the same bits as the whole weight. From 2 rows a row's bits
+do not depend on the other rows either.
 The launcher reads no tensor values on the host: capturable in a CUDA graph once compiled.
 """
 
