@@ -52,7 +52,7 @@ def _flag(name: str) -> bool:
 
 # Linear layers take the RMSNorm before them into their launch where it fits (`normed_linear`).
 NORM_IN_GEMV = _flag("SPECPCG_NORM_IN_GEMV")
-# A one-row qkv projection takes the rotary and the K/V cache write too (`normed_qkv_rope`).
+# A qkv projection takes the rotary and the K/V cache write too (`normed_qkv_rope`).
 ROPE_IN_GEMV = _flag("SPECPCG_ROPE_IN_GEMV")
 
 

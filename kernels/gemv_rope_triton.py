@@ -1,14 +1,17 @@
-"""A one-row qkv projection with the rotary embedding and the K/V cache write in its epilogue
-(kernels/gemv.normed_qkv_rope): the RMSNorm before it, the matmul, the neox rotary of q and
-k, and k and v copied to the caches at the token's slot, in one launch.
+"""A qkv projection of a few rows with the rotary embedding and the K/V cache write in its
+epilogue (kernels/gemv.normed_qkv_rope): the RMSNorm before it, the matmul, the neox rotary
+of q and k, and k and v copied to the caches at each token's slot, in one launch.
 
 A batch-1 decode step of the default model otherwise runs a rotary-and-store kernel after
-every qkv projection (30 a step, about 1.7 us each on an H200). Here program p computes the
-two outputs a rotation pairs, n and n + D / 2 of one head (`_pair`), so it can rotate them
-itself: the sums are the one-row kernel's (gemv_triton.one_row_sums), rounded to the output
-dtype, then rotated in fp32 and rounded as kernels/rotary.py does. v's pairs are stored as
-they are. The position and the slot are read after PDL's wait: the step's own kernels write
-them. The launcher reads no tensor values on the host: capturable in a CUDA graph.
+every qkv projection (30 a step, about 1.8 us each on an H200), and a batch-1 verify the same
+after an RMSNorm and its 8-row matmul. At one row (`_gemv_rope_kernel`) program p computes
+the two outputs a rotation pairs, n and n + D / 2 of one head (`_pair`), so it can rotate
+them itself: the sums are the one-row kernel's (gemv_triton.one_row_sums), rounded to the
+output dtype, then rotated in fp32 and rounded as kernels/rotary.py does. From 2 rows
+(`_rows_rope_kernel`) a program takes 16 outputs of a head's first half and the 16 they pair
+with as two tensor-core tiles (gemv_triton.rows_one_step). v's pairs are stored as they are.
+Positions and slots are read after PDL's wait: the step's own kernels write them. The
+launcher reads no tensor values on the host: capturable in a CUDA graph.
 """
 
 from __future__ import annotations
