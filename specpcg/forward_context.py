@@ -39,3 +39,9 @@ def get_forward_context() -> ForwardContext:
     if ctx is None:
         raise RuntimeError("attention called outside forward_context(); run the model via ModelRunner")
     return ctx
+
+
+def current_forward_context() -> ForwardContext | None:
+    """The forward context in flight, or None outside one (a dense forward of a test or a
+    trainer, whose attention is its own)."""
+    return _current.get()

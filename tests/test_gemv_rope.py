@@ -1,6 +1,7 @@
-"""The one-row qkv projection with the norm, the rotary and the K/V cache write in its launch
-(kernels/gemv.normed_qkv_rope) against its twin, and a model whose decode steps take it: the
-same greedy tokens as the norm's, the matmul's and the rotary's kernels one after another.
+"""The qkv projection with the norm, the rotary and the K/V cache write in its launch
+(kernels/gemv.normed_qkv_rope: one row, and from 2 rows on tensor-core tiles) against its twin,
+and models whose steps take it: the same greedy tokens as the norm's, the matmul's and the
+rotary's kernels one after another.
 
 On CPU the kernel runs in the Triton interpreter in fp32; bf16 and graphs are checked on CUDA.
 """
@@ -13,6 +14,7 @@ import pytest  # noqa: E402
 
 from kernels import gemv  # noqa: E402
 from specpcg.models.layers import Linear, RotaryEmbedding  # noqa: E402
+from tests.tiny_models import save_tiny_checkpoint, tiny_engine  # noqa: E402
 
 
 def _case(heads, kv_heads, head_dim, k, device="cpu", dtype=torch.float32, bias=False, rows=1):
@@ -100,6 +102,40 @@ def test_a_model_whose_decode_takes_the_roped_launch_keeps_its_tokens(tmp_path, 
         assert calls.count(1) >= 2 * 5  # two layers, five decode steps at least
     finally:
         engine.shutdown()
+
+
+@needs_interpreter
+def test_prefill_and_verify_rows_through_the_roped_launch_keep_their_tokens(tmp_path,
+                                                                           monkeypatch):
+    """A tiny llama of 32-wide heads (16-wide halves: the rows kernel's tiles) under NGRAM:
+    greedy tokens with every qkv launch roped (forced on CPU through the interpreter: the
+    prompts' prefill and the chain verifies of 4 rows, each row at its own position and
+    slot) equal those of the kernels apart, and those of plain decoding."""
+    save_tiny_checkpoint("llama", tmp_path, heads=(2, 1))
+    prompts = [[4, 8, 15, 16, 4, 8, 15, 16, 4, 8], [7, 3, 9, 7, 3]]  # n-grams to draft from
+    greedy = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    plain = tiny_engine(str(tmp_path))
+    spec = tiny_engine(str(tmp_path), speculative_algorithm="NGRAM", speculative_num_steps=3,
+                       speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                       disable_adaptive_speculation=True)
+    try:
+        want = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=greedy)]
+        calls = []
+
+        def forced(self, x, residual, norm, rope):
+            calls.append(x.shape[0])
+            return gemv.normed_qkv_rope(x, residual, norm.weight, norm.eps, self.weight,
+                                        self.bias, rope, use_triton=True)
+
+        monkeypatch.setattr(Linear, "forward_normed_rope", forced)
+        for engine in (spec, plain):
+            outs = engine.generate(input_ids=prompts, sampling_params=greedy)
+            assert [o["output_ids"] for o in outs] == want
+        # the prompts' prefill, the verifies of both requests (2 x 4 rows), plain decode steps
+        assert max(calls) > 8 and 8 in calls and 2 in calls
+    finally:
+        plain.shutdown()
+        spec.shutdown()
 
 
 @pytest.mark.cuda

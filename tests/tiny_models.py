@@ -5,13 +5,16 @@ from __future__ import annotations
 import torch
 
 
-def tiny_hf_model(family: str, tie: bool = False, seed: int = 0, num_layers: int = 2):
-    """A random HF transformers model of the given family: llama | qwen2 | qwen3."""
+def tiny_hf_model(family: str, tie: bool = False, seed: int = 0, num_layers: int = 2,
+                  heads: tuple = (4, 2)):
+    """A random HF transformers model of the given family: llama | qwen2 | qwen3. heads:
+    (attention heads, KV heads) over a hidden size of 64."""
     import transformers as tf
 
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=num_layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  num_attention_heads=heads[0], num_key_value_heads=heads[1],
+                  max_position_embeddings=256,
                   tie_word_embeddings=tie, rms_norm_eps=1e-6)
     if family == "llama":
         cfg = tf.LlamaConfig(**common, rope_theta=10000.0)
@@ -35,8 +38,9 @@ def tiny_hf_model(family: str, tie: bool = False, seed: int = 0, num_layers: int
     return model
 
 
-def save_tiny_checkpoint(family: str, path, tie: bool = False, num_layers: int = 2):
-    model = tiny_hf_model(family, tie, num_layers=num_layers)
+def save_tiny_checkpoint(family: str, path, tie: bool = False, num_layers: int = 2,
+                         heads: tuple = (4, 2)):
+    model = tiny_hf_model(family, tie, num_layers=num_layers, heads=heads)
     model.save_pretrained(path)
     return model
 

@@ -13,7 +13,7 @@ from torch import nn
 from kernels import gemv
 from kernels.topk import argmax_rows
 from specpcg.attention.base import AttentionBackend
-from specpcg.forward_context import get_forward_context
+from specpcg.forward_context import current_forward_context, get_forward_context
 from specpcg.graphs.breakable import eager_break
 from specpcg.models.config import ModelConfig
 from specpcg.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
@@ -80,12 +80,15 @@ class LlamaAttention(nn.Module):
                             norm: RMSNorm) -> tuple | None:
         """(the layer over norm(hidden + residual), hidden + residual) with the norm, the qkv
         projection, the rotary and the K/V write in one launch where it fits
-        (kernels/gemv.rope_fits: a decode step or a verify of a few rows), else None. Not where a paged backend writes K/V its own way, nor
-        where q and k are normed first, nor where `forward` is replaced (a training forward)."""
+        (kernels/gemv.rope_fits: a decode step or a verify of a few rows), else None. Not
+        outside a forward context, nor where a paged backend writes K/V its own way, nor where
+        q and k are normed first, nor where `forward` is replaced (a training forward)."""
         fused = getattr(self.qkv_proj, "forward_normed_rope", None)
         if fused is None or hasattr(self, "q_norm") or "forward" in self.__dict__:
             return None
-        ctx = get_forward_context()
+        ctx = current_forward_context()
+        if ctx is None:
+            return None
         backend = ctx.attn_backend
         if not backend.paged or type(backend).rotate_and_save_kv is not _BASE_ROTATE:
             return None
