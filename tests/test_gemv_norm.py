@@ -11,9 +11,8 @@ from test_gemv import _close_fp32, needs_interpreter  # sets TRITON_INTERPRET fi
 import pytest  # noqa: E402
 
 from kernels import gemv  # noqa: E402
-from specpcg import Engine  # noqa: E402
 from specpcg.models.layers import Linear  # noqa: E402
-from tests.tiny_models import save_tiny_checkpoint  # noqa: E402
+from tests.tiny_models import save_tiny_checkpoint, tiny_engine  # noqa: E402
 
 
 @needs_interpreter
@@ -62,8 +61,7 @@ def tiny_greedy(tmp_path, prompts: list) -> tuple:
     """A tiny llama's engine on CPU in fp32, and a function that returns its greedy tokens
     (6 a prompt) for `prompts`."""
     save_tiny_checkpoint("llama", tmp_path)
-    engine = Engine(model_path=str(tmp_path), skip_tokenizer_init=True, device="cpu",
-                    dtype="float32", max_total_tokens=512)
+    engine = tiny_engine(str(tmp_path), max_total_tokens=512)
 
     def run():
         outs = engine.generate(input_ids=prompts,
