@@ -8,8 +8,9 @@ after an RMSNorm and its 8-row matmul. At one row (`_gemv_rope_kernel`) program 
 the two outputs a rotation pairs, n and n + D / 2 of one head (`_pair`), so it can rotate
 them itself: the sums are the one-row kernel's (gemv_triton.one_row_sums), rounded to the
 output dtype, then rotated in fp32 and rounded as kernels/rotary.py does. From 2 rows
-(`_rows_rope_kernel`) a program takes 16 outputs of a head's first half and the 16 they pair
-with as two tensor-core tiles (gemv_triton.rows_one_step). v's pairs are stored as they are.
+(`_rows_rope_kernel`) a program takes 8 outputs of a head's first half and the 8 they pair
+with as one 16-wide tensor-core tile (gemv_triton.rows_one_step). v's pairs are stored as
+they are.
 Positions and slots are read after PDL's wait: the step's own kernels write them. The
 launcher reads no tensor values on the host: capturable in a CUDA graph.
 """
@@ -77,42 +78,48 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
                       stride_rom, eps, M, K, stride_xm, stride_wn, stride_ym, pos_ptr,
                       cos_sin_ptr, stride_cs, slot_ptr, k_cache_ptr, v_cache_ptr, stride_cache,
                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, Q_OUT: tl.constexpr,
-                      KV_OUT: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """2 or more rows, 16 a program (program (tile, b): rows 16 b to 16 b + 15): BLOCK_N
-    outputs of a head's first half and the BLOCK_N they pair with in its second, as two
-    tensor-core tiles in one step (gemv_triton.rows_one_step, as gate and up are), then each
-    row rotated at its own position and, for k and v, stored at its own slot."""
+                      KV_OUT: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr):
+    """2 or more rows, 16 a program (program (tile, b): rows 16 b to 16 b + 15): 8 outputs of
+    a head's first half and the 8 they pair with in its second, as one 16-wide tensor-core
+    tile in one step (gemv_triton.rows_one_step), then each row rotated at its own position
+    and, for k and v, stored at its own slot. A tile of each half (16 and 16: half as many
+    programs, each holding twice the weights) ran a batch-1 verify 5% slower on an H200.
+    NOTE: no `gdc_launch_dependents` here, unlike the linear kernels: the attention kernel
+    after this one, started early, waits on SMs this launch could use; with the call the
+    verify ran 12% slower (docs/PERFORMANCE.md, "The qkv launch's rotary tiles")."""
     tile = tl.program_id(0)
-    first = tile // (HALF // BLOCK_N) * (2 * HALF)  # the head's first output
-    offs_n = first + tile % (HALF // BLOCK_N) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = tile // (HALF // 8) * (2 * HALF)  # the head's first output
+    lane = tl.arange(0, 16)
+    offs_n = first + tile % (HALF // 8) * 8 + lane % 8 + lane // 8 * HALF
     offs_m = tl.program_id(1) * 16 + tl.arange(0, 16)
     mask_m = offs_m < M
     cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
-    x1, x2 = rows_one_step(x_ptr, cols, cols + HALF * stride_wn, r_ptr, nw_ptr, r_out_ptr,
-                           stride_xm, stride_rm, stride_rom, eps, offs_m, mask_m,
-                           offs_n < Q_OUT + 2 * KV_OUT, 0, K, K, tile == 0, True, True,
-                           HAS_RESIDUAL, BLOCK_N, BLOCK_K, PDL)
+    acc, _ = rows_one_step(x_ptr, cols, cols, r_ptr, nw_ptr, r_out_ptr, stride_xm, stride_rm,
+                           stride_rom, eps, offs_m, mask_m, offs_n < Q_OUT + 2 * KV_OUT, 0, K,
+                           K, tile == 0, False, True, HAS_RESIDUAL, 16, BLOCK_K, PDL)
     if HAS_BIAS:
-        x1 += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
-        x2 += tl.load(b_ptr + offs_n + HALF).to(tl.float32)[None, :]
+        acc += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
     dtype = y_ptr.dtype.element_ty
-    x1, x2 = x1.to(dtype).to(tl.float32), x2.to(dtype).to(tl.float32)
+    # [16 rows, (half, 8)] -> two [16, 8]: the outputs a rotation pairs, side by side
+    x1, x2 = tl.split(tl.permute(tl.reshape(acc.to(dtype).to(tl.float32), [16, 2, 8]),
+                                 (0, 2, 1)))
+    offs_1 = first + tile % (HALF // 8) * 8 + tl.arange(0, 8)  # the first half's outputs
     if first < Q_OUT + KV_OUT:  # q or k: each row rotated at its position
         pos = tl.load(pos_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
-        table = cos_sin_ptr + pos[:, None] * stride_cs + (offs_n - first)[None, :]
+        table = cos_sin_ptr + pos[:, None] * stride_cs + (offs_1 - first)[None, :]
         cos, sin = tl.load(table).to(tl.float32), tl.load(table + HALF).to(tl.float32)
         x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
     y1, y2 = x1.to(dtype), x2.to(dtype)
-    out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    out = y_ptr + offs_m[:, None] * stride_ym + offs_1[None, :]
     tl.store(out, y1, mask=mask_m[:, None])
     tl.store(out + HALF, y2, mask=mask_m[:, None])
     if first >= Q_OUT:
         slot = tl.load(slot_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         if first < Q_OUT + KV_OUT:
-            dst = k_cache_ptr + slot[:, None] * stride_cache + (offs_n - Q_OUT)[None, :]
+            dst = k_cache_ptr + slot[:, None] * stride_cache + (offs_1 - Q_OUT)[None, :]
         else:
-            dst = v_cache_ptr + slot[:, None] * stride_cache + (offs_n - Q_OUT - KV_OUT)[None, :]
+            dst = v_cache_ptr + slot[:, None] * stride_cache + (offs_1 - Q_OUT - KV_OUT)[None, :]
         tl.store(dst, y1.to(dst.dtype.element_ty), mask=mask_m[:, None])
         tl.store(dst + HALF, y2.to(dst.dtype.element_ty), mask=mask_m[:, None])
 
@@ -124,12 +131,12 @@ def gemv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     gemv_triton.gemv's. rope: (positions [>= M], cos_sin [max_pos, D] fp32, slots [>= M],
     k_cache, v_cache ([slots, Hk, D], contiguous), Hq, Hk, D). Writes out (q and k rotated),
     the caches at the slots, and residual_out; returns out. From 2 rows D / 2 must be a
-    multiple of 16 (a tensor-core tile of each half)."""
+    multiple of 8 (8 of each half make a tensor-core tile)."""
     positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim = rope
     m, k = x.shape
-    if k > ONE_ROW_BLOCK_K or head_dim % 2 or (m > 1 and head_dim // 2 % 16):
+    if k > ONE_ROW_BLOCK_K or head_dim % 2 or (m > 1 and head_dim // 2 % 8):
         raise ValueError(f"the rotary GEMV takes a depth <= {ONE_ROW_BLOCK_K} and an even head "
-                         f"dim (from 2 rows, halves of 16s), got x {tuple(x.shape)}, head_dim "
+                         f"dim (from 2 rows, halves of 8s), got x {tuple(x.shape)}, head_dim "
                          f"{head_dim}")
     q_out, kv_out = num_q_heads * head_dim, num_kv_heads * head_dim
     if out.shape[-1] != q_out + 2 * kv_out or weight.shape[0] != out.shape[-1]:
@@ -148,8 +155,8 @@ def gemv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             *head, eps, k, weight.stride(0), *rotary, BLOCK_K=ONE_ROW_BLOCK_K, num_stages=4,
             **flags)
         return out
-    _rows_rope_kernel[(out.shape[-1] // 32, triton.cdiv(m, 16))](
+    _rows_rope_kernel[(out.shape[-1] // 16, triton.cdiv(m, 16))](
         *head, residual.stride(0), residual_out.stride(0), eps, m, k, x.stride(0),
-        weight.stride(0), out.stride(0), *rotary, BLOCK_N=16,
+        weight.stride(0), out.stride(0), *rotary,
         BLOCK_K=max(16, triton.next_power_of_2(k)), num_stages=1, **flags)
     return out

@@ -42,10 +42,12 @@ def _copy_rope(rope):
 @needs_interpreter
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_the_roped_launch_matches_the_norm_the_matmul_and_the_rotary(with_residual, bias, rows):
-    # head dim 32: from 2 rows each half is one 16-wide tensor-core tile
-    x, residual, nw, w, b, rope = _case(4, 2, 32, 48, bias=bias, rows=rows)
+@pytest.mark.parametrize("rows,head_dim", [(1, 32), (3, 32), (8, 32), (8, 16)])
+def test_the_roped_launch_matches_the_norm_the_matmul_and_the_rotary(with_residual, bias, rows,
+                                                                     head_dim):
+    # from 2 rows a program's tile is 8 outputs of a head's first half and the 8 they pair
+    # with: 2 tiles a half at head dim 32, one at 16
+    x, residual, nw, w, b, rope = _case(4, 2, head_dim, 48, bias=bias, rows=rows)
     residual = residual if with_residual else None
     want_rope = _copy_rope(rope)
     untouched = rope[3].clone()
@@ -68,7 +70,7 @@ def test_the_roped_launch_refuses_what_it_cannot_pair():
     out = torch.empty(1, w.shape[0])
     with pytest.raises(ValueError, match="qkv weight of 32 \\+ 2 x 16 rows"):
         gemv_rope(x, w[:40], None, out[:, :40], (None, nw, 1e-6, None), rope)
-    with pytest.raises(ValueError, match="halves of 16s"):  # head dim 8 past one row
+    with pytest.raises(ValueError, match="halves of 8s"):  # head dim 8 past one row
         gemv_rope(x.repeat(2, 1), w, None, out.repeat(2, 1), (None, nw, 1e-6, None), rope)
 
 
@@ -107,7 +109,7 @@ def test_a_model_whose_decode_takes_the_roped_launch_keeps_its_tokens(tmp_path, 
 @needs_interpreter
 def test_prefill_and_verify_rows_through_the_roped_launch_keep_their_tokens(tmp_path,
                                                                            monkeypatch):
-    """A tiny llama of 32-wide heads (16-wide halves: the rows kernel's tiles) under NGRAM:
+    """A tiny llama of 32-wide heads (two of the rows kernel's tiles a half) under NGRAM:
     greedy tokens with every qkv launch roped (forced on CPU through the interpreter: the
     prompts' prefill and the chain verifies of 4 rows, each row at its own position and
     slot) equal those of the kernels apart, and those of plain decoding."""
