@@ -85,9 +85,9 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
     tile in one step (gemv_triton.rows_one_step), then each row rotated at its own position
     and, for k and v, stored at its own slot. A tile of each half (16 and 16: half as many
     programs, each holding twice the weights) ran a batch-1 verify 5% slower on an H200.
-    NOTE: no `gdc_launch_dependents` here, unlike the linear kernels: the attention kernel
-    after this one, started early, waits on SMs this launch could use; with the call the
-    verify ran 12% slower (docs/PERFORMANCE.md, "The qkv launch's rotary tiles")."""
+    NOTE: no `gdc_launch_dependents` here, unlike the linear kernels: with it the attention
+    kernel after this one starts early, and the verify ran 12% slower (why is not traced;
+    docs/PERFORMANCE.md, "The qkv launch's rotary tiles")."""
     tile = tl.program_id(0)
     first = tile // (HALF // 8) * (2 * HALF)  # the head's first output
     lane = tl.arange(0, 16)

@@ -15,7 +15,7 @@ def _measure(tok_s: float, batch: int, accept_length: float = 1.0) -> dict:
             "accept_length_engine": accept_length}
 
 
-def test_the_faster_no_spec_pass_is_the_baseline_of_every_p(tmp_path):
+def test_the_faster_no_spec_pass_is_the_baseline_of_every_p():
     args = argparse.Namespace(no_stack_nodes=False)
     measured = [(None, 1, _measure(1300.0, 1)), (None, 4, _measure(5000.0, 4)),
                 (1.0, 1, _measure(10400.0, 1, 8.0)), (1.0, 4, _measure(30000.0, 4, 8.0)),
