@@ -1,0 +1,116 @@
+"""Why a batch-1 no-spec decode runs at different rates from one engine to the next (CUDA only).
+
+Engines are made one after another in one process, as bench_accept.py part B makes them. For
+each: the decode rate of five greedy generates (128 new tokens after a 128-token prompt; the
+rate from the first token on), the GPU's clocks then (nvidia-smi), and a traced generate's
+steps: the period of a step, the kernels' busy time in it (own times, probe_decode_trace's)
+and the idle rest, with the longest gaps between two kernels by the pair around them. Where
+the busy time holds and the idle time moves, the device waits on the host. Last, one more
+generate untraced, timed whole (its prefill included).
+
+    python benchmarks/probe_engine_swing.py [--engines 6] > out.txt
+    python benchmarks/probe_engine_swing.py --plot LABEL=out.txt ... --out plot.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import subprocess
+import time
+
+import common
+
+common.add_repo_to_path()
+
+
+def clocks() -> str:
+    query = "--query-gpu=clocks.sm,clocks.mem,power.draw,pstate,temperature.gpu"
+    try:
+        return subprocess.run(["nvidia-smi", query, "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "no nvidia-smi"
+
+
+def one_engine(i: int) -> None:
+    from bench_accept import close
+    from probe_decode_trace import report_window, trace_window
+    from specpcg import Engine
+    from specpcg.models.loader import default_model_path
+
+    t0 = time.perf_counter()
+    engine = Engine(model_path=default_model_path(), show_progress=False,
+                    skip_tokenizer_init=True, max_total_tokens=2 * (128 + 129 + 20) + 1024,
+                    max_running_requests=1, cuda_graph_max_bs=1)
+    rng = random.Random(i)
+    ids = [[rng.randrange(engine.model_config.vocab_size) for _ in range(128)]]
+    params = {"max_new_tokens": 129, "temperature": 0, "ignore_eos": True}
+    run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
+    run()
+    rates = []
+    for _ in range(5):
+        meta = common.timed(run, engine.device)[0][0]["meta_info"]
+        rates.append(128 / (meta["e2e_latency"] - meta["ttft"]))
+    state = clocks()
+    events = trace_window(run)
+    names = [e[0] for e in events]
+    # The step marker: a kernel run once a step (129 in the generate), here the token's copy.
+    marker = min(set(names), key=lambda n: (abs(names.count(n) - 129), n))
+    print(f"engine {i}: build {time.perf_counter() - t0:.1f}s rates "
+          f"{' '.join(f'{r:.0f}' for r in rates)} | {state} | marker {marker[:30]}", flush=True)
+    report_window(events, set(names), marker)
+    start = time.perf_counter()
+    run()
+    common.synchronize(engine.device)
+    print(f"  untraced again: {128 / (time.perf_counter() - start):.0f} tok/s (incl. prefill)",
+          flush=True)
+    close(engine)
+
+
+WINDOW = re.compile(r"# window: \d+ steps, ([\d.]+) us a step, busy ([\d.]+) us")
+RATES = re.compile(r"^engine (\d+): .*rates ([\d ]+) \|")
+
+
+def read_output(path: str) -> list:
+    """(median rate, step us, busy us) of each engine of a probe's text output."""
+    out, rate = [], None
+    for line in open(path):
+        if m := RATES.match(line):
+            rate = common.median(float(r) for r in m.group(2).split())
+        elif (m := WINDOW.match(line)) and rate is not None:
+            out.append((rate, float(m.group(1)), float(m.group(2))))
+            rate = None
+    return out
+
+
+def plot(files: list, path: str) -> None:
+    panels = []
+    for label, file in (f.split("=", 1) for f in files):
+        rows = read_output(file)
+        labels = [str(i) for i in range(len(rows))]
+        panels.append({"title": f"{label}: a traced step, by engine", "ylabel": "us",
+                       "labels": labels, "values": {"step": [r[1] for r in rows],
+                                                    "kernels busy": [r[2] for r in rows]}})
+        panels.append({"title": f"{label}: decode rate, by engine", "ylabel": "tok/s",
+                       "labels": labels, "values": {"median of 5": [r[0] for r in rows]}})
+    common.grouped_bar_plot(panels, ["step", "kernels busy", "median of 5"], path,
+                            "Batch-1 no-spec decode, engine after engine in one process")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engines", type=int, default=6)
+    p.add_argument("--plot", nargs="+", metavar="LABEL=FILE", help="plot outputs, run nothing")
+    p.add_argument("--out", default="engine_swing.png")
+    args = p.parse_args(argv)
+    if args.plot:
+        plot(args.plot, args.out)
+        return
+    for i in range(args.engines):
+        one_engine(i)
+
+
+if __name__ == "__main__":
+    main()
