@@ -34,25 +34,37 @@ def clocks() -> str:
         return "no nvidia-smi"
 
 
-def one_engine(i: int) -> None:
-    from bench_accept import close
-    from probe_decode_trace import report_window, trace_window
+def decode_engine(seed: int, batch_size: int = 1, model_path: str | None = None) -> tuple:
+    """(engine, run): a no-spec engine for batch_size requests and a warmed-up greedy generate
+    of 129 tokens after random 128-id prompts, returning its requests' meta_info."""
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
 
-    t0 = time.perf_counter()
-    engine = Engine(model_path=default_model_path(), show_progress=False,
-                    skip_tokenizer_init=True, max_total_tokens=2 * (128 + 129 + 20) + 1024,
-                    max_running_requests=1, cuda_graph_max_bs=1)
-    rng = random.Random(i)
-    ids = [[rng.randrange(engine.model_config.vocab_size) for _ in range(128)]]
-    params = {"max_new_tokens": 129, "temperature": 0, "ignore_eos": True}
-    run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
+    engine = Engine(model_path=model_path or default_model_path(), show_progress=False,
+                    skip_tokenizer_init=True,
+                    max_total_tokens=batch_size * 2 * (128 + 129 + 20) + 1024,
+                    max_running_requests=batch_size, cuda_graph_max_bs=batch_size)
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    ids = [[rng.randrange(vocab) for _ in range(128)] for _ in range(batch_size)]
+    run = lambda: common.generate_ids(engine, ids, 129)  # noqa: E731
     run()
-    rates = []
-    for _ in range(5):
-        meta = common.timed(run, engine.device)[0][0]["meta_info"]
-        rates.append(128 / (meta["e2e_latency"] - meta["ttft"]))
+    return engine, run
+
+
+def decode_rate(engine, run) -> float:
+    """tok/s of one generate's decode, from the batch's last first token on."""
+    metas = common.timed(run, engine.device)[0]
+    return len(metas) / common.batch_decode(metas)["itl_s"]
+
+
+def one_engine(i: int) -> None:
+    from bench_accept import close
+    from probe_decode_trace import report_window, trace_window
+
+    t0 = time.perf_counter()
+    engine, run = decode_engine(i)
+    rates = [decode_rate(engine, run) for _ in range(5)]
     state = clocks()
     events = trace_window(run)
     names = [e[0] for e in events]

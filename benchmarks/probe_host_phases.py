@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import random
 import time
 
 import common
@@ -72,23 +71,11 @@ def report(label: str, rates: list) -> str:
 
 def one_engine(i: int, batch_size: int, model_path: str | None) -> None:
     from bench_accept import close
-    from specpcg import Engine
-    from specpcg.models.loader import default_model_path
+    from probe_engine_swing import decode_engine, decode_rate
 
-    engine = Engine(model_path=model_path or default_model_path(), show_progress=False,
-                    skip_tokenizer_init=True, max_total_tokens=batch_size * 300 + 1024,
-                    max_running_requests=batch_size, cuda_graph_max_bs=batch_size)
-    rng = random.Random(i)
-    vocab = engine.model_config.vocab_size
-    ids = [[rng.randrange(vocab) for _ in range(128)] for _ in range(batch_size)]
-    params = {"max_new_tokens": 129, "temperature": 0, "ignore_eos": True}
-    run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
-    run()
+    engine, run = decode_engine(i, batch_size, model_path)
     TIMES.clear()
-    rates = []
-    for _ in range(4):
-        metas = [o["meta_info"] for o in run()]
-        rates.append(batch_size / common.batch_decode(metas)["itl_s"])
+    rates = [decode_rate(engine, run) for _ in range(4)]
     print(report(f"engine {i}", rates), flush=True)
     close(engine)
 
