@@ -8,13 +8,18 @@ and the idle rest, with the longest gaps between two kernels by the pair around 
 the busy time holds and the idle time moves, the device waits on the host. Last, one more
 generate untraced, timed whole (its prefill included).
 
-    python benchmarks/probe_engine_swing.py [--engines 6] > out.txt
+--ab-greedy alternates, in each engine, generates whose greedy pick is the decode graph's with
+generates that pick it in the sampler after the replay (the graph still takes its own, unread):
+the host's saving, side by side in one engine.
+
+    python benchmarks/probe_engine_swing.py [--engines 6] [--ab-greedy] > out.txt
     python benchmarks/probe_engine_swing.py --plot LABEL=out.txt ... --out plot.png
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import re
 import subprocess
@@ -58,13 +63,40 @@ def decode_rate(engine, run) -> float:
     return len(metas) / common.batch_decode(metas)["itl_s"]
 
 
-def one_engine(i: int) -> None:
+@contextlib.contextmanager
+def sampler_pick():
+    """Overlapped decode steps pick greedy tokens in the sampler, as if the graph took none."""
+    import specpcg.overlap as overlap
+
+    real = overlap.sample
+    overlap.sample = lambda logits, reqs, greedy_ids=None: real(logits, reqs)
+    try:
+        yield
+    finally:
+        overlap.sample = real
+
+
+def ab_rates(engine, run, rounds: int = 5) -> tuple:
+    """(graph-pick rates, sampler-pick rates), alternating generate by generate."""
+    graph, host = [], []
+    for _ in range(rounds):
+        graph.append(decode_rate(engine, run))
+        with sampler_pick():
+            host.append(decode_rate(engine, run))
+    return graph, host
+
+
+def one_engine(i: int, ab_greedy: bool = False) -> None:
     from bench_accept import close
     from probe_decode_trace import report_window, trace_window
 
     t0 = time.perf_counter()
     engine, run = decode_engine(i)
-    rates = [decode_rate(engine, run) for _ in range(5)]
+    host = None
+    if ab_greedy:
+        rates, host = ab_rates(engine, run)
+    else:
+        rates = [decode_rate(engine, run) for _ in range(5)]
     state = clocks()
     events = trace_window(run)
     names = [e[0] for e in events]
@@ -72,6 +104,8 @@ def one_engine(i: int) -> None:
     marker = min(set(names), key=lambda n: (abs(names.count(n) - 129), n))
     print(f"engine {i}: build {time.perf_counter() - t0:.1f}s rates "
           f"{' '.join(f'{r:.0f}' for r in rates)} | {state} | marker {marker[:30]}", flush=True)
+    if host:
+        print(f"  sampler pick: rates {' '.join(f'{r:.0f}' for r in host)}", flush=True)
     report_window(events, set(names), marker)
     start = time.perf_counter()
     run()
@@ -97,6 +131,21 @@ def read_output(path: str) -> list:
     return out
 
 
+SAMPLER = re.compile(r"^  sampler pick: rates ([\d ]+)")
+
+
+def read_ab(path: str) -> list:
+    """(graph-pick median, sampler-pick median) of each engine of an --ab-greedy output."""
+    out, rate = [], None
+    for line in open(path):
+        if m := RATES.match(line):
+            rate = common.median(float(r) for r in m.group(2).split())
+        elif (m := SAMPLER.match(line)) and rate is not None:
+            out.append((rate, common.median(float(r) for r in m.group(1).split())))
+            rate = None
+    return out
+
+
 def plot(files: list, path: str) -> None:
     panels = []
     for label, file in (f.split("=", 1) for f in files):
@@ -114,6 +163,8 @@ def plot(files: list, path: str) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=6)
+    p.add_argument("--ab-greedy", action="store_true",
+                   help="alternate the graph's greedy pick with the sampler's in each engine")
     p.add_argument("--plot", nargs="+", metavar="LABEL=FILE", help="plot outputs, run nothing")
     p.add_argument("--out", default="engine_swing.png")
     args = p.parse_args(argv)
@@ -121,7 +172,7 @@ def main(argv=None) -> None:
         plot(args.plot, args.out)
         return
     for i in range(args.engines):
-        one_engine(i)
+        one_engine(i, args.ab_greedy)
 
 
 if __name__ == "__main__":

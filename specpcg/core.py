@@ -227,3 +227,6 @@ class ModelOutput:
     all_logits: Optional[torch.Tensor] = None  # [num_tokens, vocab] when return_all_logits
     hidden_states: Optional[torch.Tensor] = None  # rows per capture_hidden_mode
     aux_hidden_states: Optional[list] = None  # per aux layer, same rows as hidden_states
+    # [bs] int64 argmax of `logits` where a decode graph took it; a view of the graph's output,
+    # valid until its next replay
+    greedy_ids: Optional[torch.Tensor] = None

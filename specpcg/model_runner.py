@@ -43,9 +43,11 @@ class ModelRunner:
                           input_hidden=batch.input_hidden)
 
     def postprocess(self, hidden: torch.Tensor, aux: list, batch: ForwardBatch,
-                    logits: torch.Tensor | None = None) -> ModelOutput:
+                    logits: torch.Tensor | None = None,
+                    greedy_ids: torch.Tensor | None = None) -> ModelOutput:
         """Runs eagerly after the body: LM head on the rows asked for, hidden-state selection.
-        logits: every row's logits when the body computed them already (a decode graph)."""
+        logits: every row's logits when the body computed them already (a decode graph);
+        greedy_ids: each row's argmax when it did that too (a DECODE graph: one row a request)."""
         num_tokens = batch.num_tokens
         hidden, aux = hidden[:num_tokens], [a[:num_tokens] for a in aux]
         last = last_rows(batch)
@@ -65,7 +67,8 @@ class ModelRunner:
             hidden_out, aux_out = last(hidden), [last(a) for a in aux]
         return ModelOutput(logits=last_logits,
                            all_logits=all_logits if batch.return_all_logits else None,
-                           hidden_states=hidden_out, aux_hidden_states=aux_out)
+                           hidden_states=hidden_out, aux_hidden_states=aux_out,
+                           greedy_ids=None if greedy_ids is None else greedy_ids[:num_tokens])
 
 
 def last_rows(batch: ForwardBatch):

@@ -55,7 +55,7 @@ class OverlapDecode:
         if prev is not None:
             batch.input_ids = self._carried(prev, reqs)
         out = s.plain_forward(batch, reqs)
-        next_ids = sample(out.logits, reqs)
+        next_ids = sample(out.logits, reqs, out.greedy_ids)
         self.inflight = InflightDecode(reqs, next_ids, HostCopy(next_ids))
         return s._collect_aborted() + (self._resolve(prev) if prev is not None else [])
 

@@ -38,12 +38,20 @@ def make_generator(params: SamplingParams, device, engine_seed: int, rid: int) -
     return gen
 
 
-def sample(logits: torch.Tensor, reqs: list) -> torch.Tensor:
+def sample(logits: torch.Tensor, reqs: list, greedy_ids: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """logits: [bs, vocab] float32, one row per request; returns [bs] int64 token ids. The
     greedy pick is the top-k kernel's on CUDA: torch's argmax took 13 us of a batch-1 decode
     step of the default model (about 560 us on an H200); the kernel's two passes took about 3
-    in a batch-1 verify's trace (bf16 rows)."""
-    next_ids = argmax_rows(logits)
+    in a batch-1 verify's trace (bf16 rows). greedy_ids: those picks made already (inside a
+    decode graph); an all-greedy batch gets them back as they are, and a sampled row is written
+    into a copy, never into the graph's output."""
+    if greedy_ids is None:
+        next_ids = argmax_rows(logits)
+    elif all(req.params.is_greedy for req in reqs):
+        return greedy_ids
+    else:
+        next_ids = greedy_ids.clone()
     for i, req in enumerate(reqs):
         if req.params.is_greedy:
             continue

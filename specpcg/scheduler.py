@@ -305,7 +305,7 @@ class Scheduler:
                            self.device, rows_pending=True)
         out = self.plain_forward(batch, reqs)
         self.count_plain_tokens(reqs)
-        return self._sample_and_finish(reqs, out.logits)
+        return self._sample_and_finish(reqs, out.logits, out.greedy_ids)
 
     def count_plain_tokens(self, reqs: list) -> None:
         """With a draft, a plain step's token is not a speculative one (spec_meta tells them
@@ -345,11 +345,11 @@ class Scheduler:
                 self.waiting.appendleft(victim)
 
     # -- sample and finish ---------------------------------------------------------------------
-    def _sample_and_finish(self, reqs: list, logits) -> list:
+    def _sample_and_finish(self, reqs: list, logits, greedy_ids=None) -> list:
         finished = self._collect_aborted()
         if not reqs:
             return finished
-        next_ids = sample(logits, reqs)
+        next_ids = sample(logits, reqs, greedy_ids)
         record_output_logprobs(logits, next_ids, reqs)
         return finished + self._append_and_finish(reqs, [[t] for t in next_ids.tolist()])
 

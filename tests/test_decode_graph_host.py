@@ -27,6 +27,8 @@ PROMPTS = [[5, 6, 7, 8] * 3, [9, 10, 11] * 4 + [3], [20, 21] * 5]
 
 
 def _flat(out):
+    if out is None:  # a graph's output it does not take (a verify's greedy picks)
+        return []
     if isinstance(out, torch.Tensor):
         return [out]
     return [t for part in out for t in _flat(part)]
@@ -60,9 +62,11 @@ def _fake_capture(body, pool):
     return _Replay(body, out), out
 
 
-def _graph_engine(path, monkeypatch, write_rows: bool, plans_from_rows: bool = False):
+def _graph_engine(path, monkeypatch, write_rows: bool, plans_from_rows: bool = False,
+                  greedy_in_graph: bool = True):
     from specpcg.attention.triton_backend import TritonAttnBackend
 
+    monkeypatch.setenv("SPECPCG_GREEDY_IN_GRAPH", "1" if greedy_in_graph else "0")
     monkeypatch.setattr(TritonAttnBackend, "plans_from_rows", plans_from_rows)
     monkeypatch.setattr(decode_runner, "warm_and_capture", _fake_capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)  # the capture's timing
@@ -91,18 +95,31 @@ def _written_rows(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("write_rows, plans_from_rows", [(True, False), (False, False),
-                                                         (True, True)])
+def _sampler_picks(monkeypatch) -> list:
+    """Counts the greedy picks the sampler takes itself (the batch sizes)."""
+    import specpcg.sampler as sampler
+
+    calls, real = [], sampler.argmax_rows
+    monkeypatch.setattr(sampler, "argmax_rows", lambda x: calls.append(x.shape[0]) or real(x))
+    return calls
+
+
+@pytest.mark.parametrize("write_rows, plans_from_rows, in_graph", [
+    (True, False, True), (False, False, True), (True, True, True), (True, False, False)])
 def test_decode_graphs_emit_the_eager_engines_tokens(tiny_path, monkeypatch, write_rows,
-                                                      plans_from_rows):
+                                                      plans_from_rows, in_graph):
     """A backend that reads req_to_token while planning (plans_from_rows) gets the rows
-    written by the router even where the runner was asked to write them."""
+    written by the router even where the runner was asked to write them. A step a graph
+    served takes the greedy picks the graph made (in_graph) instead of the sampler's."""
     want = [o["output_ids"] for o in tiny_engine(tiny_path).generate(
         input_ids=PROMPTS, sampling_params=PARAMS)]
-    engine, runner = _graph_engine(tiny_path, monkeypatch, write_rows, plans_from_rows)
+    engine, runner = _graph_engine(tiny_path, monkeypatch, write_rows, plans_from_rows,
+                                   in_graph)
     assert runner.write_rows == (write_rows and not plans_from_rows)
+    assert runner.greedy_in_graph == in_graph
     write_rows = runner.write_rows
     host_writes = _written_rows(monkeypatch)
+    picks = _sampler_picks(monkeypatch)
     # Three requests pad to bucket 4; the last one alone runs at bucket 1.
     outs = engine.generate(input_ids=PROMPTS, sampling_params=PARAMS)
     single = engine.generate(input_ids=PROMPTS[0], sampling_params=PARAMS)
@@ -115,6 +132,8 @@ def test_decode_graphs_emit_the_eager_engines_tokens(tiny_path, monkeypatch, wri
     assert served == sum(replays.values())
     # The graph writes each step's entries itself, or the router writes them before it.
     assert (host_writes == []) if write_rows else (len(host_writes) == served)
+    # Each generate's first token comes from its prefill, picked by the sampler.
+    assert len(picks) == (2 if in_graph else 2 + served)
     assert engine.kv_cache.free_slots == engine.kv_cache.total_slots  # nothing leaked
 
 

@@ -35,3 +35,33 @@ def test_the_plot_has_a_step_panel_and_a_rate_panel_per_file(tmp_path, monkeypat
     assert seen["out"] == "p.png" and len(seen["panels"]) == 4
     assert seen["panels"][0]["values"]["kernels busy"] == [455.6, 457.7]
     assert seen["panels"][1]["values"]["median of 5"] == [1253.0, 720.0]
+
+
+AB_OUTPUT = """\
+engine 0: build 24.3s rates 1500 1510 1490 1505 1495 | 1980 MHz, P0 | marker Memcpy DtoH
+  sampler pick: rates 1300 1310 1290 1305 1295
+# window: 127 steps, 700.0 us a step, busy 458.0 us, idle 242.0 us a step (kernels' own time)
+engine 1: build 13.7s rates 900 910 890 905 895 | 1980 MHz, P0 | marker Memcpy DtoH
+# window: 127 steps, 979.5 us a step, busy 457.7 us, idle 521.8 us a step (kernels' own time)
+"""
+
+
+def test_an_ab_output_pairs_each_engines_two_medians_and_skips_an_engine_without_one(tmp_path):
+    path = tmp_path / "ab.txt"
+    path.write_text(AB_OUTPUT)
+    assert swing.read_ab(str(path)) == [(1500.0, 1300.0)]
+    assert swing.read_output(str(path)) == [(1500.0, 700.0, 458.0), (900.0, 979.5, 457.7)]
+
+
+def test_the_sampler_pick_drops_the_graphs_picks_and_restores_the_sampler():
+    import specpcg.overlap as overlap
+
+    seen, real = [], overlap.sample
+    overlap.sample = lambda logits, reqs, greedy_ids=None: seen.append(greedy_ids)
+    try:
+        with swing.sampler_pick():
+            overlap.sample("logits", [], "graph picks")
+        overlap.sample("logits", [], "graph picks")
+    finally:
+        overlap.sample = real
+    assert seen == [None, "graph picks"]

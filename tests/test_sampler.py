@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from specpcg import Engine, SamplingParams
-from specpcg.sampler import filter_probs, target_probs
+from specpcg.core import Request
+from specpcg.sampler import filter_probs, sample, target_probs
 from tests.tiny_models import save_tiny_checkpoint
 
 
@@ -35,6 +36,30 @@ def test_temperature_scales_logits():
     logits = torch.tensor([1.0, 2.0, 3.0])
     assert torch.allclose(target_probs(logits, SamplingParams(temperature=0.5)),
                           torch.softmax(logits / 0.5, -1))
+
+
+def _requests(*params) -> list:
+    reqs = [Request(prompt_ids=[1], params=p) for p in params]
+    for req in reqs:
+        req.generator = torch.Generator().manual_seed(0)
+    return reqs
+
+
+def test_a_greedy_batch_takes_the_picks_made_in_the_graph_as_they_are():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    reqs = _requests(SamplingParams(temperature=0), SamplingParams(temperature=0))
+    assert sample(logits, reqs).tolist() == [1, 0]
+    picks = torch.tensor([1, 0])
+    assert sample(logits, reqs, picks) is picks  # no kernel, no copy
+
+
+def test_a_sampled_row_is_written_into_a_copy_of_the_graphs_picks():
+    """The graph's picks are its output buffer: a sampled row must never overwrite them."""
+    logits = torch.tensor([[0.0, 3.0, 1.0], [-50.0, -50.0, 50.0]])
+    reqs = _requests(SamplingParams(temperature=0), SamplingParams(temperature=1.0))
+    picks = torch.tensor([1, 0])  # row 1 as the graph's argmax of some other logits
+    out = sample(logits, reqs, picks)
+    assert out.tolist() == [1, 2] and picks.tolist() == [1, 0]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ builds each node's row from them before the replay (`supports_tree_graph`).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -57,6 +58,9 @@ class DecodeGraphRunner:
             self.tokens_per_req[ForwardMode.DRAFT_EXTEND] = topk
             self.tree_keys[ForwardMode.DRAFT_EXTEND] = tuple(topk * s for s in range(1, steps))
         self.write_rows = write_rows and not model_runner.attn_backend.plans_from_rows
+        # DECODE graphs also take each row's greedy pick (the sampler's kernel): at batch 1 its
+        # two launches were a third of the host's step (docs/PERFORMANCE.md).
+        self.greedy_in_graph = os.environ.get("SPECPCG_GREEDY_IN_GRAPH", "1") != "0"
         max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
         model = model_runner.model
         dev = model_runner.device
@@ -218,14 +222,19 @@ class DecodeGraphRunner:
 
     def _body(self, batch: ForwardBatch):
         """The model and its LM head on every row: logits come out of the graph, which saves
-        the host the LM head's launches on every step (a decode step is latency-bound)."""
+        the host the LM head's launches on every step (a decode step is latency-bound); for a
+        DECODE graph also each row's greedy pick (see greedy_in_graph), else None."""
         if self.writes_rows(batch):  # padding writes the sink slot at column 0 of the
             # padding row, which holds sink slots only
             self.model_runner.kv_cache.write_rows(batch)
         if self._metadata_in_graph(batch.forward_mode):
             self.model_runner.attn_backend.init_graph_metadata(batch)
         hidden, aux = self.model_runner.call_model(batch)
-        return hidden, aux, self.model_runner.model.compute_logits(hidden)
+        logits = self.model_runner.model.compute_logits(hidden)
+        greedy = None
+        if self.greedy_in_graph and batch.forward_mode == ForwardMode.DECODE:
+            greedy = argmax_rows(logits)
+        return hidden, aux, logits, greedy
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch):
@@ -237,8 +246,8 @@ class DecodeGraphRunner:
         self.graphs[key].replay()
         if self.writes_rows(batch):
             batch.rows_pending = False
-        hidden, aux, logits = self.outputs[key]
-        return self.model_runner.postprocess(hidden, list(aux), batch, logits)
+        hidden, aux, logits, greedy = self.outputs[key]
+        return self.model_runner.postprocess(hidden, list(aux), batch, logits, greedy)
 
     def info(self) -> dict:
         return {"batch_sizes": self.buckets,
