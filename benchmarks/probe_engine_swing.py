@@ -119,16 +119,26 @@ WINDOW = re.compile(r"# window: \d+ steps, ([\d.]+) us a step, busy ([\d.]+) us"
 RATES = re.compile(r"^engine (\d+): .*rates ([\d ]+) \|")
 
 
-def read_output(path: str) -> list:
-    """(median rate, step us, busy us) of each engine of a probe's text output."""
+def _median_rates(text: str) -> float:
+    return common.median(float(r) for r in text.split())
+
+
+def _after_rates(path: str, pattern: re.Pattern, read) -> list:
+    """read(match) of the first `pattern` line after each engine's rates line, with that
+    engine's median rate in front; an engine without such a line is skipped."""
     out, rate = [], None
     for line in open(path):
         if m := RATES.match(line):
-            rate = common.median(float(r) for r in m.group(2).split())
-        elif (m := WINDOW.match(line)) and rate is not None:
-            out.append((rate, float(m.group(1)), float(m.group(2))))
+            rate = _median_rates(m.group(2))
+        elif (m := pattern.match(line)) and rate is not None:
+            out.append((rate, *read(m)))
             rate = None
     return out
+
+
+def read_output(path: str) -> list:
+    """(median rate, step us, busy us) of each engine of a probe's text output."""
+    return _after_rates(path, WINDOW, lambda m: (float(m.group(1)), float(m.group(2))))
 
 
 SAMPLER = re.compile(r"^  sampler pick: rates ([\d ]+)")
@@ -136,14 +146,7 @@ SAMPLER = re.compile(r"^  sampler pick: rates ([\d ]+)")
 
 def read_ab(path: str) -> list:
     """(graph-pick median, sampler-pick median) of each engine of an --ab-greedy output."""
-    out, rate = [], None
-    for line in open(path):
-        if m := RATES.match(line):
-            rate = common.median(float(r) for r in m.group(2).split())
-        elif (m := SAMPLER.match(line)) and rate is not None:
-            out.append((rate, common.median(float(r) for r in m.group(1).split())))
-            rate = None
-    return out
+    return _after_rates(path, SAMPLER, lambda m: (_median_rates(m.group(1)),))
 
 
 def plot(files: list, path: str) -> None:
