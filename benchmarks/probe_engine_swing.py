@@ -14,6 +14,7 @@ the host's saving, side by side in one engine.
 
     python benchmarks/probe_engine_swing.py [--engines 6] [--ab-greedy] > out.txt
     python benchmarks/probe_engine_swing.py --plot LABEL=out.txt ... --out plot.png
+    python benchmarks/probe_engine_swing.py --plot-ab ab.txt --out plot.png
 """
 
 from __future__ import annotations
@@ -163,16 +164,30 @@ def plot(files: list, path: str) -> None:
                             "Batch-1 no-spec decode, engine after engine in one process")
 
 
+def plot_ab(path: str, out: str) -> None:
+    rows = read_ab(path)
+    panel = {"title": "decode rate by engine, median of 5", "ylabel": "tok/s",
+             "labels": [str(i) for i in range(len(rows))],
+             "values": {"graph's pick": [r[0] for r in rows],
+                        "sampler's pick": [r[1] for r in rows]}}
+    common.grouped_bar_plot([panel], ["graph's pick", "sampler's pick"], out,
+                            "Batch-1 no-spec decode: the greedy pick in or after the graph")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=6)
     p.add_argument("--ab-greedy", action="store_true",
                    help="alternate the graph's greedy pick with the sampler's in each engine")
     p.add_argument("--plot", nargs="+", metavar="LABEL=FILE", help="plot outputs, run nothing")
+    p.add_argument("--plot-ab", metavar="FILE", help="plot an --ab-greedy output, run nothing")
     p.add_argument("--out", default="engine_swing.png")
     args = p.parse_args(argv)
     if args.plot:
         plot(args.plot, args.out)
+        return
+    if args.plot_ab:
+        plot_ab(args.plot_ab, args.out)
         return
     for i in range(args.engines):
         one_engine(i, args.ab_greedy)

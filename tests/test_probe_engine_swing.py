@@ -65,3 +65,14 @@ def test_the_sampler_pick_drops_the_graphs_picks_and_restores_the_sampler():
     finally:
         overlap.sample = real
     assert seen == [None, "graph picks"]
+
+
+def test_the_ab_plot_has_both_picks_by_engine(tmp_path, monkeypatch):
+    path = tmp_path / "ab.txt"
+    path.write_text(AB_OUTPUT)
+    seen = {}
+    monkeypatch.setattr(swing.common, "grouped_bar_plot",
+                        lambda panels, series, out, title: seen.update(panels=panels))
+    swing.main(["--plot-ab", str(path), "--out", str(tmp_path / "p.png")])
+    assert seen["panels"][0]["values"] == {"graph's pick": [1500.0],
+                                           "sampler's pick": [1300.0]}
