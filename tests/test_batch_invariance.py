@@ -111,7 +111,7 @@ def test_a_tree_node_equals_the_decode_over_its_accepted_path(parents):
 def _extend(q, k_buf, v_buf, r2t, chunks: list, row: int = 0):
     """Prefill attention for the queries of `chunks` (prefix, extend) of one request row, each
     chunk as its own batch; the queries' outputs in order."""
-    from specpcg.attention.triton_kernels import extend_attention
+    from specpcg.attention.triton_extend import extend_attention
 
     i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
     outs = []

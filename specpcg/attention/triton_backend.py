@@ -11,7 +11,7 @@ from functools import lru_cache
 import torch
 
 from kernels.tree_rows import tree_path_rows
-from specpcg.attention import triton_kernels
+from specpcg.attention import triton_extend, triton_kernels
 from specpcg.attention.base import AttentionBackend
 from specpcg.config import TRITON_VERIFY_KERNELS
 from specpcg.core import ForwardBatch, ForwardMode
@@ -250,7 +250,7 @@ class TritonAttnBackend(AttentionBackend):
                 self.scale, self._arrived)
         else:
             num_real = self._num_real_tokens
-            triton_kernels.extend_attention(
+            triton_extend.extend_attention(
                 q3, pool.k_buffers[layer_id], pool.v_buffers[layer_id], out3, req_to_token,
                 self._req_pool_indices, self._seq_lens, self._extend_lens, self._q_starts,
                 self._max_extend_len, self._num_reqs, self.scale)

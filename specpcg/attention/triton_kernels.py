@@ -1,11 +1,12 @@
-"""Paged attention kernels in Triton: extend (prefill on top of a cached prefix) and decode.
+"""Paged attention kernels in Triton: decode and verify (the extend kernel, prefill on top of a
+cached prefix, is in triton_extend.py).
 
 Both read K/V through `req_to_token`: key position `p` of request `i` lives in pool slot
 `req_to_token[req_pool_indices[i], p]`. The new tokens' K/V are written to the pool before a
 kernel runs, so the kernels only read the pool. Scores are computed in the exp2 domain (the scale
 is pre-multiplied by log2(e)) with an online softmax and fp32 accumulation.
 
-Only this module and the backends import triton; `import specpcg` must work without it.
+Only these modules and the backends import triton; `import specpcg` must work without it.
 """
 
 from __future__ import annotations
@@ -19,77 +20,6 @@ import triton.language as tl
 from kernels.dispatch import pdl
 
 LOG2_E = 1.4426950408889634
-
-
-@triton.jit
-def _extend_attn_kernel(
-    q_ptr, k_buf_ptr, v_buf_ptr, out_ptr,
-    req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, extend_lens_ptr, q_starts_ptr,
-    stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
-    stride_out_tok, stride_out_head, stride_req_row,
-    scale_log2,
-    HEAD_DIM: tl.constexpr, GROUP_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """One program: BLOCK_M queries of one request and one query head, over that request's keys.
-
-    NOTE: query blocks sit at fixed positions (multiples of BLOCK_M), as key blocks do: a query
-    is computed in the same row of the same block, over the same key blocks, however its prompt
-    was cut into chunks, so chunked prefill gives bitwise the same attention as a whole one."""
-    req = tl.program_id(0)
-    q_block = tl.program_id(1)
-    head = tl.program_id(2)
-    extend_len = tl.load(extend_lens_ptr + req)
-    seq_len = tl.load(seq_lens_ptr + req)
-    prefix_len = seq_len - extend_len
-    block_pos = prefix_len // BLOCK_M * BLOCK_M + q_block * BLOCK_M  # its first row's position
-    # Requests shorter than the longest one have no work in their trailing query blocks.
-    if block_pos >= seq_len:
-        return
-    q_start = tl.load(q_starts_ptr + req).to(tl.int64)
-    row_ptr = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_req_row
-    kv_head = head // GROUP_SIZE
-
-    offs_m = block_pos - prefix_len + tl.arange(0, BLOCK_M)  # query index within the extend
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_m = (offs_m >= 0) & (offs_m < extend_len)
-    mask_d = offs_d < HEAD_DIM  # BLOCK_D is HEAD_DIM padded to a power of two
-    q_offs = (q_start + offs_m)[:, None] * stride_q_tok + head * stride_q_head + offs_d[None, :]
-    q = tl.load(q_ptr + q_offs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)  # [M, D]
-
-    # Query j sits at position prefix_len + j and sees keys 0..prefix_len + j (causal).
-    q_pos = prefix_len + offs_m
-    kv_end = tl.minimum(seq_len, block_pos + BLOCK_M)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(0, kv_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < kv_end
-        # Masked positions read slot 0 (the sink), which is always a valid address.
-        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0).to(tl.int64)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_buf_ptr + slots[:, None] * stride_k_slot + kv_head * stride_k_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        v = tl.load(v_buf_ptr + slots[:, None] * stride_v_slot + kv_head * stride_v_head
-                    + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * scale_log2
-        visible = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
-        s = tl.where(visible, s, float("-inf"))  # [M, N]
-        # Key 0 is visible to every row, so m_new is finite from the first block on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    out = acc / l_i[:, None]
-    out_offs = ((q_start + offs_m)[:, None] * stride_out_tok + head * stride_out_head
-                + offs_d[None, :])
-    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_d[None, :])
 
 
 # NOTE (the split-K decode kernel below): split boundaries depend on nothing but key positions
@@ -253,36 +183,6 @@ def _check_shapes(q: torch.Tensor, k_buf: torch.Tensor, out: torch.Tensor) -> No
     assert k_buf.dim() == 3 and k_buf.shape[2] == q.shape[2], "pool buffers are [slots, Hkv, D]"
     assert q.shape[1] % k_buf.shape[1] == 0, "num_heads must be a multiple of num_kv_heads"
     assert q.stride(2) == 1 and k_buf.stride(2) == 1 and out.stride(2) == 1
-
-
-def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens,
-                     q_starts, max_extend_len: int, num_reqs: int, scale: float) -> None:
-    """Writes attention of each request's new queries over its whole KV row into `out`.
-
-    q, out: [num_tokens, num_heads, head_dim]; rows past sum(extend_lens) are not touched.
-    req_pool_indices, seq_lens, extend_lens, q_starts: int32 [>= num_reqs] on q's device.
-    """
-    _check_shapes(q, k_buf, out)
-    if num_reqs == 0 or max_extend_len == 0:
-        return
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    block_d = _padded_head_dim(head_dim)
-    # Small blocks on the interpreter keep numpy work small; 64x64 suits GPUs up to head_dim 128.
-    block_m, block_n = (16, 16) if q.device.type == "cpu" else (64, 64 if block_d <= 64 else 32)
-    # One more query block than the longest extend needs: blocks start at multiples of block_m,
-    # so an extend that starts mid-block spans one more.
-    grid = (num_reqs, triton.cdiv(max_extend_len, block_m) + 1, num_heads)
-    _extend_attn_kernel[grid](
-        q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens, q_starts,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
-        v_buf.stride(0), v_buf.stride(1),
-        out.stride(0), out.stride(1), req_to_token.stride(0),
-        scale * LOG2_E,
-        HEAD_DIM=head_dim, GROUP_SIZE=num_heads // k_buf.shape[1],
-        DOT_PRECISION=_dot_precision(q.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=4 if block_d <= 64 else 8, num_stages=1 if q.device.type == "cpu" else 2,
-    )
 
 
 # Splits whose merge loads go out together (see _merge_splits), in programs of one query.
