@@ -113,8 +113,11 @@ def extend_config(head_dim: int, device: torch.device) -> tuple:
     and the device alone, never of the batch (query and key blocks set a row's sums)."""
     if device.type == "cpu":  # small blocks keep the interpreter's numpy work small
         return 16, 16, 4, 1
-    block_d = _padded_head_dim(head_dim)
-    return 64, 64 if block_d <= 64 else 32, 4 if block_d <= 64 else 8, 2
+    # NOTE: on an H200 (benchmarks/probe_extend_attn.py) 64 x 64 blocks suit 64-dim heads
+    # (128-key blocks were faster for one prompt, slower for 8), and 128 x 64 in 8 warps the
+    # 128-dim heads: 20 / 110 / 155 us a call at 1 x 512, 8 x 512 and 1 x 2048 tokens, against
+    # 28 / 142 / 250 in the 64 x 32 blocks before.
+    return (64, 64, 4, 2) if _padded_head_dim(head_dim) <= 64 else (128, 64, 8, 2)
 
 
 def extend_attention(q, k_buf, v_buf, out, req_to_token, req_pool_indices, seq_lens, extend_lens,
