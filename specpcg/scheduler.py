@@ -218,8 +218,9 @@ class Scheduler:
                 req.req_pool_idx = self.kv_cache.new_request()
             picked.append((req, chunk_len))
             budget -= chunk_len
-        if picked:
-            self.kv_cache.extend_many([r.req_pool_idx for r, _ in picked], [n for _, n in picked])
+        if picked:  # the prefill's forward writes req_to_token from its batch (rows_pending)
+            self.kv_cache.extend_many([r.req_pool_idx for r, _ in picked], [n for _, n in picked],
+                                      write=False)
         return picked
 
     def _slots_to_come(self, req: Request) -> int:
@@ -238,7 +239,8 @@ class Scheduler:
         reqs = [r for r, _ in picked]
         starts = [r.num_cached for r in reqs]
         batch = make_batch(self.kv_cache, ForwardMode.EXTEND, reqs,
-                           [r.ids_slice(s, s + n) for (r, n), s in zip(picked, starts)], self.device)
+                           [r.ids_slice(s, s + n) for (r, n), s in zip(picked, starts)], self.device,
+                           rows_pending=True)
         batch.return_all_logits = any(r.wants_input_logprobs for r in reqs)
         draft = self.spec.draft if self.spec is not None else None
         if draft is not None:

@@ -163,3 +163,35 @@ def test_runs_are_each_request_consecutive_ints_whichever_path_builds_them(start
     got = runs(starts, counts)
     assert str(got.dtype) == "int64"
     assert got.tolist() == [p for s, n in zip(starts, counts) for p in range(s, s + n)]
+
+
+def test_a_prefill_leaves_its_req_to_token_rows_to_its_forward(tiny_path):
+    """No prefill chunk's slots go to req_to_token from the host (one numpy pass and one copy
+    fewer before a prompt's first token): its forward writes them from the batch, and after it
+    each request's row holds the slots the host gave it."""
+    from specpcg.core import ForwardMode
+
+    engine = _engine(tiny_path, chunked_prefill_size=16)
+    kv, sched = engine.scheduler.kv_cache, engine.scheduler
+    writes, checked = [], []
+    extend, forward = kv.extend_many, sched.runner.forward
+
+    def spy_extend(idxs, counts, write=True):
+        writes.append(write)
+        return extend(idxs, counts, write=write)
+
+    def spy_forward(batch, *args, **kw):
+        out = forward(batch, *args, **kw)
+        if batch.forward_mode == ForwardMode.EXTEND:
+            for idx, n in zip(batch.req_pool_indices.tolist(), batch.seq_lens_cpu):
+                row = kv.req_pool.req_to_token[idx, :n].tolist()
+                checked.append(row == kv.slots_of(idx)[:n])
+        return out
+
+    kv.extend_many, sched.runner.forward = spy_extend, spy_forward
+    prompts = _prompts(4, seed=3)
+    out = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    ref = _engine(tiny_path).generate(input_ids=prompts, sampling_params=GREEDY)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
+    assert writes and not any(writes)
+    assert len(checked) > len(prompts) and all(checked)  # chunks of 16: more than one a prompt
