@@ -238,8 +238,8 @@ class Scheduler:
     def _run_prefill(self, picked: list) -> list:
         reqs = [r for r, _ in picked]
         starts = [r.num_cached for r in reqs]
-        batch = make_batch(self.kv_cache, ForwardMode.EXTEND, reqs,
-                           [r.ids_slice(s, s + n) for (r, n), s in zip(picked, starts)], self.device,
+        new_ids = [r.ids_slice(s, s + n) for (r, n), s in zip(picked, starts)]
+        batch = make_batch(self.kv_cache, ForwardMode.EXTEND, reqs, new_ids, self.device,
                            rows_pending=True)
         batch.return_all_logits = any(r.wants_input_logprobs for r in reqs)
         draft = self.spec.draft if self.spec is not None else None
