@@ -10,6 +10,7 @@ all of it twice.
     python benchmarks/probe_extend_attn.py [--cells 1x512 8x512 1x2048] \
         [--configs 32,64,4,2 128,64,8,2] [--module old=devrun/old_triton_kernels.py] > out.jsonl
     python benchmarks/probe_extend_attn.py --shape llama-3-8b --layers 32 ...
+    python benchmarks/probe_extend_attn.py --plot OUT.png RESULTS.jsonl [VARIANT ...]
 """
 
 from __future__ import annotations
@@ -85,6 +86,26 @@ def variants(args) -> list:
     return out
 
 
+def plot(path: str, results: str, names: list) -> None:
+    """us a call by prompt length: a panel a (shape, batch), a line a variant (all, or those
+    named), each point the least of its lines."""
+    found: dict = {}
+    for r in common.read_jsonl(results):
+        if names and r["variant"] not in names:
+            continue
+        series = found.setdefault((r["shape"], r["batch"]), {}).setdefault(r["variant"], {})
+        series.setdefault(r["length"], []).append(r["us_per_call"])
+    if not found:
+        raise ValueError(f"no results of variants {names} in {results!r}")
+    panels = [{"title": f"{shape}, batch {batch}", "xlabel": "prompt tokens",
+               "ylabel": "us a call", "logx": True,
+               "series": {name: [(n, min(v)) for n, v in by_len.items()]
+                          for name, by_len in by_variant.items()}}
+              for (shape, batch), by_variant in sorted(found.items())]
+    common.line_plot(panels, path, f"prefill attention, a chain of layers: {results}")
+    print(f"plot: {path}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
@@ -94,7 +115,13 @@ def main(argv=None) -> None:
     p.add_argument("--configs", nargs="*", default=[], metavar="M,N,WARPS,STAGES")
     p.add_argument("--module", nargs="*", default=[], metavar="NAME=PATH")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--plot", nargs="+", metavar=("PNG", "RESULTS"), default=None,
+                   help="plot results files instead: PNG RESULTS [VARIANT ...]")
     args = p.parse_args(argv)
+    if args.plot:
+        if len(args.plot) < 2:
+            p.error("--plot needs PNG and RESULTS")
+        return plot(args.plot[0], args.plot[1], args.plot[2:])
     machine, heads = common.device_name(torch.device("cuda")), SHAPES[args.shape]
     for cell in args.cells:
         batch, length = (int(x) for x in cell.split("x"))

@@ -2,6 +2,7 @@
 the Triton interpreter)."""
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -48,3 +49,23 @@ def test_a_cells_prompts_are_attended_each_alone():
         probe_extend_attn.runner(triton_extend, 1, 20, None)(
             q[rows], k[rows], v[rows], alone, probe_extend_attn.cell_inputs(1, 20, "cpu"))
         assert torch.equal(alone, both[rows])
+
+
+def _line(variant, batch, length, us, shape="smollm2-135m"):
+    return json.dumps({"variant": variant, "shape": shape, "batch": batch, "length": length,
+                       "us_per_call": us})
+
+
+def test_the_plot_takes_each_variants_least_and_refuses_an_empty_selection(tmp_path, monkeypatch):
+    results = tmp_path / "r.jsonl"
+    results.write_text("\n".join([_line("this", 1, 512, 9.0), _line("this", 1, 512, 8.0),
+                                  _line("old", 1, 512, 12.0), _line("this", 8, 512, 18.0)]))
+    drawn = {}
+    monkeypatch.setattr(probe_extend_attn.common, "line_plot",
+                        lambda panels, path, title: drawn.update(panels=panels, path=path))
+    probe_extend_attn.main(["--plot", str(tmp_path / "p.png"), str(results), "this"])
+    assert [p["title"] for p in drawn["panels"]] == ["smollm2-135m, batch 1",
+                                                     "smollm2-135m, batch 8"]
+    assert drawn["panels"][0]["series"] == {"this": [(512, 8.0)]}
+    with pytest.raises(ValueError, match="no results of variants"):
+        probe_extend_attn.main(["--plot", str(tmp_path / "p.png"), str(results), "new"])
