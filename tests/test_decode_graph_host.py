@@ -81,13 +81,13 @@ def _graph_engine(path, monkeypatch, write_rows: bool, plans_from_rows: bool = F
 
 
 def _written_rows(monkeypatch) -> list:
-    """Counts the batches whose req_to_token entries the host writes from the batch (outside
-    a graph's replay)."""
+    """Counts the decode steps whose req_to_token entries the host writes from the batch
+    (outside a graph's replay; a prefill's are always written so, before its forward)."""
     calls = []
     real = KVCache.write_rows
 
     def counted(self, batch):
-        if not _Replay.replaying:
+        if not _Replay.replaying and batch.forward_mode == ForwardMode.DECODE:
             calls.append(batch.batch_size)
         return real(self, batch)
 
