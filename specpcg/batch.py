@@ -27,7 +27,7 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
     # 16-byte alignment, and a part at an odd offset compiled a second variant of each kernel
     # reading it the first time an odd token count came (a 0.12 s stall inside a speculative
     # step on an H200, benchmarks/probe_jit.py). A decode-shaped batch keeps its parts back to
-    # back, the [4, bs] block the graph runner loads with one copy into its own buffers:
+    # back, the [5, bs] block the graph runner loads with one copy into its own buffers:
     # cutting the padding off each part would add host time to every decode step at odd sizes.
     pad = num_tokens != bs
     pad_t, pad_b = [0] * (pad and num_tokens & 1), [0] * (pad and bs & 1)
@@ -42,7 +42,7 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
         forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],
         req_pool_indices=parts[3], seq_lens=parts[4], extend_seq_lens=parts[5],
         seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens, rows_pending=rows_pending,
-        index_rows=None if pad else packed[:4 * bs].view(4, bs))
+        index_rows=None if pad else packed[:5 * bs].view(5, bs))
 
 
 def alloc_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,

@@ -196,8 +196,9 @@ class ForwardBatch:
     # the forward writes them first, at columns `positions` (KVCache.write_rows), or a decode
     # graph that writes them itself. Saves a decode step the host's copy and two launches.
     rows_pending: bool = False
-    # [4, bs] long when every request has one new token: input ids, positions, slots and
-    # request rows as one block of the batch's packed copy (a decode graph loads it in one op).
+    # [5, bs] long when every request has one new token: input ids, positions, slots, request
+    # rows and seq lens as one block of the batch's packed copy (a decode graph loads it in one
+    # op).
     index_rows: Optional[torch.Tensor] = None
 
     @property

@@ -48,6 +48,33 @@ def to_device(values, device, dtype=torch.long) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+# Pinned buffers (and their events) a HostCopy of one shape, dtype and device takes in turn.
+# Each copy is read by the step after it, so the fourth copy after it may take its buffer: a
+# fresh pinned block and a new event a copy took 40-53 us of the host's time on an H200, kept
+# ones 20-28 (benchmarks/probe_pinned.py), in a batch-1 decode step whose host work (about 460
+# us) sets its pace.
+KEPT_COPIES = 4
+
+
+class _Kept:
+    """A shape's pinned buffers and events, and which copy took each last."""
+
+    def __init__(self, shape, dtype):
+        self.slots = [(torch.empty(shape, dtype=dtype, pin_memory=True), torch.cuda.Event())
+                      for _ in range(KEPT_COPIES)]
+        self.taken = [0] * KEPT_COPIES  # the serial of the copy in each slot
+        self.serial = 0
+
+    def take(self) -> tuple:
+        self.serial += 1
+        i = self.serial % KEPT_COPIES
+        self.taken[i] = self.serial
+        return i, self.serial, *self.slots[i]
+
+
+_kept: dict = {}
+
+
 class HostCopy:
     """A device tensor's copy to the host, queued now and read later without waiting for
     whatever the stream runs after it.
@@ -55,19 +82,28 @@ class HostCopy:
     `tensor.tolist()` on a CUDA tensor waits for the whole stream: under overlap scheduling that
     is the next step too, already queued behind it, and the host would then prepare the step
     after with the device idle. Here the copy goes to pinned memory and an event marks its end,
-    so `tolist()` waits for exactly the work queued before the copy."""
+    so `tolist()` waits for exactly the work queued before the copy. The pinned buffer and the
+    event are kept ones (KEPT_COPIES): a copy must be read before KEPT_COPIES more of its shape
+    are made, or its read raises."""
 
     def __init__(self, values: torch.Tensor):
-        self._done = None
+        self._done = self._kept = None
         if values.device.type != "cuda":
             self._host = values.clone()  # a snapshot: `values` may be a buffer reused next step
             return
-        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        key = (tuple(values.shape), values.dtype, values.device)
+        if key not in _kept:
+            _kept[key] = _Kept(values.shape, values.dtype)
+        self._kept = _kept[key]
+        self._slot, self._serial, self._host, self._done = self._kept.take()
         self._host.copy_(values, non_blocking=True)
-        self._done = torch.cuda.Event()
         self._done.record()
 
     def tolist(self) -> list:
+        if self._kept is not None and self._kept.taken[self._slot] != self._serial:
+            raise RuntimeError(
+                f"a device-to-host copy of shape {tuple(self._host.shape)} was read after "
+                f"{KEPT_COPIES} newer copies of that shape reused its pinned buffer")
         if self._done is not None:
             self._done.synchronize()
         return self._host.tolist()

@@ -45,9 +45,9 @@ def test_a_decode_keeps_its_rows_in_one_view(bs):
     reqs = _reqs(list(range(5, 5 + bs)))
     batch = make_batch(_Slots(), ForwardMode.DECODE, reqs, [[7 + i] for i in range(bs)], "cpu")
     rows = batch.index_rows
-    assert rows.shape == (4, bs)
+    assert rows.shape == (5, bs)
     for row, part in zip(rows, (batch.input_ids, batch.positions, batch.out_cache_loc,
-                                batch.req_pool_indices)):
+                                batch.req_pool_indices, batch.seq_lens)):
         assert row.data_ptr() == part.data_ptr() and torch.equal(row, part)
         assert part.data_ptr() % 16 == 0 or bs % 2  # odd: back to back, not padded
 

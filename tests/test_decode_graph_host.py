@@ -167,6 +167,27 @@ def test_a_decode_batch_loads_in_one_block_unless_its_views_moved(tiny_path, mon
     assert runner._padded_batch(batch, 4).positions.tolist() == padded.positions.tolist()
 
 
+def test_a_decode_batch_at_a_captured_size_is_one_copy(tiny_path, monkeypatch):
+    """Its ids, positions, slots, request rows and seq lens come in the block's one copy (the
+    graph copies its seq lens from the block's row itself: each copy the host queues costs it
+    12-16 us on an H200); a batch whose seq lens moved copies them on their own."""
+    engine, runner = _graph_engine(tiny_path, monkeypatch, True)
+    reqs = _cached_requests(engine.kv_cache, PROMPTS[:2])
+    engine.kv_cache.extend_many([r.req_pool_idx for r in reqs], [1, 1])
+    batch = make_batch(engine.kv_cache, ForwardMode.DECODE, reqs, [[1], [2]], engine.device)
+    copies, real = [], torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: (
+        copies.append(tuple(src.shape)), real(self, src, *a, **k))[1])
+    runner._padded_batch(batch, 2)
+    assert copies == [(5, 2)]
+    assert runner._rows[4, :2].tolist() == [len(p) + 1 for p in PROMPTS[:2]]
+    copies.clear()
+    batch.seq_lens = batch.seq_lens.clone()  # no longer the block's
+    runner._padded_batch(batch, 2)
+    assert copies == [(2,)] * 5  # request rows, ids, positions, slots, then seq lens
+    assert runner._rows[4, :2].tolist() == [len(p) + 1 for p in PROMPTS[:2]]
+
+
 def test_pending_rows_are_written_from_the_batch_for_any_widths():
     """extend_many(write=False) leaves req_to_token as it was; write_rows then puts each new
     token's slot at its position, for requests of different widths, as extend_many would."""

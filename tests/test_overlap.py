@@ -105,3 +105,20 @@ def test_step_read_waits_for_its_own_step_alone():
     assert copy.tolist() == [0, 1, 2, 3]
     assert not torch.cuda.current_stream().query()  # returned while the next step still ran
     torch.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_host_copies_take_kept_buffers_in_turn_and_a_stale_read_raises():
+    """Copies of one shape reuse KEPT_COPIES pinned buffers in turn: each reads its own values
+    while it is among the last KEPT_COPIES of its shape, and a copy older than that raises on
+    its read rather than return a newer copy's values."""
+    from specpcg.transfer import KEPT_COPIES, HostCopy
+
+    values = [torch.full((3,), i, device="cuda") for i in range(KEPT_COPIES + 1)]
+    copies = [HostCopy(v) for v in values]
+    for i, copy in enumerate(copies[1:], start=1):
+        assert copy.tolist() == [i] * 3
+    with pytest.raises(RuntimeError, match="newer copies"):
+        copies[0].tolist()
+    other = HostCopy(torch.arange(5, device="cuda"))  # another shape: buffers of its own
+    assert other.tolist() == list(range(5)) and copies[-1].tolist() == [KEPT_COPIES] * 3

@@ -64,15 +64,18 @@ class DecodeGraphRunner:
         max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
         model = model_runner.model
         dev = model_runner.device
-        # Input ids, positions, slots and request rows: a DECODE batch's four are one block of
-        # make_batch's packed copy (index_rows), loaded here with one copy.
-        self._rows = torch.zeros(4, max_tokens, dtype=torch.long, device=dev)
+        # Input ids, positions, slots, request rows and seq lens: a DECODE batch's five are one
+        # block of make_batch's packed copy (index_rows), loaded here with one copy. A DECODE
+        # graph that plans its attention itself takes its seq lens from the block's last row
+        # (`_body`): on an H200 each copy the host queues costs it 12-16 us
+        # (benchmarks/probe_pinned.py), of a batch-1 step whose host work sets its pace.
+        self._rows = torch.zeros(5, max_tokens, dtype=torch.long, device=dev)
         self.inputs = StaticInputs(max_tokens, dev, getattr(model, "hidden_in_size", 0),
                                    model.head_weight.dtype, rows=self._rows[:3])
         self.req_pool_indices = self._rows[3, :self.buckets[-1]]
         # What padded requests of a DECODE batch hold in those rows: token 0 at position 0,
-        # its KV to the sink slot, on the padding row.
-        pad = [0, 0, SINK_SLOT, model_runner.kv_cache.req_pool.pad_row]
+        # its KV to the sink slot, on the padding row, one key.
+        pad = [0, 0, SINK_SLOT, model_runner.kv_cache.req_pool.pad_row, 1]
         self._pad_rows = torch.tensor(pad, dtype=torch.long, device=dev)[:, None].repeat(
             1, self.buckets[-1])
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
@@ -125,6 +128,11 @@ class DecodeGraphRunner:
         return (mode == ForwardMode.DECODE
                 and self.model_runner.attn_backend.decode_metadata_in_graph)
 
+    def _lens_in_graph(self, mode: ForwardMode) -> bool:
+        """Whether the graph copies its seq lens from the block's row itself: where nothing
+        on the host reads them before the replay (the attention's plan is in the graph)."""
+        return self._metadata_in_graph(mode)
+
     def writes_rows(self, batch: ForwardBatch) -> bool:
         """Whether replaying `batch` writes its req_to_token entries (see write_rows)."""
         return self.write_rows and batch.forward_mode == ForwardMode.DECODE
@@ -134,9 +142,11 @@ class DecodeGraphRunner:
         if width != 1 or rows is None or batch.tree_mask is not None or \
                 self.inputs.input_hidden is not None:
             return False
-        # Positions, slots and request rows still the block's (input ids may be replaced).
+        # Positions, slots, request rows and seq lens still the block's (input ids may be
+        # replaced).
         return all(t.data_ptr() == r.data_ptr() for t, r in zip(
-            (batch.positions, batch.out_cache_loc, batch.req_pool_indices), rows[1:]))
+            (batch.positions, batch.out_cache_loc, batch.req_pool_indices, batch.seq_lens),
+            rows[1:]))
 
     def _load_block(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
         """A DECODE batch's ids, positions, slots and request rows in one copy, its padding
@@ -157,16 +167,20 @@ class DecodeGraphRunner:
         keys = self._keys(batch)
         pad_len = max(width, keys)  # a padded request's row holds at least its tree's keys
         n = batch.batch_size
-        if self._loads_block(batch, width):
+        block = self._loads_block(batch, width)
+        if block:
             padded = self._load_block(batch, bs)
         else:
             self.req_pool_indices[:n].copy_(batch.req_pool_indices)
             if bs > n:
                 self.req_pool_indices[n:bs].fill_(self.model_runner.kv_cache.req_pool.pad_row)
             padded = self.inputs.load(batch, bs * width)
-        self.seq_lens[:n].copy_(batch.seq_lens)
-        if bs > n:
-            self.seq_lens[n:bs].fill_(pad_len)
+        in_graph = self._lens_in_graph(batch.forward_mode)
+        if not (block and in_graph):  # else the block's copy brought them
+            lens = self._rows[4] if in_graph else self.seq_lens
+            lens[:n].copy_(batch.seq_lens)
+            if bs > n:
+                lens[n:bs].fill_(pad_len)
         if self._extend_lens_hold != (width, bs):
             self.extend_lens[:bs].fill_(width)
             self._extend_lens_hold = (width, bs)
@@ -224,6 +238,9 @@ class DecodeGraphRunner:
         """The model and its LM head on every row: logits come out of the graph, which saves
         the host the LM head's launches on every step (a decode step is latency-bound); for a
         DECODE graph also each row's greedy pick (see greedy_in_graph), else None."""
+        if self._lens_in_graph(batch.forward_mode):
+            bs = batch.batch_size
+            self.seq_lens[:bs].copy_(self._rows[4, :bs])
         if self.writes_rows(batch):  # padding writes the sink slot at column 0 of the
             # padding row, which holds sink slots only
             self.model_runner.kv_cache.write_rows(batch)
