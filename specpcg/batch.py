@@ -14,6 +14,8 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
     """Builds the ForwardBatch for `reqs`, whose new tokens (`new_ids[i]`) already have slots
     (with rows_pending, not yet in req_to_token: extend_many(write=False)). Everything goes to
     the device in one packed copy: a decode step is latency-bound."""
+    if all(len(ids) == 1 for ids in new_ids):
+        return _one_token_batch(kv_cache, mode, reqs, new_ids, device, rows_pending)
     ext_lens = [len(ids) for ids in new_ids]
     seq_lens = [r.num_cached + n for r, n in zip(reqs, ext_lens)]
     flat_ids, slots = [], []
@@ -26,9 +28,9 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
     # part 16 bytes in (an even number of int64s): Triton specializes a pointer argument on
     # 16-byte alignment, and a part at an odd offset compiled a second variant of each kernel
     # reading it the first time an odd token count came (a 0.12 s stall inside a speculative
-    # step on an H200, benchmarks/probe_jit.py). A decode-shaped batch keeps its parts back to
-    # back, the [5, bs] block the graph runner loads with one copy into its own buffers:
-    # cutting the padding off each part would add host time to every decode step at odd sizes.
+    # step on an H200, benchmarks/probe_jit.py). A one-token batch keeps its parts back to back
+    # (`_one_token_batch`): cutting the padding off each part would add host time to every
+    # decode step at odd sizes.
     pad = num_tokens != bs
     pad_t, pad_b = [0] * (pad and num_tokens & 1), [0] * (pad and bs & 1)
     packed = to_device(torch.from_numpy(np.concatenate([
@@ -41,8 +43,28 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
     return ForwardBatch(
         forward_mode=mode, input_ids=parts[0], positions=parts[1], out_cache_loc=parts[2],
         req_pool_indices=parts[3], seq_lens=parts[4], extend_seq_lens=parts[5],
-        seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens, rows_pending=rows_pending,
-        index_rows=None if pad else packed[:5 * bs].view(5, bs))
+        seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext_lens, rows_pending=rows_pending)
+
+
+def _one_token_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
+                     rows_pending: bool) -> ForwardBatch:
+    """make_batch of one new token a request (a decode step): its six parts are the rows of one
+    [6, bs] block, built in one list. NOTE: on an H200 a batch-1 decode step's host work sets
+    its pace, and each Python-level op on its tensors costs the host a few microseconds."""
+    bs = len(reqs)
+    cached = [r.num_cached for r in reqs]
+    rows = [r.req_pool_idx for r in reqs]
+    seq_lens = [c + 1 for c in cached]
+    slots = [kv_cache.slots_of(i)[c] for i, c in zip(rows, cached)]
+    block = to_device(torch.from_numpy(np.array(
+        [ids[0] for ids in new_ids] + cached + slots + rows + seq_lens + [1] * bs,
+        dtype=np.int64)), device).view(6, bs)
+    # The graph runner loads the first five rows with one copy into its own buffers.
+    ids, positions, out_cache_loc, pool_rows, lens, ext = block.unbind(0)
+    return ForwardBatch(
+        forward_mode=mode, input_ids=ids, positions=positions, out_cache_loc=out_cache_loc,
+        req_pool_indices=pool_rows, seq_lens=lens, extend_seq_lens=ext, seq_lens_cpu=seq_lens,
+        extend_seq_lens_cpu=[1] * bs, rows_pending=rows_pending, index_rows=block[:5])
 
 
 def alloc_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,

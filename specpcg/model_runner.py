@@ -49,10 +49,13 @@ class ModelRunner:
         logits: every row's logits when the body computed them already (a decode graph);
         greedy_ids: each row's argmax when it did that too (a DECODE graph: one row a request)."""
         num_tokens = batch.num_tokens
-        hidden, aux = hidden[:num_tokens], [a[:num_tokens] for a in aux]
+        if hidden.shape[0] != num_tokens:  # a graph's padded rows (slicing costs the host)
+            hidden, aux = hidden[:num_tokens], [a[:num_tokens] for a in aux]
+            logits = None if logits is None else logits[:num_tokens]
+            greedy_ids = None if greedy_ids is None else greedy_ids[:num_tokens]
         last = last_rows(batch)
         if logits is not None:
-            all_logits = logits[:num_tokens]
+            all_logits = logits
             last_logits = last(all_logits)
         elif batch.return_all_logits:
             all_logits = self.model.compute_logits(hidden)
@@ -68,7 +71,7 @@ class ModelRunner:
         return ModelOutput(logits=last_logits,
                            all_logits=all_logits if batch.return_all_logits else None,
                            hidden_states=hidden_out, aux_hidden_states=aux_out,
-                           greedy_ids=None if greedy_ids is None else greedy_ids[:num_tokens])
+                           greedy_ids=greedy_ids)
 
 
 def last_rows(batch: ForwardBatch):

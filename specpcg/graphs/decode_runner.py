@@ -13,7 +13,6 @@ builds each node's row from them before the replay (`supports_tree_graph`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
@@ -81,6 +80,7 @@ class DecodeGraphRunner:
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self._extend_lens_hold = None  # (width, bs) extend_lens[:bs] holds (skips the fill)
+        self._view_cache: dict = {}  # (n, bs) -> `_views`
         # (mode, keys) -> [max_bs, width, keys]: the live masks are copied in; padded requests
         # keep a chain over the last `width` keys (any valid mask would do: they are sliced away).
         self.tree_masks, self.tree_pads = {}, {}
@@ -143,23 +143,44 @@ class DecodeGraphRunner:
                 self.inputs.input_hidden is not None:
             return False
         # Positions, slots, request rows and seq lens still the block's (input ids may be
-        # replaced).
-        return all(t.data_ptr() == r.data_ptr() for t, r in zip(
-            (batch.positions, batch.out_cache_loc, batch.req_pool_indices, batch.seq_lens),
-            rows[1:]))
+        # replaced): row i of the block starts i strides in (no views made to compare).
+        base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
+        return (batch.positions.data_ptr() == base + step
+                and batch.out_cache_loc.data_ptr() == base + 2 * step
+                and batch.req_pool_indices.data_ptr() == base + 3 * step
+                and batch.seq_lens.data_ptr() == base + 4 * step)
+
+    def _views(self, n: int, bs: int) -> tuple:
+        """The static buffers' views a step of n requests in bucket bs reads and writes, made
+        once: each slice of a device tensor costs an H200's host 2-4 us, in a batch-1 step
+        whose host work sets its pace."""
+        views = self._view_cache.get((n, bs))
+        if views is None:
+            rows = self._rows
+            views = self._view_cache[(n, bs)] = (
+                rows[:, :n], rows[0, :n], rows[:, n:bs], self._pad_rows[:, :bs - n],
+                rows[0, :bs], rows[1, :bs], rows[2, :bs], rows[4, :n], rows[4, n:bs],
+                self.req_pool_indices[:n], self.req_pool_indices[n:bs],
+                self.req_pool_indices[:bs], self.seq_lens[:n], self.seq_lens[n:bs],
+                self.seq_lens[:bs], self.extend_lens[:bs])
+        return views
 
     def _load_block(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
-        """A DECODE batch's ids, positions, slots and request rows in one copy, its padding
-        in another (a step at a captured size has none): at batch 1 the host's work between
-        two decode steps is most of a small model's step."""
-        n, rows = batch.batch_size, self._rows
-        rows[:, :n].copy_(batch.index_rows)
+        """A DECODE batch's ids, positions, slots, request rows and seq lens in one copy, its
+        padding in another (a step at a captured size has none): at batch 1 the host's work
+        between two decode steps is most of a small model's step."""
+        n = batch.batch_size
+        block, ids, pad, pad_src, all_ids, positions, slots = self._views(n, bs)[:7]
+        block.copy_(batch.index_rows)
         if batch.input_ids.data_ptr() != batch.index_rows.data_ptr():
-            rows[0, :n].copy_(batch.input_ids)  # ids carried on the device (overlap)
+            ids.copy_(batch.input_ids)  # ids carried on the device (overlap)
         if bs > n:
-            rows[:, n:bs].copy_(self._pad_rows[:, :bs - n])
-        return dataclasses.replace(batch, input_ids=rows[0, :bs], positions=rows[1, :bs],
-                                   out_cache_loc=rows[2, :bs], index_rows=None)
+            pad.copy_(pad_src)
+        padded = object.__new__(ForwardBatch)  # a copy (dataclasses.replace: 5x the time)
+        padded.__dict__.update(batch.__dict__)
+        padded.input_ids, padded.positions, padded.out_cache_loc = all_ids, positions, slots
+        padded.index_rows = None
+        return padded
 
     def _padded_batch(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
         """The live batch padded to `bs` requests, over the static buffers."""
@@ -167,26 +188,27 @@ class DecodeGraphRunner:
         keys = self._keys(batch)
         pad_len = max(width, keys)  # a padded request's row holds at least its tree's keys
         n = batch.batch_size
+        (*_, row_lens, row_lens_pad, pool_rows, pool_rows_pad, all_pool_rows, lens_n, lens_pad,
+         all_lens, ext_lens) = self._views(n, bs)
         block = self._loads_block(batch, width)
         if block:
             padded = self._load_block(batch, bs)
         else:
-            self.req_pool_indices[:n].copy_(batch.req_pool_indices)
+            pool_rows.copy_(batch.req_pool_indices)
             if bs > n:
-                self.req_pool_indices[n:bs].fill_(self.model_runner.kv_cache.req_pool.pad_row)
+                pool_rows_pad.fill_(self.model_runner.kv_cache.req_pool.pad_row)
             padded = self.inputs.load(batch, bs * width)
         in_graph = self._lens_in_graph(batch.forward_mode)
         if not (block and in_graph):  # else the block's copy brought them
-            lens = self._rows[4] if in_graph else self.seq_lens
-            lens[:n].copy_(batch.seq_lens)
+            (row_lens if in_graph else lens_n).copy_(batch.seq_lens)
             if bs > n:
-                lens[n:bs].fill_(pad_len)
+                (row_lens_pad if in_graph else lens_pad).fill_(pad_len)
         if self._extend_lens_hold != (width, bs):
-            self.extend_lens[:bs].fill_(width)
+            ext_lens.fill_(width)
             self._extend_lens_hold = (width, bs)
-        padded.req_pool_indices = self.req_pool_indices[:bs]
-        padded.seq_lens = self.seq_lens[:bs]
-        padded.extend_seq_lens = self.extend_lens[:bs]
+        padded.req_pool_indices = all_pool_rows
+        padded.seq_lens = all_lens
+        padded.extend_seq_lens = ext_lens
         padded.seq_lens_cpu = list(batch.seq_lens_cpu) + [pad_len] * (bs - n)
         padded.extend_seq_lens_cpu = [width] * bs
         if keys:
