@@ -72,8 +72,6 @@ class OverlapDecode:
             return prev.next_ids
         row = {id(r): i for i, r in enumerate(prev.reqs)}
         rows = [row[id(r)] for r in reqs]
-        if rows == list(range(len(prev.reqs))):
-            return prev.next_ids
         return prev.next_ids[to_device(rows, prev.next_ids.device)]
 
     def _resolve(self, prev: InflightDecode) -> list:

@@ -14,6 +14,7 @@ builds each node's row from them before the replay (`supports_tree_graph`).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,27 @@ from specpcg.graphs.buckets import pick_bucket
 from specpcg.graphs.piecewise_runner import StaticInputs
 from specpcg.kv_cache import SINK_SLOT
 from specpcg.router import Refusal, hidden_refusal
+
+
+class StepViews(NamedTuple):
+    """Views of a DecodeGraphRunner's static buffers that a step of n requests in bucket bs
+    reads and writes (`DecodeGraphRunner._views`)."""
+    block: torch.Tensor  # the five rows' first n columns: a DECODE block's copy goes here
+    ids: torch.Tensor  # row 0's first n: ids carried on the device
+    pad: torch.Tensor  # the five rows' columns n..bs, and what padding holds there
+    pad_src: torch.Tensor
+    ids_all: torch.Tensor  # rows 0-2's first bs: the padded batch's ids, positions, slots
+    positions: torch.Tensor
+    slots: torch.Tensor
+    row_lens: torch.Tensor  # row 4 (seq lens a graph copies itself), n and n..bs
+    row_lens_pad: torch.Tensor
+    pool_rows: torch.Tensor  # request rows, n, n..bs and bs
+    pool_rows_pad: torch.Tensor
+    pool_rows_all: torch.Tensor
+    lens: torch.Tensor  # the int32 seq lens, n, n..bs and bs
+    lens_pad: torch.Tensor
+    lens_all: torch.Tensor
+    ext_lens: torch.Tensor  # extend lens, bs
 
 
 class DecodeGraphRunner:
@@ -80,7 +102,7 @@ class DecodeGraphRunner:
         self.seq_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self.extend_lens = torch.ones(self.buckets[-1], dtype=torch.int32, device=dev)
         self._extend_lens_hold = None  # (width, bs) extend_lens[:bs] holds (skips the fill)
-        self._view_cache: dict = {}  # (n, bs) -> `_views`
+        self._view_cache: dict = {}  # (n, bs) -> StepViews
         # (mode, keys) -> [max_bs, width, keys]: the live masks are copied in; padded requests
         # keep a chain over the last `width` keys (any valid mask would do: they are sliced away).
         self.tree_masks, self.tree_pads = {}, {}
@@ -150,14 +172,14 @@ class DecodeGraphRunner:
                 and batch.req_pool_indices.data_ptr() == base + 3 * step
                 and batch.seq_lens.data_ptr() == base + 4 * step)
 
-    def _views(self, n: int, bs: int) -> tuple:
+    def _views(self, n: int, bs: int) -> StepViews:
         """The static buffers' views a step of n requests in bucket bs reads and writes, made
         once: each slice of a device tensor costs an H200's host 2-4 us, in a batch-1 step
         whose host work sets its pace."""
         views = self._view_cache.get((n, bs))
         if views is None:
             rows = self._rows
-            views = self._view_cache[(n, bs)] = (
+            views = self._view_cache[(n, bs)] = StepViews(
                 rows[:, :n], rows[0, :n], rows[:, n:bs], self._pad_rows[:, :bs - n],
                 rows[0, :bs], rows[1, :bs], rows[2, :bs], rows[4, :n], rows[4, n:bs],
                 self.req_pool_indices[:n], self.req_pool_indices[n:bs],
@@ -165,20 +187,18 @@ class DecodeGraphRunner:
                 self.seq_lens[:bs], self.extend_lens[:bs])
         return views
 
-    def _load_block(self, batch: ForwardBatch, bs: int) -> ForwardBatch:
+    def _load_block(self, batch: ForwardBatch, v: StepViews) -> ForwardBatch:
         """A DECODE batch's ids, positions, slots, request rows and seq lens in one copy, its
         padding in another (a step at a captured size has none): at batch 1 the host's work
         between two decode steps is most of a small model's step."""
-        n = batch.batch_size
-        block, ids, pad, pad_src, all_ids, positions, slots = self._views(n, bs)[:7]
-        block.copy_(batch.index_rows)
+        v.block.copy_(batch.index_rows)
         if batch.input_ids.data_ptr() != batch.index_rows.data_ptr():
-            ids.copy_(batch.input_ids)  # ids carried on the device (overlap)
-        if bs > n:
-            pad.copy_(pad_src)
+            v.ids.copy_(batch.input_ids)  # ids carried on the device (overlap)
+        if v.pad.shape[1]:
+            v.pad.copy_(v.pad_src)
         padded = object.__new__(ForwardBatch)  # a copy (dataclasses.replace: 5x the time)
         padded.__dict__.update(batch.__dict__)
-        padded.input_ids, padded.positions, padded.out_cache_loc = all_ids, positions, slots
+        padded.input_ids, padded.positions, padded.out_cache_loc = v.ids_all, v.positions, v.slots
         padded.index_rows = None
         return padded
 
@@ -188,27 +208,26 @@ class DecodeGraphRunner:
         keys = self._keys(batch)
         pad_len = max(width, keys)  # a padded request's row holds at least its tree's keys
         n = batch.batch_size
-        (*_, row_lens, row_lens_pad, pool_rows, pool_rows_pad, all_pool_rows, lens_n, lens_pad,
-         all_lens, ext_lens) = self._views(n, bs)
+        v = self._views(n, bs)
         block = self._loads_block(batch, width)
         if block:
-            padded = self._load_block(batch, bs)
+            padded = self._load_block(batch, v)
         else:
-            pool_rows.copy_(batch.req_pool_indices)
+            v.pool_rows.copy_(batch.req_pool_indices)
             if bs > n:
-                pool_rows_pad.fill_(self.model_runner.kv_cache.req_pool.pad_row)
+                v.pool_rows_pad.fill_(self.model_runner.kv_cache.req_pool.pad_row)
             padded = self.inputs.load(batch, bs * width)
         in_graph = self._lens_in_graph(batch.forward_mode)
         if not (block and in_graph):  # else the block's copy brought them
-            (row_lens if in_graph else lens_n).copy_(batch.seq_lens)
+            (v.row_lens if in_graph else v.lens).copy_(batch.seq_lens)
             if bs > n:
-                (row_lens_pad if in_graph else lens_pad).fill_(pad_len)
+                (v.row_lens_pad if in_graph else v.lens_pad).fill_(pad_len)
         if self._extend_lens_hold != (width, bs):
-            ext_lens.fill_(width)
+            v.ext_lens.fill_(width)
             self._extend_lens_hold = (width, bs)
-        padded.req_pool_indices = all_pool_rows
-        padded.seq_lens = all_lens
-        padded.extend_seq_lens = ext_lens
+        padded.req_pool_indices = v.pool_rows_all
+        padded.seq_lens = v.lens_all
+        padded.extend_seq_lens = v.ext_lens
         padded.seq_lens_cpu = list(batch.seq_lens_cpu) + [pad_len] * (bs - n)
         padded.extend_seq_lens_cpu = [width] * bs
         if keys:
