@@ -9,7 +9,7 @@ includes its wait for the one before) and the idle time between kernels; then ea
 kind's count and own time; then the first layer's kernels in order; then the matmuls (counted
 in launch order against the model's weights: qkv, o, gate_up, down per layer, then the LM head)
 with the bytes each read per microsecond of its own time, against a device-to-device copy's
-rate. Last, a whole generate
+rate, and the FLOP rate its rows reached (`print_matmuls`). Last, a whole generate
 under the profiler: the period of a decode step, its busy and idle time, and the kernels that
 run outside the graph each step.
 
@@ -139,7 +139,36 @@ def print_by_kernel(events: list) -> None:
         print(f"{n:5d} {us:9.1f}  {name}")
 
 
-def report(events: list, model, copy_bps: float) -> None:
+def matmul_sums(own: list, weights: list) -> dict:
+    """{kind: [weight bytes, us]} over a step's matmul kernels (own times), matched in launch
+    order to `weights` (weight_bytes_in_order); {} when the counts differ."""
+    mm = [e for e in own if is_matmul(e[0])]
+    sums: dict = {}
+    if len(mm) != len(weights):
+        return sums
+    for (wname, nbytes), (_, s, e) in zip(weights, mm):
+        kind = sums.setdefault(wname.split(".", 1)[-1], [0, 0.0])
+        kind[0] += nbytes
+        kind[1] += e - s
+    return sums
+
+
+def print_matmuls(own: list, model, copy_bps: float, rows: int) -> None:
+    """Each kind of matmul's weight bytes, time, bandwidth (against the copy rate) and, for
+    `rows` rows a call, its FLOP rate (2 x rows x weights): a decode step's matmuls read their
+    weights at a share of the copy rate, a verify's many rows can make them compute-bound."""
+    weights = weight_bytes_in_order(model)
+    mm = sum(is_matmul(e[0]) for e in own)
+    print(f"# matmuls: {mm} kernels for {len(weights)} weights, {rows} rows a call")
+    elem = model.head_weight.element_size()
+    for key, (nbytes, us) in matmul_sums(own, weights).items():
+        tflops = 2 * rows * nbytes / elem / us / 1e6
+        print(f"  {key:8s} {nbytes / 1e6:9.1f} MB {us:9.1f} us "
+              f"{nbytes / us / 1e3:6.0f} GB/s ({nbytes / us * 1e6 / copy_bps:.2f} of copy) "
+              f"{tflops:6.1f} TFLOP/s")
+
+
+def report(events: list, model, copy_bps: float, rows: int) -> None:
     own = own_times(events)
     t0, t1 = events[0][1], max(e[2] for e in events)
     busy = sum(e[2] - e[1] for e in own)
@@ -148,18 +177,7 @@ def report(events: list, model, copy_bps: float) -> None:
           f"idle {t1 - t0 - busy:.0f} us (kernels' own time; durations sum to {summed:.0f} us); "
           f"copy {copy_bps / 1e9:.0f} GB/s")
     print_by_kernel(events)
-    mm = [e for e in own if is_matmul(e[0])]
-    weights = weight_bytes_in_order(model)
-    print(f"# matmuls: {len(mm)} kernels for {len(weights)} weights")
-    if len(mm) == len(weights):
-        sums = collections.defaultdict(lambda: [0, 0.0])
-        for (wname, nbytes), (_, s, e) in zip(weights, mm):
-            key = wname.split(".", 1)[-1]
-            sums[key][0] += nbytes
-            sums[key][1] += e - s
-        for key, (nbytes, us) in sums.items():
-            print(f"  {key:8s} {nbytes / 1e6:9.1f} MB {us:9.1f} us "
-                  f"{nbytes / us / 1e3:6.0f} GB/s ({nbytes / us * 1e6 / copy_bps:.2f} of copy)")
+    print_matmuls(own, model, copy_bps, rows)
     print("# the first layer's kernels (start us, duration us, name)")
     first = [i for i, e in enumerate(events) if is_matmul(e[0])]
     stop = first[4] if len(first) > 4 else len(events)
@@ -204,7 +222,7 @@ def main(argv=None) -> None:
     run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
     run()  # warm-up
     events = trace_one_replay(args.batch, run)
-    report(events, engine.model, copy_bandwidth(torch.device("cuda")))
+    report(events, engine.model, copy_bandwidth(torch.device("cuda")), args.batch)
     # The graph's kernels: from shortly before its first matmul (the embedding, the first norm).
     start = next(e[1] for e in events if is_matmul(e[0])) - 10
     graph = [e[0] for e in events if e[1] >= start]

@@ -6,7 +6,9 @@ at the given batch size runs under the torch profiler, and its kernels are print
 order, runs of the same kernel folded: start (us from the first), count, summed own time
 (probe_decode_trace.own_times), name.
 The draft's steps, the verify's layers and the accept stand apart by their kernels, so the
-launches each phase costs can be counted. Then each kernel's count and time, and a whole
+launches each phase costs can be counted. Then each kernel's count and time, the target's
+matmuls at batch x draft tokens rows a call (NGRAM's steps; a head's own matmuls make the count
+differ, and the kinds are not printed), and a whole
 generate under the profiler (probe_decode_trace's window): a step's period, busy and idle time,
 and the kernels that run outside the step's graph.
 
@@ -89,8 +91,9 @@ def plot_traces(path: str, traces: list) -> None:
 
 
 def main(argv=None) -> None:
-    from probe_decode_trace import (own_times, print_by_kernel, report_window, step_marker,
-                                    trace_window)
+    from bench_reference import copy_bandwidth
+    from probe_decode_trace import (own_times, print_by_kernel, print_matmuls, report_window,
+                                    step_marker, trace_window)
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
 
@@ -130,6 +133,9 @@ def main(argv=None) -> None:
         g = list(group)
         print(f"  {g[0][1] - t0:8.1f} {len(g):3d}x {sum(e[2] - e[1] for e in g):7.1f}us  {name}")
     print_by_kernel(events)
+    # A verify's matmuls run batch x draft tokens rows a call (NGRAM: the target's alone).
+    print_matmuls(own, engine.model, copy_bandwidth(torch.device("cuda")),
+                  args.batch * num_tokens)
     graph = [e[0] for e in events]
     report_window(window, set(graph), step_marker(graph, window))
 

@@ -38,3 +38,43 @@ def test_the_window_reports_busy_within_its_span(capsys):
     trace.report_window(events, {"m", "k"}, "m")
     line = capsys.readouterr().out.splitlines()[0]
     assert "3 steps, 12.0 us a step, busy 10.0 us, idle 2.0 us a step" in line, line
+
+
+def _model(layers: int, hidden: int, inter: int, vocab: int):
+    """A stand-in with the weights weight_bytes_in_order reads (bf16, only their shapes)."""
+    import torch
+    from types import SimpleNamespace as NS
+
+    lin = lambda n, k: NS(weight=torch.empty(n, k, dtype=torch.bfloat16))  # noqa: E731
+    layer = NS(self_attn=NS(qkv_proj=lin(3 * hidden, hidden), o_proj=lin(hidden, hidden)),
+               mlp=NS(gate_up_proj=lin(2 * inter, hidden), down_proj=lin(hidden, inter)))
+    return NS(model=NS(layers=[layer] * layers), head_weight=torch.empty(vocab, hidden,
+                                                                         dtype=torch.bfloat16))
+
+
+def test_matmuls_report_bandwidth_and_the_flop_rate_of_their_rows(capsys):
+    # One layer of 64-wide weights and a 128-row head; each matmul takes 2 us of its own time,
+    # an RMSNorm between them takes 1 and is not counted.
+    model, events, t = _model(1, 64, 128, 128), [], 0.0
+    for _ in range(5):
+        events += [("_rms_norm_kernel", t, t + 1.0), ("nvjet_sm90_gemm", t + 1.0, t + 3.0)]
+        t += 3.0
+    own = trace.own_times(events)
+    sums = trace.matmul_sums(own, trace.weight_bytes_in_order(model))
+    assert sums["qkv"] == [192 * 64 * 2, 2.0] and sums["lm_head"] == [128 * 64 * 2, 2.0]
+    trace.print_matmuls(own, model, copy_bps=1e12, rows=512)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# matmuls: 5 kernels for 5 weights, 512 rows a call"
+    gate_up = next(line for line in out if line.split()[0] == "gate_up")
+    # 256 x 64 bf16 weights read in 2 us: 16.4 GB/s, 0.02 of a 1 TB/s copy; 2 x 512 rows x
+    # 16,384 weights in 2 us: 8.4 TFLOP/s.
+    assert "16 GB/s (0.02 of copy)" in gate_up and gate_up.endswith(" 8.4 TFLOP/s"), gate_up
+
+
+def test_matmuls_of_another_count_print_no_kinds(capsys):
+    model = _model(1, 64, 128, 128)
+    own = [("nvjet_gemm", 0.0, 2.0)] * 3  # a draft head's matmuls among the target's, or fewer
+    assert trace.matmul_sums(own, trace.weight_bytes_in_order(model)) == {}
+    trace.print_matmuls(own, model, copy_bps=1e12, rows=8)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["# matmuls: 3 kernels for 5 weights, 8 rows a call"]
