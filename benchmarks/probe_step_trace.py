@@ -126,9 +126,9 @@ def main(argv=None) -> None:
         events = trace_one_step(engine, args.batch, run)
         window = trace_window(run)
     t0, own = events[0][1], own_times(events)
+    busy = sum(e[2] - e[1] for e in own)
     print(f"batch {args.batch} {args.algorithm} {args.setting}: {len(events)} kernels, span "
-          f"{max(e[2] for e in events) - t0:.0f} us, busy "
-          f"{sum(e[2] - e[1] for e in own):.0f} us")
+          f"{max(e[2] for e in events) - t0:.0f} us, busy {busy:.0f} us")
     for name, group in itertools.groupby(own, key=lambda e: e[0][:60]):
         g = list(group)
         print(f"  {g[0][1] - t0:8.1f} {len(g):3d}x {sum(e[2] - e[1] for e in g):7.1f}us  {name}")
@@ -137,7 +137,7 @@ def main(argv=None) -> None:
     print_matmuls(own, engine.model, copy_bandwidth(torch.device("cuda")),
                   args.batch * num_tokens)
     graph = [e[0] for e in events]
-    report_window(window, set(graph), step_marker(graph, window))
+    report_window(window, set(graph), step_marker(graph, window), busy)
 
 
 if __name__ == "__main__":

@@ -78,3 +78,18 @@ def test_matmuls_of_another_count_print_no_kinds(capsys):
     trace.print_matmuls(own, model, copy_bps=1e12, rows=8)
     out = capsys.readouterr().out.splitlines()
     assert out == ["# matmuls: 3 kernels for 5 weights, 8 rows a call"]
+
+
+def test_marks_closer_than_a_replays_kernels_are_no_step_period(capsys):
+    # The same four 12 us periods, against a replay whose kernels took 30 us: the marker counts
+    # something other than steps, and the window prints no period.
+    events = []
+    for step in range(5):
+        t = step * 12.0
+        events += [("m", t, t + 6.0), ("k", t + 1.0, t + 10.0)]
+    trace.report_window(events, {"m", "k"}, "m", replay_us=30.0)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["# window: 3 marks of m, 12.0 us apart, under half a replay's kernels (30 us): "
+                   "not a step's period"]
+    trace.report_window(events, {"m", "k"}, "m", replay_us=20.0)  # 12 us is over half of 20
+    assert "3 steps, 12.0 us a step" in capsys.readouterr().out
