@@ -176,7 +176,8 @@ def print_matmuls(own: list, model, copy_bps: float, rows: int) -> None:
               f"{tflops:6.1f} TFLOP/s")
 
 
-def report(events: list, model, copy_bps: float, rows: int) -> None:
+def report(events: list, model, copy_bps: float, rows: int) -> float:
+    """Prints the replay's kernels and matmuls; returns its busy time (us)."""
     own = own_times(events)
     t0, t1 = events[0][1], max(e[2] for e in events)
     busy = sum(e[2] - e[1] for e in own)
@@ -194,6 +195,7 @@ def report(events: list, model, copy_bps: float, rows: int) -> None:
     gaps = sorted(((events[i + 1][1] - events[i][2], events[i][0][:50])
                    for i in range(len(events) - 1)), reverse=True)[:5]
     print("# widest gaps: " + "; ".join(f"{g:.1f} us after {n}" for g, n in gaps))
+    return busy
 
 
 def main(argv=None) -> None:
@@ -230,8 +232,7 @@ def main(argv=None) -> None:
     run = lambda: engine.generate(input_ids=ids, sampling_params=params)  # noqa: E731
     run()  # warm-up
     events = trace_one_replay(args.batch, run)
-    report(events, engine.model, copy_bandwidth(torch.device("cuda")), args.batch)
-    replay_us = sum(e[2] - e[1] for e in own_times(events))
+    replay_us = report(events, engine.model, copy_bandwidth(torch.device("cuda")), args.batch)
     # The graph's kernels: from shortly before its first matmul (the embedding, the first norm).
     start = next(e[1] for e in events if is_matmul(e[0])) - 10
     graph = [e[0] for e in events if e[1] >= start]
