@@ -23,7 +23,7 @@ in them), so only --norms (an RMSNorm of each layer's input and a residual befor
 gate/up, as in the model) makes the bits comparable. Every variant's inputs come from one seed.
 
     python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] [--norms] \
-        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 norm ...] [--cublas] > out.txt
+        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 norm ...] [--cublas] [--rope] > out.txt
     python benchmarks/probe_pdl.py --plot OUT.png "LABEL=FILE:VARIANT+FILE:VARIANT" ...
 """
 
@@ -81,15 +81,42 @@ def call(variant: str, x, w, out, silu: bool, tiles: dict, norm: tuple | None = 
     gemv(x, w, None, out, silu, tile=tile, norm=norm)
 
 
+def roped_qkv(x, w, bufs: dict, norms: bool) -> None:
+    """The qkv projection as the model's roped launch (kernels/gemv_rope_triton.gemv_rope:
+    the norm, the matmul, the rotary of q and k at each row's position, k and v to the caches
+    at each row's slot), the default model's 9 heads of 64 and 3 of k and v."""
+    from kernels import dispatch
+    from kernels.gemv_rope_triton import gemv_rope
+
+    dispatch._pdl_devices[x.device.index or 0] = True  # as every variant but "library"'s
+    norm = (bufs["res"] if norms else None, bufs["nw"], 1e-5, bufs["res2"] if norms else None)
+    gemv_rope(x, w, None, bufs["qkv"], norm, bufs["rope"])
+
+
+def rope_buffers(rows: int, dev) -> tuple:
+    """gemv_rope's rope argument for `rows` rows: positions 37.., a cos/sin table, slots in
+    reverse order, and caches of 64 slots."""
+    half = torch.arange(32, device=dev) / 32
+    angles = torch.arange(4096, device=dev)[:, None] * 10000.0 ** -half[None, :]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1)
+    cache = [torch.zeros(64, 3, 64, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+    return (torch.arange(37, 37 + rows, device=dev), cos_sin,
+            torch.arange(rows, device=dev).flip(0), *cache, 9, 3, 64)
+
+
 def chain(variant: str, layers: list, x: torch.Tensor, bufs: dict, tiles: dict,
           norms: bool = False) -> torch.Tensor:
     """Every layer's four linear calls, each reading the one before's output. norms: qkv and
     gate/up each take an RMSNorm of their input plus a residual first, as in the model: in
-    their launch where the variant's name says "norm", else the norm's kernel before them."""
+    their launch where the variant's name says "norm", else the norm's kernel before them. A
+    variant named with "rope" runs qkv as the roped launch (`roped_qkv`, its norm inside)."""
     h = x
     for qkv, o, gate_up, down in layers:
         norm = (bufs["res"], bufs["nw"], bufs["res2"], bufs["normed"]) if norms else None
-        call(variant, h, qkv, bufs["qkv"], False, tiles, norm)
+        if "rope" in variant:
+            roped_qkv(h, qkv, bufs, norms)
+        else:
+            call(variant, h, qkv, bufs["qkv"], False, tiles, norm)
         call(variant, bufs["qkv"][:, :HIDDEN], o, bufs["o"], False, tiles)
         norm = (bufs["res2"], bufs["nw"], bufs["res"], bufs["normed"]) if norms else None
         call(variant, bufs["o"], gate_up, bufs["act"], True, tiles, norm)
@@ -108,6 +135,7 @@ def measure(variant: str, layers: list, rows: int, replays: int, tiles: dict,
                             ("res2", HIDDEN), ("normed", HIDDEN))}
     bufs["res"] = torch.randn(rows, HIDDEN, device=dev, generator=seeded).to(torch.bfloat16)
     bufs["nw"] = (torch.rand(HIDDEN, device=dev, generator=seeded) + 0.5).to(torch.bfloat16)
+    bufs["rope"] = rope_buffers(rows, dev)
     start_res = bufs["res"].clone()
     chain(variant, layers, x, bufs, tiles, norms)  # compile outside the graph
     torch.cuda.synchronize()
@@ -166,6 +194,8 @@ def main(argv=None) -> None:
     p.add_argument("--tiles", nargs="*", default=[],
                    help="variants with other tiles by depth (parse_tiles), rows past 1; PDL "
                    "on unless the name starts with nopdl")
+    p.add_argument("--rope", action="store_true", help="also qkv as the roped launch ('rope', "
+                   "kernels/gemv_rope_triton), beside 'norm' (the norm in the qkv launch)")
     args = p.parse_args(argv)
     if args.plot:
         return plot(args.plot[0], args.plot[1:])
@@ -183,6 +213,7 @@ def main(argv=None) -> None:
         variants = [("library", {}), ("lib-pdl", {})] * 2
         variants += [parse_tiles(t) for t in args.tiles] * 2 if rows > 1 else []
         variants += [("cublas", {})] * 2 if args.cublas else []
+        variants += [("rope", {}), ("norm", {})] * 2 if args.rope else []
         for variant, tiles in variants:
             try:
                 us, out = measure(variant, layers, rows, args.replays, tiles, args.norms)

@@ -9,8 +9,8 @@ the two outputs a rotation pairs, n and n + D / 2 of one head (`_pair`), so it c
 them itself: the sums are the one-row kernel's (gemv_triton.one_row_sums), rounded to the
 output dtype, then rotated in fp32 and rounded as kernels/rotary.py does. From 2 rows
 (`_rows_rope_kernel`) a program takes 8 outputs of a head's first half and the 8 they pair
-with as one 16-wide tensor-core tile (gemv_triton.rows_one_step). v's pairs are stored as
-they are.
+with as one 16-wide tensor-core tile (gemv_triton.rows_weights, rows_sums). v's pairs are
+stored as they are.
 Positions and slots are read after PDL's wait: the step's own kernels write them. The
 launcher reads no tensor values on the host: capturable in a CUDA graph.
 """
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.dispatch import pdl
-from kernels.gemv_triton import ONE_ROW_BLOCK_K, one_row_sums, rows_one_step
+from kernels.gemv_triton import ONE_ROW_BLOCK_K, one_row_sums, rows_sums, rows_weights
 
 
 @triton.jit
@@ -82,12 +82,15 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
                       PDL: tl.constexpr):
     """2 or more rows, 16 a program (program (tile, b): rows 16 b to 16 b + 15): 8 outputs of
     a head's first half and the 8 they pair with in its second, as one 16-wide tensor-core
-    tile in one step (gemv_triton.rows_one_step), then each row rotated at its own position
-    and, for k and v, stored at its own slot. A tile of each half (16 and 16: half as many
-    programs, each holding twice the weights) ran a batch-1 verify 5% slower on an H200.
-    NOTE: no `gdc_launch_dependents` here, unlike the linear kernels: with it the attention
-    kernel after this one starts early, and the verify ran 12% slower (why is not traced;
-    docs/PERFORMANCE.md, "The qkv launch's rotary tiles")."""
+    tile in one step (gemv_triton.rows_weights, rows_sums), then each row rotated at its own
+    position and, for k and v, stored at its own slot. A tile of each half (16 and 16: half as
+    many programs, each holding twice the weights) ran a batch-1 verify 5% slower on an H200.
+    The positions, the cos/sin rows and the slots are read right after the wait, beside the
+    activations, not after the sums: their reads then wait on nothing but the dot.
+    NOTE: the kernel after this one (the attention) may start once the sums are done, not at
+    once as after the linear kernels: signalled at the start, the attention started early and
+    a batch-1 verify ran 10-12% slower on an H200; after the sums it ran 1.5% faster than with
+    no signal (docs/PERFORMANCE.md, "The qkv launch's rotary tiles")."""
     tile = tl.program_id(0)
     first = tile // (HALF // 8) * (2 * HALF)  # the head's first output
     lane = tl.arange(0, 16)
@@ -95,27 +98,34 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
     offs_m = tl.program_id(1) * 16 + tl.arange(0, 16)
     mask_m = offs_m < M
     cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
-    acc, _ = rows_one_step(x_ptr, cols, cols, r_ptr, nw_ptr, r_out_ptr, stride_xm, stride_rm,
-                           stride_rom, eps, offs_m, mask_m, offs_n < Q_OUT + 2 * KV_OUT, 0, K,
-                           K, tile == 0, False, True, HAS_RESIDUAL, 16, BLOCK_K, PDL)
+    offs_1 = first + tile % (HALF // 8) * 8 + tl.arange(0, 8)  # the first half's outputs
+    w, _, nw = rows_weights(cols, cols, nw_ptr, offs_n < Q_OUT + 2 * KV_OUT, 0, K, False, True,
+                            BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    # every program reads them (v's too, unused): a branch would put the reads after the dot
+    pos = tl.load(pos_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    table = cos_sin_ptr + pos[:, None] * stride_cs + (offs_1 - first)[None, :]
+    cos, sin = tl.load(table).to(tl.float32), tl.load(table + HALF).to(tl.float32)
+    slot = tl.load(slot_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    acc, _ = rows_sums(x_ptr, w, w, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
+                       offs_m, mask_m, 0, K, K, tile == 0, False, True, HAS_RESIDUAL, 16,
+                       BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n).to(tl.float32)[None, :]
     dtype = y_ptr.dtype.element_ty
     # [16 rows, (half, 8)] -> two [16, 8]: the outputs a rotation pairs, side by side
     x1, x2 = tl.split(tl.permute(tl.reshape(acc.to(dtype).to(tl.float32), [16, 2, 8]),
                                  (0, 2, 1)))
-    offs_1 = first + tile % (HALF // 8) * 8 + tl.arange(0, 8)  # the first half's outputs
     if first < Q_OUT + KV_OUT:  # q or k: each row rotated at its position
-        pos = tl.load(pos_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
-        table = cos_sin_ptr + pos[:, None] * stride_cs + (offs_1 - first)[None, :]
-        cos, sin = tl.load(table).to(tl.float32), tl.load(table + HALF).to(tl.float32)
         x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
     y1, y2 = x1.to(dtype), x2.to(dtype)
     out = y_ptr + offs_m[:, None] * stride_ym + offs_1[None, :]
     tl.store(out, y1, mask=mask_m[:, None])
     tl.store(out + HALF, y2, mask=mask_m[:, None])
     if first >= Q_OUT:
-        slot = tl.load(slot_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         if first < Q_OUT + KV_OUT:
             dst = k_cache_ptr + slot[:, None] * stride_cache + (offs_1 - Q_OUT)[None, :]
         else:

@@ -202,6 +202,19 @@ def rows_one_step(x_ptr, cols, up_cols, r_ptr, nw_ptr, r_out_ptr, stride_xm, str
     weight columns at `cols` (and, UP, at `up_cols`: else acc_up is zeros); with PDL the
     weights are read before the wait. NORM: the rows are RMSNorm'd first (`_norm_rows`), the
     WRITER program storing the residual."""
+    w, up, nw = rows_weights(cols, up_cols, nw_ptr, mask_n, k_lo, k_hi, UP, NORM, BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    return rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
+                     offs_m, mask_m, k_lo, k_hi, K, WRITER, UP, NORM, HAS_RESIDUAL, BLOCK_N,
+                     BLOCK_K)
+
+
+@triton.jit
+def rows_weights(cols, up_cols, nw_ptr, mask_n, k_lo, k_hi, UP: tl.constexpr,
+                 NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """rows_one_step's reads that depend on no kernel before it: the weight tiles (up's,
+    UP) and the norm's weight (NORM), each of the first where not asked for."""
     offs_k = k_lo + tl.arange(0, BLOCK_K)
     mask_k = offs_k < k_hi
     mask = mask_k[:, None] & mask_n[None, :]
@@ -209,10 +222,19 @@ def rows_one_step(x_ptr, cols, up_cols, r_ptr, nw_ptr, r_out_ptr, stride_xm, str
     up = w
     if UP:
         up = tl.load(up_cols + offs_k[:, None], mask=mask, other=0.0)
+    nw = w
     if NORM:
         nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0)[None, :]
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    return w, up, nw
+
+
+@triton.jit
+def rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
+              offs_m, mask_m, k_lo, k_hi, K, WRITER, UP: tl.constexpr, NORM: tl.constexpr,
+              HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """rows_one_step after the wait: the rows read (and normed), then the dots."""
+    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < k_hi
     x_mask = mask_m[:, None] & mask_k[None, :]
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
     if NORM:
