@@ -18,6 +18,7 @@ import torch
 
 from kernels.step_commit import StepOutputs, commit_step, path_tokens
 from kernels.verify import verify_greedy
+from kernels.verify_inputs import verify_inputs
 from specpcg.core import ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
 from specpcg.graphs.breakable import CaptureCost, warm_and_capture
@@ -122,10 +123,11 @@ class SpecStepGraphs:
         tokens, tree = self.round.propose(st, bs, path)  # [bs, N]; a Tree, None for chains
         if n < tokens.shape[1]:
             tokens = tokens[:, :n].contiguous()
-        # 0 on padding rows; a product, not torch.where(live, x, 0), whose scalar 0 costs a
-        # fill kernel in the step's graph.
-        prefix = (path.first_pos + path.lens) * st.live[:bs]
-        out_hidden, aux = self._verify(bs, st.rows[0, :bs], prefix, tokens, tree)
+        # the verify's start (0 on padding rows), its nodes' positions, slots and key counts
+        inputs = verify_inputs(path.first_pos, path.lens, st.live[:bs], st.rows[0, :bs],
+                               self.target.kv_cache.req_pool.req_to_token, n)
+        prefix = inputs.prefix
+        out_hidden, aux = self._verify(bs, st.rows[0, :bs], inputs, tokens, tree)
         if tree is None:
             tree = self.dec.verify_tree(tokens)
         simulate = self.dec.simulate
@@ -153,19 +155,17 @@ class SpecStepGraphs:
                 rows = rows.gather(1, order[..., None].expand(-1, -1, rows.shape[-1]))
             st.hidden[:bs, :n].copy_(rows)
 
-    def _verify(self, bs: int, rows, prefix, tokens, tree=None):
-        """The target's TARGET_VERIFY body over [bs, N] nodes at prefix.. (metadata planned
-        in the body: inside the graph); a tree's node sits at prefix + its depth and sees its
-        ancestors, its KV at prefix + its index."""
+    def _verify(self, bs: int, rows, inputs, tokens, tree=None):
+        """The target's TARGET_VERIFY body over [bs, N] nodes at inputs.prefix.. (metadata
+        planned in the body: inside the graph); a tree's node sits at prefix + its depth and
+        sees its ancestors, its KV at prefix + its index."""
         n = tokens.shape[1]
-        columns = prefix[:, None] + self.cols[:n]  # [bs, N]
-        positions = columns if tree is None else prefix[:, None] + tree.depths
-        req_to_token = self.target.kv_cache.req_pool.req_to_token
+        positions = (inputs.positions if tree is None
+                     else (inputs.prefix[:, None] + tree.depths).reshape(-1))
         batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, input_ids=tokens.reshape(-1),
-            positions=positions.reshape(-1),
-            out_cache_loc=req_to_token[rows[:, None], columns].reshape(-1).long(),
-            req_pool_indices=rows, seq_lens=prefix + n,
+            positions=positions, out_cache_loc=inputs.out_cache_loc,
+            req_pool_indices=rows, seq_lens=inputs.seq_lens,
             extend_seq_lens=self._constant(("node counts", bs, n), lambda: torch.full(
                 (bs,), n, dtype=torch.long, device=rows.device)),
             seq_lens_cpu=[n] * bs, extend_seq_lens_cpu=[n] * bs,  # host lists: shape only
