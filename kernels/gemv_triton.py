@@ -146,13 +146,12 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
     """2 or more rows: BLOCK_N outputs of 16 rows a program (program (tile, s, b): rows 16 b
     to 16 b + 15), on tensor cores (the rows padded to 16, which costs nothing where the
     weight's read is the bound). SPLITS > 1: program (tile, s, b) sums K_PER of the depth,
-    and the last of a tile's programs to arrive adds the splits' fp32 sums
-    (`_rows_add_splits`). ONE_STEP (K_PER <= BLOCK_K): a program's depth is one step, and
-    with PDL (kernels/dispatch.pdl) its weights are read before the wait, as the one-row
-    kernel's first step is. Several steps wait first: reading only the first step's
-    weights early measured no faster (3.61-3.65 against 3.50 us a call in a chain of the
-    default model's layers at 8 rows on an H200, benchmarks/probe_pdl.py). NORM (ONE_STEP,
-    SPLITS 1): each row of x is first RMSNorm'd (`_norm_rows`)."""
+    and the last of a tile's programs to arrive adds the splits' fp32 sums (`_rows_add_splits`).
+    ONE_STEP (K_PER <= BLOCK_K): a program's depth is one step, and with PDL (dispatch.pdl)
+    its weights are read before the wait, as the one-row kernel's first step is. Several
+    steps wait first: reading only the first step's weights early measured no faster
+    (3.61-3.65 against 3.50 us a call in a chain of the default model's layers at 8 rows on
+    an H200, benchmarks/probe_pdl.py). NORM (ONE_STEP, SPLITS 1): the rows are RMSNorm'd."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     tile = tl.program_id(0)
@@ -165,11 +164,14 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
     acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k_lo = tl.program_id(1) * K_PER
     k_hi = tl.minimum(k_lo + K_PER, K)
-    if ONE_STEP:
-        acc, acc_up = rows_one_step(x_ptr, cols, cols + UP_OFFSET * stride_wn, r_ptr, nw_ptr,
-                                    r_out_ptr, stride_xm, stride_rm, stride_rom, eps, offs_m,
-                                    mask_m, mask_n, k_lo, k_hi, K, tile == 0, SILU_MUL, NORM,
-                                    HAS_RESIDUAL, BLOCK_N, BLOCK_K, PDL)
+    if ONE_STEP:  # the weights read before the wait
+        w, up, nw = rows_weights(cols, cols + UP_OFFSET * stride_wn, nw_ptr, mask_n, k_lo, k_hi,
+                                 SILU_MUL, NORM, BLOCK_K)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        acc, acc_up = rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm,
+                                stride_rom, eps, offs_m, mask_m, k_lo, k_hi, K, tile == 0,
+                                SILU_MUL, NORM, HAS_RESIDUAL, BLOCK_N, BLOCK_K)
     else:
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -194,27 +196,10 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
 
 
 @triton.jit
-def rows_one_step(x_ptr, cols, up_cols, r_ptr, nw_ptr, r_out_ptr, stride_xm, stride_rm,
-                  stride_rom, eps, offs_m, mask_m, mask_n, k_lo, k_hi, K, WRITER,
-                  UP: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """[16, BLOCK_N] fp32 sums of rows offs_m over depth k_lo..k_hi (one step) against the
-    weight columns at `cols` (and, UP, at `up_cols`: else acc_up is zeros); with PDL the
-    weights are read before the wait. NORM: the rows are RMSNorm'd first (`_norm_rows`), the
-    WRITER program storing the residual."""
-    w, up, nw = rows_weights(cols, up_cols, nw_ptr, mask_n, k_lo, k_hi, UP, NORM, BLOCK_K)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    return rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
-                     offs_m, mask_m, k_lo, k_hi, K, WRITER, UP, NORM, HAS_RESIDUAL, BLOCK_N,
-                     BLOCK_K)
-
-
-@triton.jit
 def rows_weights(cols, up_cols, nw_ptr, mask_n, k_lo, k_hi, UP: tl.constexpr,
                  NORM: tl.constexpr, BLOCK_K: tl.constexpr):
-    """rows_one_step's reads that depend on no kernel before it: the weight tiles (up's,
-    UP) and the norm's weight (NORM), each of the first where not asked for."""
+    """A one-step tile's reads that depend on no kernel before it, made before PDL's wait: the
+    weight tiles (up's, UP) and the norm's weight (NORM), each the first where not asked for."""
     offs_k = k_lo + tl.arange(0, BLOCK_K)
     mask_k = offs_k < k_hi
     mask = mask_k[:, None] & mask_n[None, :]
@@ -232,7 +217,9 @@ def rows_weights(cols, up_cols, nw_ptr, mask_n, k_lo, k_hi, UP: tl.constexpr,
 def rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
               offs_m, mask_m, k_lo, k_hi, K, WRITER, UP: tl.constexpr, NORM: tl.constexpr,
               HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """rows_one_step after the wait: the rows read (and normed), then the dots."""
+    """[16, BLOCK_N] fp32 sums of rows offs_m over depth k_lo..k_hi (one step) against the
+    weight tiles of `rows_weights` (and, UP, up's: else acc_up is zeros), after the wait: the
+    rows read and, NORM, RMSNorm'd (`_norm_rows`, the WRITER program storing the residual)."""
     offs_k = k_lo + tl.arange(0, BLOCK_K)
     mask_k = offs_k < k_hi
     x_mask = mask_m[:, None] & mask_k[None, :]
