@@ -89,8 +89,9 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
     activations, not after the sums: their reads then wait on nothing but the dot.
     NOTE: the kernel after this one (the attention) may start once the sums are done, not at
     once as after the linear kernels: signalled at the start, the attention started early and
-    a batch-1 verify ran 10-12% slower on an H200; after the sums it ran 1.5% faster than with
-    no signal (docs/PERFORMANCE.md, "The qkv launch's rotary tiles")."""
+    a batch-1 verify ran 10-12% slower on an H200; after the sums, with the reads above, 1.5%
+    faster than with neither (docs/PERFORMANCE.md, "A batch-1 verify's qkv launch and its
+    inputs")."""
     tile = tl.program_id(0)
     first = tile // (HALF // 8) * (2 * HALF)  # the head's first output
     lane = tl.arange(0, 16)
