@@ -88,7 +88,8 @@ def roped_qkv(x, w, bufs: dict, norms: bool) -> None:
     from kernels import dispatch
     from kernels.gemv_rope_triton import gemv_rope
 
-    dispatch._pdl_devices[x.device.index or 0] = True  # as every variant but "library"'s
+    if x.is_cuda:  # PDL on, as for every variant but "library"
+        dispatch._pdl_devices[x.device.index or 0] = True
     norm = (bufs["res"] if norms else None, bufs["nw"], 1e-5, bufs["res2"] if norms else None)
     gemv_rope(x, w, None, bufs["qkv"], norm, bufs["rope"])
 
