@@ -9,6 +9,10 @@ measurement: us a call, the least and the median of five timings.
 
     python benchmarks/probe_padded_depth.py [--depths 512 576 640] [--rows 8] [--calls 120] \\
         > out.jsonl
+    python benchmarks/probe_padded_depth.py --plot OUT.png RESULTS.jsonl ...
+
+A plot draws us a call by depth, a panel for plain launches and one for normed ones, a line for
+each row count (and each "tree" a line carries, where results of several kernels were tagged).
 """
 
 from __future__ import annotations
@@ -61,13 +65,38 @@ def measure(depth: int, rows: int, normed: bool, calls: int, replays: int) -> di
             "us_a_call": round(times[0], 3), "median_us": round(times[2], 3)}
 
 
+def plot_panels(lines: list) -> list:
+    """line_plot's panels of results lines: plain and normed launches, a series per row count
+    (and tree), each point the median of that depth's measurements (us_a_call)."""
+    found: dict = {}
+    for line in lines:
+        label = f"{line['rows']} rows" + (f", {line['tree']}" if "tree" in line else "")
+        found.setdefault((line["norm"], label), {}).setdefault(line["depth"], []).append(
+            line["us_a_call"])
+    panels = []
+    for normed in (False, True):
+        series = {label: [(d, common.median(v)) for d, v in sorted(by_depth.items())]
+                  for (norm, label), by_depth in sorted(found.items()) if norm == normed}
+        panels.append({"title": "with the RMSNorm in the launch" if normed else "plain launches",
+                       "xlabel": "depth K", "ylabel": "us a call", "logx": False,
+                       "series": series})
+    return panels
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depths", nargs="+", type=int, default=[512, 576, 640])
     p.add_argument("--rows", nargs="+", type=int, default=[8])
     p.add_argument("--calls", type=int, default=120)
     p.add_argument("--replays", type=int, default=50)
+    p.add_argument("--plot", nargs="+", metavar=("PNG", "RESULTS"), default=None,
+                   help="plot results files instead: PNG, then JSON lines files")
     args = p.parse_args(argv)
+    if args.plot:
+        lines = [line for path in args.plot[1:] for line in common.read_jsonl(path)]
+        common.line_plot(plot_panels(lines), args.plot[0],
+                         "benchmarks/probe_padded_depth.py: a chain of square few-row launches")
+        return print(f"plot: {args.plot[0]}")
     info = {"device": torch.cuda.get_device_name(), "git": common.git_commit()}
     for rows in args.rows:
         for normed in (False, True):
