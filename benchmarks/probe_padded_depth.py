@@ -1,11 +1,12 @@
-"""What a few-row launch pays for a depth padded to a power of two (CUDA, PDL as on Hopper).
+"""What a few-row launch pays for a depth padded to a power of two (CUDA).
 
 From 2 rows a shallow weight's launch takes its whole depth K in one tensor-core step of
 next_power_of_2(K) (kernels/gemv_triton.tiling): the default model's 576 runs as 1,024, its
 padded columns masked. This probe replays chains of square K x K launches (each call reading
-the one before's output, each its own weight, PDL on) from one CUDA graph, for depths and row
-counts, plain or with the RMSNorm (and a residual) in the launch, and prints one JSON line a
-measurement: us a call, the least and the median of five timings.
+the one before's output, each its own weight; PDL as the engine launches, on from Hopper) from
+one CUDA graph, for depths and row counts, plain or with the RMSNorm (and a residual) in the
+launch, and prints one JSON line a measurement: us a call, the least and the median of five
+timings.
 
     python benchmarks/probe_padded_depth.py [--depths 512 576 640] [--rows 8] [--calls 120] \\
         > out.jsonl
@@ -41,10 +42,7 @@ def chain(weights: list, x: torch.Tensor, bufs: tuple, norm: tuple | None) -> to
 
 
 def measure(depth: int, rows: int, normed: bool, calls: int, replays: int) -> dict:
-    from kernels import dispatch
-
     dev = torch.device("cuda")
-    dispatch._pdl_devices[dev.index or torch.cuda.current_device()] = True
     seeded = torch.Generator(device=dev).manual_seed(depth)
 
     def rand(*shape):
@@ -59,7 +57,6 @@ def measure(depth: int, rows: int, normed: bool, calls: int, replays: int) -> di
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         chain(weights, x, bufs, norm)
-    graph.replay()
     times = sorted(common.replay_us(graph, replays) / calls for _ in range(5))
     return {"probe": "padded_depth", "depth": depth, "rows": rows, "norm": normed,
             "us_a_call": round(times[0], 3), "median_us": round(times[2], 3)}
