@@ -7,7 +7,9 @@ import pytest
 from specpcg.speculative.adaptive import AdaptiveSpeculation
 from specpcg.speculative.bucket import PLACE_TOKENS, bucket_of, place_of
 from specpcg.speculative.finish import Finish
-from specpcg.speculative.rates import PLACE_PRIOR_STEPS, PlacedRate, Rate
+from specpcg.speculative import rates
+from specpcg.speculative.rates import (FAR_BEHIND, FAR_MIN_STEPS, PLACE_PRIOR_STEPS,
+                                       PlacedRate, Rate)
 from tests.eagle_world import _engine, world  # noqa: F401
 
 SPEC_S, PLAIN_S = 1.0e-3, 0.6e-3  # a verify's seconds and a plain step's
@@ -91,6 +93,41 @@ def test_a_places_accept_length_is_shrunk_toward_every_places():
     assert late.step_s == early.step_s == every.step_s
     assert late.tok_s == pytest.approx(late.per_req / every.step_s)
     assert late.steps == early.steps == 2 * PLACE_PRIOR_STEPS  # every place's, for the warm-up
+
+
+def _looks_per_answer(answers: int) -> list:
+    ctrl, looks = AdaptiveSpeculation(), []
+    for _ in range(answers):
+        before = ctrl.switches()["look"]
+        _answers(True, 10 ** 9, n=1, ctrl=ctrl)
+        looks.append(ctrl.switches()["look"] - before)
+    return looks
+
+
+def test_a_batch_of_one_looks_ever_more_rarely_at_a_draft_that_never_pays(monkeypatch):
+    """Verifies that accept nothing, each 1.67x a plain step: once every place's window holds
+    FAR_MIN_STEPS steps, a look at a place whose own window is not full yet confirms plain
+    steps (`PlacedRate.far_behind`), and the wait before the next doubles. Without that (a
+    look confirming only on the place's full window) every answer of 128 tokens looked at
+    one place or two."""
+    looks = _looks_per_answer(24)
+    assert sum(looks[4:]) <= 4 and looks[-8:].count(0) >= 6, looks
+    monkeypatch.setattr(rates, "FAR_BEHIND", float("inf"))
+    unfar = _looks_per_answer(24)
+    assert sum(unfar[4:]) >= 4 * sum(looks[4:]) + 20, (unfar, looks)
+
+
+def test_a_place_is_far_behind_once_every_place_has_steps_and_it_loses_by_far():
+    every = Rate()
+    place = PlacedRate(every)
+    plain_rate = 1 / PLAIN_S  # plain steps' tokens per second
+    for _ in range(FAR_MIN_STEPS - 1):
+        every.add(1.0, SPEC_S)
+    assert not place.far_behind(plain_rate)  # too few steps measured anywhere
+    every.add(1.0, SPEC_S)
+    assert place.tok_s * FAR_BEHIND < plain_rate and place.far_behind(plain_rate)
+    place.add(2.0, SPEC_S)  # its own step pulls it within FAR_BEHIND of plain
+    assert place.tok_s * FAR_BEHIND >= plain_rate and not place.far_behind(plain_rate)
 
 
 def test_only_a_batch_of_one_is_placed_and_the_unplaced_hold_turns_it_off():

@@ -71,7 +71,8 @@ def test_hidden_states_per_capture_mode_match_hf(tmp_path):
             r.req_pool_idx = engine.kv_cache.new_request()
             engine.kv_cache.extend(r.req_pool_idx, len(r.prompt_ids))
         batch = make_batch(engine.kv_cache, ForwardMode.EXTEND, reqs, prompts, engine.device)
-        batch.capture_hidden_mode, batch.aux_hidden_layers = mode, (0, 1)
+        last = engine.model_config.num_layers  # the last layer's output, before the norm
+        batch.capture_hidden_mode, batch.aux_hidden_layers = mode, (0, 1, last)
         out = engine.runner.forward(batch)
         for r in reqs:
             engine.kv_cache.release(r.req_pool_idx)
@@ -84,3 +85,6 @@ def test_hidden_states_per_capture_mode_match_hf(tmp_path):
         for layer, aux in zip((0, 1), out.aux_hidden_states):
             want = [h[layer][0] if mode == CaptureHiddenMode.FULL else h[layer][0, -1:] for h in ref]
             assert torch.allclose(aux, torch.cat(want), atol=1e-5)
+        # The final norm of the last layer's output is HF's last hidden state.
+        norm = engine.runner.model.model.norm
+        assert torch.allclose(norm(out.aux_hidden_states[2]), torch.cat(rows), atol=1e-5)

@@ -31,7 +31,7 @@ from specpcg.core import ForwardBatch
 from specpcg.forward_context import get_forward_context
 from specpcg.graphs.breakable import eager_break, is_capturing
 
-from specpcg.models.llama import LlamaForCausalLM
+from specpcg.models.llama import LlamaForCausalLM, run_layers
 
 
 def stage_bounds(num_layers: int, pp: int) -> list:
@@ -183,10 +183,8 @@ class PipelineStage(LlamaForCausalLM):
         return hidden, residual, aux
 
     def _layers(self, positions, hidden, residual, aux_layers, aux):
-        for j, layer in enumerate(self.model.layers):
-            if self.start + j in aux_layers:  # the residual stream entering global layer i
-                aux.append(hidden if residual is None else hidden + residual)
-            hidden, residual = layer(positions, hidden, residual)
+        at = {i - self.start for i in aux_layers}  # global layer ids, counted in this stage
+        hidden, residual = run_layers(self.model.layers, positions, hidden, residual, at, aux)
         if self.end == self.total and self.total in aux_layers:
             aux.append(hidden + residual)
         return hidden, residual

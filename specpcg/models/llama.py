@@ -125,10 +125,13 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, hidden: torch.Tensor, residual):
+    def forward(self, positions, hidden: torch.Tensor, residual, entering: list | None = None):
         """Returns (mlp output, residual stream before it); the caller adds them (fused). Each
         norm runs in the launch of the matmul after it where that fits (`_normed`); the rotary
-        and the K/V write run in the qkv projection's too where that fits."""
+        and the K/V write run in the qkv projection's too where that fits. entering: a list
+        that takes the residual stream entering the layer (hidden + residual), a tensor of its
+        own as the input norm's launch writes it: an aux layer's hidden state without an add
+        kernel of its own (three a step of an EAGLE3 target, each a break in the launch chain)."""
         roped = self.self_attn.forward_normed_rope(positions, hidden, residual,
                                                    self.input_layernorm)
         qkv = None if roped else _normed(self.input_layernorm, self.self_attn.qkv_proj, hidden,
@@ -144,6 +147,8 @@ class LlamaDecoderLayer(nn.Module):
             else:
                 hidden, residual = self.input_layernorm.forward_add(hidden, residual)
             hidden = self.self_attn(positions, hidden)
+        if entering is not None:
+            entering.append(residual)
         act = _normed(self.post_attention_layernorm, self.mlp.gate_up_proj, hidden, residual,
                       silu_mul=True)
         if act is None:
@@ -151,6 +156,14 @@ class LlamaDecoderLayer(nn.Module):
             return self.mlp(hidden), residual
         act, residual = act
         return self.mlp.down_proj(act), residual
+
+
+def run_layers(layers, positions, hidden, residual, aux_at, aux: list) -> tuple:
+    """`layers` in turn from (hidden, residual); `aux` takes the residual stream entering each
+    layer whose index among them is in `aux_at` (LlamaDecoderLayer's `entering`)."""
+    for i, layer in enumerate(layers):
+        hidden, residual = layer(positions, hidden, residual, aux if i in aux_at else None)
+    return hidden, residual
 
 
 def _normed(norm, linear, hidden, residual, silu_mul: bool = False) -> tuple | None:
@@ -186,15 +199,12 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, aux_layers: tuple = ()):
         """Returns (final normed hidden [T, H], [residual stream entering each aux layer])."""
-        hidden, residual = self.model.embed_tokens(input_ids), None
         aux = []
-        for i, layer in enumerate(self.model.layers):
-            if i in aux_layers:  # the residual stream entering layer i
-                aux.append(hidden if residual is None else hidden + residual)
-            hidden, residual = layer(positions, hidden, residual)
+        hidden, residual = run_layers(self.model.layers, positions,
+                                      self.model.embed_tokens(input_ids), None, aux_layers, aux)
+        hidden, last = self.model.norm.forward_add(hidden, residual)
         if len(self.model.layers) in aux_layers:  # the last layer's output
-            aux.append(hidden + residual)
-        hidden, _ = self.model.norm.forward_add(hidden, residual)
+            aux.append(last)
         return hidden, aux
 
     # The LM head's matmul (enable_deterministic_inference swaps in a batch-invariant one; one

@@ -64,8 +64,7 @@ pinned side, this one 0.95-1.02 (`sim_adaptive.py --growth`; rates.PLACE_PRIOR_S
 figures). Side by side on an H200 (4649a57, bench_adaptive's adaptive-unplaced), that draft at
 batch 1 ran 1.22-1.25x no-spec in 5 of 5 rounds where the blind controller began a run at 0.96x.
 
-NGRAM needs no looks to know its accept length: shadow verifies price its speculative side
-(specpcg/speculative/shadow.py says how, and how it chooses).
+NGRAM needs no looks to know its accept length: shadow verifies price it (shadow.py).
 
 Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the choice
 changes speed only. A plain decode step still hands the target's hidden states to the draft
@@ -80,7 +79,7 @@ from typing import Optional
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
                                         LOOK_CLOSE, SPEC_HOME, Bucket, bucket_of)
 from specpcg.speculative.finish import KEPT_ACCEPTS, MIN_ACCEPTS, ends_within, finished_accept
-from specpcg.speculative.rates import WINDOW
+from specpcg.speculative.rates import WINDOW, PlacedRate
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
@@ -218,11 +217,13 @@ class AdaptiveSpeculation:
     def _end_look(self, b: "Bucket", choice: bool, key: int, batch_size: int) -> None:
         """A look just ended: whether it confirmed the choice sets the wait before the next.
         The wait grows only once the other side's window is full, or its steps lose beyond
-        their spread (`Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH): a few noisy steps
-        must not shut a side out for a thousand steps."""
+        their spread (`Rate.clearly_slower`, from batch CONFIRM_MIN_BATCH), or a batch of one's
+        place loses by far (`PlacedRate.far_behind`): a few noisy steps must not shut a side
+        out for a thousand steps."""
         other = b.side(not choice)
         confirmed = choice == b.explored_from and (
-            len(other.recent) == WINDOW
+            len(other.recent) == WINDOW or (not choice and isinstance(other, PlacedRate)
+                                            and other.far_behind(b.tok_s(False)))
             or (key >= CONFIRM_MIN_BATCH and (other.clearly_slower(b.tok_s(choice))
                                               or b.finish_keeps(choice))))
         waited = max(b.explore_every, int(b.look_wait(choice, batch_size)))

@@ -126,6 +126,20 @@ class Rate:
 PLACE_PRIOR_STEPS = 16
 
 
+# A look at a stretch also confirms plain steps once every stretch's window holds
+# FAR_MIN_STEPS steps and the stretch's rate (its few steps shrunk toward every stretch's) is
+# FAR_BEHIND times slower than plain steps' (`PlacedRate.far_behind`): a draft that never pays
+# looked at a stretch or two in every answer until each stretch's own window was full (32
+# steps, two a look). A draft whose acceptance rises along an answer is not that far behind at
+# first: the default command's STANDALONE draft's first stretch took 1.5 tokens a verify where
+# a verify paid from 1.9 (1.27x). Simulated at batch 1 (`sim_adaptive.py --batches 1 --alphas
+# 0.05 0.3 0.5 0.7 --spreads 0 0.1 --seeds 12 [--growth]`, both rate sets): at accept chance
+# 0.05 0.964 -> 0.973-0.982 of the faster pinned side, at 0.3 0.963-0.972 -> 0.964-0.974, the
+# other cells unchanged; the noisy side of tests/test_adaptive.py, placed, 1.483x -> 1.481x.
+FAR_BEHIND = 1.5
+FAR_MIN_STEPS = 6
+
+
 class PlacedRate:
     """A batch of one's speculative rate at one stretch of its output (bucket.place_of): the
     stretch's own recorded steps' accept length, shrunk toward every stretch's
@@ -176,3 +190,8 @@ class PlacedRate:
 
     def restart_if_changed(self, last: int) -> None:
         self.own.restart_if_changed(last)
+
+    def far_behind(self, rate: float) -> bool:
+        """Whether every stretch's window holds FAR_MIN_STEPS steps and this stretch runs
+        FAR_BEHIND times slower than `rate` (tokens per second per request: plain steps')."""
+        return len(self.pooled.recent) >= FAR_MIN_STEPS and self.tok_s * FAR_BEHIND < rate
