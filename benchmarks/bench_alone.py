@@ -16,7 +16,11 @@ them, each worker's result is written as it ends ("bench": "adaptive_alone_worke
 
     python benchmarks/bench_alone.py [--skip-ngram] [--drafts STANDALONE=DIR]
         [--untrained EAGLE3] [--systems no-spec pinned adaptive] [--batches 1 4 16 64]
-        [--setting 3,1,4] [--repeats 3] [--passes 2] [--out FILE]
+        [--setting 3,1,4] [--repeats 3] [--passes 2] [--tree NAME=DIR [--tree-systems ...]]
+        [--out FILE]
+
+With --tree old=DIR the systems also run from another checkout at DIR (its own worker and
+code), as `plain@old` and so on: a change measured against the commit before it, side by side.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import common
 common.add_repo_to_path()
 
 BENCH = "adaptive_alone"
+SCRIPT = "bench_alone.py"  # a worker runs this file of its checkout
 WORKER_BENCH = "adaptive_alone_worker"  # one worker's result, written as it ends
 
 
@@ -76,22 +81,37 @@ def run_passes(args, label: str, draft, run=common.run_json_worker, keep=None) -
     (`WORKER_BENCH`) as soon as it ends, so a run stopped by a time limit keeps the workers
     that finished (the cells need every pass: before, a run cut in its last worker kept
     nothing of the seven before it)."""
-    results = {s: [] for s in args.systems}
+    names = systems_of(args)
+    results = {s: [] for s in names}
     for k in range(args.passes):
-        for system in args.systems if k % 2 == 0 else args.systems[::-1]:
+        for name in names if k % 2 == 0 else names[::-1]:
+            system, _, tree = name.partition("@")
             spec = {"system": system, "algorithm": label.split()[0], "draft": draft,
                     "model_path": args.model_path, "device": args.device,
                     "batches": args.batches, "setting": list(common.parse_setting(args.setting)),
                     "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
                     "prompt_len": args.prompt_len}
-            results[system].append(run(str(Path(__file__).resolve()), "--worker", spec))
+            code = args.tree.split("=", 1)[1] if tree else None
+            script = Path(code or Path(__file__).resolve().parents[1], "benchmarks", SCRIPT)
+            more = {"code": code} if code else {}  # the other checkout's worker, on its path
+            results[name].append(run(str(script), "--worker", spec, **more))
             if keep is not None:
                 keep({"bench": WORKER_BENCH, "algorithm": label, "pass": k, **spec,
-                      **results[system][-1]})
+                      "system": name, **results[name][-1]})
             rates = {bs: round(common.median(c["rates"])) for bs, c in
-                     results[system][-1]["batches"].items()}
-            print(f"[bench_alone] {label} pass {k} {system}: tok/s by batch {rates}", flush=True)
+                     results[name][-1]["batches"].items()}
+            print(f"[bench_alone] {label} pass {k} {name}: tok/s by batch {rates}", flush=True)
     return results
+
+
+def systems_of(args) -> list:
+    """--systems, then with --tree NAME=DIR each of --tree-systems run from the checkout at
+    DIR, named SYSTEM@NAME: two commits' engines side by side, alternating alike."""
+    tree = getattr(args, "tree", None)
+    if not tree:
+        return list(args.systems)
+    name = tree.split("=", 1)[0]
+    return list(args.systems) + [f"{s}@{name}" for s in args.tree_systems or args.systems[1:]]
 
 
 def lines_of(args, label: str, draft, results: dict) -> list:
@@ -100,7 +120,7 @@ def lines_of(args, label: str, draft, results: dict) -> list:
     for bs in map(str, args.batches):
         base_rates = [r for res in results["no-spec"] for r in res["batches"][bs]["rates"]]
         base = common.median(base_rates)
-        for system in args.systems[1:]:
+        for system in systems_of(args)[1:]:
             cells = [res["batches"][bs] for res in results[system]]
             rates = [r for c in cells for r in c["rates"]]
             lines.append({
@@ -146,6 +166,10 @@ def main(argv=None) -> None:
     add_run_args(p, "adaptive_alone.jsonl")
     p.add_argument("--passes", type=int, default=2,
                    help="workers per system, the order reversed every other pass")
+    p.add_argument("--tree", default=None, metavar="NAME=DIR",
+                   help="also run --tree-systems from the checkout at DIR (SYSTEM@NAME)")
+    p.add_argument("--tree-systems", nargs="*", default=[], metavar="SYSTEM",
+                   help="with --tree: these systems there (default: --systems but no-spec)")
     common.measure_or_render(p, argv, run_all, partial(render_table, bench=BENCH),
                              partial(render_plot, bench=BENCH))
 

@@ -97,3 +97,30 @@ def test_each_workers_result_is_kept_as_it_ends_so_a_cut_run_keeps_the_finished_
     assert all(x["bench"] == bench_alone.WORKER_BENCH and x["algorithm"] == "NGRAM"
                for x in kept)
     assert kept[3]["batches"]["4"]["rates"] == [101.0, 100.0]  # the worker's own result
+
+
+def test_a_tree_runs_its_systems_from_the_other_checkout_named_system_at_tree():
+    seen = []
+
+    def run(script, flag, spec, code=None):
+        seen.append((spec["system"], script, code))
+        rate = 80.0 if code else 100.0  # the other checkout's engines run slower
+        return {"machine": {"device": "fake"}, "batches": {
+            str(bs): {"rates": [rate, rate], "stalls_per_round": [{}, {}],
+                      "plain_decode_tokens_per_round": [bs, bs], "switches_by_why": {},
+                      "adaptive_buckets": None, "chain_depth": None}
+            for bs in spec["batches"]}}
+
+    args = _args(passes=2, tree="old=/checkouts/old", tree_systems=["adaptive"])
+    assert bench_alone.systems_of(args) == ["no-spec", "pinned", "adaptive", "adaptive@old"]
+    results = bench_alone.run_passes(args, "STANDALONE", "/d", run=run)
+    assert [s for s, _, _ in seen] == ["no-spec", "pinned", "adaptive", "adaptive",
+                                       "adaptive", "adaptive", "pinned", "no-spec"]
+    old = [(script, code) for _, script, code in seen if code]
+    assert old == [("/checkouts/old/benchmarks/bench_alone.py", "/checkouts/old")] * 2
+    assert all(script.endswith("bench_alone.py") and not script.startswith("/checkouts")
+               for _, script, code in seen if not code)
+    cell = {(x["system"], x["batch"]): x["speedup"]
+            for x in bench_alone.lines_of(args, "STANDALONE", "/d", results)}
+    assert cell[("adaptive@old", 1)] == 0.8 and cell[("adaptive", 4)] == 1.0
+    assert bench_alone.systems_of(_args()) == ["no-spec", "pinned", "adaptive"]  # no tree
