@@ -265,9 +265,12 @@ def _latest(records: list, bench: str = "adaptive") -> dict:
 
 
 def _systems(table: dict) -> list:
-    """The systems other than no-spec that the lines hold, in SYSTEMS order."""
+    """The systems other than no-spec that the lines hold, in SYSTEMS order, each followed by
+    its runs from other checkouts (bench_alone's SYSTEM@NAME)."""
     present = {s for row in table.values() for s in row}
-    return [s for s in SYSTEMS[1:] + EXTRA_SYSTEMS if s in present]
+    known = [s for s in SYSTEMS[1:] + EXTRA_SYSTEMS if s in {p.split("@")[0] for p in present}]
+    return [p for s in known for p in [s] + sorted(x for x in present if x.startswith(s + "@"))
+            if p in present]
 
 
 def render_table(records: list, bench: str = "adaptive") -> str:

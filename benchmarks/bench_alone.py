@@ -104,6 +104,17 @@ def run_passes(args, label: str, draft, run=common.run_json_worker, keep=None) -
     return results
 
 
+def _machine(results: dict, system: str) -> dict:
+    """The machine a system's last worker ran on; a system from another checkout (SYSTEM@NAME)
+    keeps that checkout's commit as tree_git and takes no-spec's as git: its lines belong to
+    this run (bench_adaptive's tables leave out lines of another run)."""
+    machine = dict(results[system][-1]["machine"])
+    if "@" in system:
+        machine["tree_git"] = machine.pop("git", None)
+        machine["git"] = results["no-spec"][-1]["machine"].get("git")
+    return machine
+
+
 def systems_of(args) -> list:
     """--systems, then with --tree NAME=DIR each of --tree-systems run from the checkout at
     DIR, named SYSTEM@NAME: two commits' engines side by side, alternating alike."""
@@ -138,7 +149,7 @@ def lines_of(args, label: str, draft, results: dict) -> list:
                 "switches_by_why": [c["switches_by_why"] for c in cells],
                 "adaptive_buckets": cells[-1]["adaptive_buckets"], "draft": draft,
                 "chain_depth": cells[-1]["chain_depth"],
-                **results[system][-1]["machine"]})
+                **_machine(results, system)})
             print(f"[bench_alone] {label:8} {system:8} bs {bs:>3} {lines[-1]['tok_s']:9.1f} "
                   f"tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)
     return lines

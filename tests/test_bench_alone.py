@@ -8,6 +8,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_alone  # noqa: E402
+from bench_adaptive import render_table  # noqa: E402
 
 
 def _args(**kw):
@@ -105,7 +106,7 @@ def test_a_tree_runs_its_systems_from_the_other_checkout_named_system_at_tree():
     def run(script, flag, spec, code=None):
         seen.append((spec["system"], script, code))
         rate = 80.0 if code else 100.0  # the other checkout's engines run slower
-        return {"machine": {"device": "fake"}, "batches": {
+        return {"machine": {"device": "fake", "git": "c0de" if code else "a1b2"}, "batches": {
             str(bs): {"rates": [rate, rate], "stalls_per_round": [{}, {}],
                       "plain_decode_tokens_per_round": [bs, bs], "switches_by_why": {},
                       "adaptive_buckets": None, "chain_depth": None}
@@ -120,7 +121,11 @@ def test_a_tree_runs_its_systems_from_the_other_checkout_named_system_at_tree():
     assert old == [("/checkouts/old/benchmarks/bench_alone.py", "/checkouts/old")] * 2
     assert all(script.endswith("bench_alone.py") and not script.startswith("/checkouts")
                for _, script, code in seen if not code)
-    cell = {(x["system"], x["batch"]): x["speedup"]
-            for x in bench_alone.lines_of(args, "STANDALONE", "/d", results)}
+    lines = bench_alone.lines_of(args, "STANDALONE", "/d", results)
+    cell = {(x["system"], x["batch"]): x["speedup"] for x in lines}
     assert cell[("adaptive@old", 1)] == 0.8 and cell[("adaptive", 4)] == 1.0
+    old_line = next(x for x in lines if x["system"] == "adaptive@old")
+    assert (old_line["git"], old_line["tree_git"]) == ("a1b2", "c0de")  # this run's lines
+    table = render_table(lines, bench="adaptive_alone")
+    assert "| adaptive bs 1 | adaptive bs 4 | adaptive@old bs 1 | adaptive@old bs 4 |" in table
     assert bench_alone.systems_of(_args()) == ["no-spec", "pinned", "adaptive"]  # no tree

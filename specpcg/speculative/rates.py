@@ -135,7 +135,7 @@ PLACE_PRIOR_STEPS = 16
 # a verify paid from 1.9 (1.27x). Simulated at batch 1 (`sim_adaptive.py --batches 1 --alphas
 # 0.05 0.3 0.5 0.7 --spreads 0 0.1 --seeds 12 [--growth]`, both rate sets): at accept chance
 # 0.05 0.964 -> 0.973-0.982 of the faster pinned side, at 0.3 0.963-0.972 -> 0.964-0.974, the
-# other cells unchanged; the noisy side of tests/test_adaptive.py, placed, 1.483x -> 1.481x.
+# other cells unchanged; tests/test_adaptive.py's noisy side, placed, 1.477x -> 1.471x.
 FAR_BEHIND = 1.5
 FAR_MIN_STEPS = 6
 
