@@ -268,9 +268,9 @@ def _systems(table: dict) -> list:
     """The systems other than no-spec that the lines hold, in SYSTEMS order, each followed by
     its runs from other checkouts (bench_alone's SYSTEM@NAME)."""
     present = {s for row in table.values() for s in row}
-    known = [s for s in SYSTEMS[1:] + EXTRA_SYSTEMS if s in {p.split("@")[0] for p in present}]
-    return [p for s in known for p in [s] + sorted(x for x in present if x.startswith(s + "@"))
-            if p in present]
+    order = list(SYSTEMS[1:] + EXTRA_SYSTEMS)
+    return sorted((s for s in present if s.split("@")[0] in order),
+                  key=lambda s: (order.index(s.split("@")[0]), s))
 
 
 def render_table(records: list, bench: str = "adaptive") -> str:

@@ -91,7 +91,7 @@ def run_passes(args, label: str, draft, run=common.run_json_worker, keep=None) -
                     "batches": args.batches, "setting": list(common.parse_setting(args.setting)),
                     "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
                     "prompt_len": args.prompt_len}
-            code = args.tree.split("=", 1)[1] if tree else None
+            code = _tree(args)[1] if tree else None
             script = Path(code or Path(__file__).resolve().parents[1], "benchmarks", SCRIPT)
             more = {"code": code} if code else {}  # the other checkout's worker, on its path
             results[name].append(run(str(script), "--worker", spec, **more))
@@ -118,11 +118,16 @@ def _machine(results: dict, system: str) -> dict:
 def systems_of(args) -> list:
     """--systems, then with --tree NAME=DIR each of --tree-systems run from the checkout at
     DIR, named SYSTEM@NAME: two commits' engines side by side, alternating alike."""
-    tree = getattr(args, "tree", None)
-    if not tree:
+    name, _ = _tree(args)
+    if name is None:
         return list(args.systems)
-    name = tree.split("=", 1)[0]
     return list(args.systems) + [f"{s}@{name}" for s in args.tree_systems or args.systems[1:]]
+
+
+def _tree(args) -> tuple:
+    """(NAME, DIR) of --tree NAME=DIR, or (None, None)."""
+    tree = getattr(args, "tree", None)
+    return tuple(tree.split("=", 1)) if tree else (None, None)
 
 
 def lines_of(args, label: str, draft, results: dict) -> list:

@@ -79,7 +79,7 @@ from typing import Optional
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
                                         LOOK_CLOSE, SPEC_HOME, Bucket, bucket_of)
 from specpcg.speculative.finish import KEPT_ACCEPTS, MIN_ACCEPTS, ends_within, finished_accept
-from specpcg.speculative.rates import WINDOW, PlacedRate
+from specpcg.speculative.rates import WINDOW
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
 
 WARMUP_STEPS = 3  # steps of each side per bucket before choosing
@@ -222,8 +222,7 @@ class AdaptiveSpeculation:
         out for a thousand steps."""
         other = b.side(not choice)
         confirmed = choice == b.explored_from and (
-            len(other.recent) == WINDOW or (not choice and isinstance(other, PlacedRate)
-                                            and other.far_behind(b.tok_s(False)))
+            len(other.recent) == WINDOW or (not choice and other.far_behind(b.tok_s(False)))
             or (key >= CONFIRM_MIN_BATCH and (other.clearly_slower(b.tok_s(choice))
                                               or b.finish_keeps(choice))))
         waited = max(b.explore_every, int(b.look_wait(choice, batch_size)))

@@ -107,6 +107,11 @@ class Rate:
         tokens, _, n = self._totals()
         return tokens / n if n else 0.0
 
+    def far_behind(self, rate: float) -> bool:
+        """A bucket's own window confirms a look only when full (`PlacedRate.far_behind`
+        says why a stretch of a batch of one may sooner)."""
+        return False
+
     def step_ms(self) -> list:
         """The window's step times in ms, least, median and most ([] before a step): what a
         cold start or a switch left in it, which the rate's trim of slow steps may keep."""
