@@ -10,7 +10,7 @@ keeps the prefills and the one capture-time forward short: a no-op replay makes 
 size irrelevant to a step.
 
     python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
-        [--draft held|adaptive|ngram-held|eagle3-held] [--profile N]
+        [--draft held|adaptive|ngram-held|eagle3-held|eagle3-copied ...] [--profile N]
         [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
@@ -19,7 +19,10 @@ overlapped decode calls. Median (and range) over the repeats. With --draft a sec
 a STANDALONE draft (the tiny model itself), held to plain steps or left to choose them, takes
 turns with the first, a repeat each: what a plain step costs the host in an engine that could
 speculate, and what its adaptive controller adds. ngram-held: an NGRAM engine held to plain
-steps, whose every step also runs the shadow verifies that price its speculation.
+steps, whose every step also runs the shadow verifies that price its speculation. eagle3-held:
+an EAGLE3 engine held to plain steps, whose graphs write the head's hidden rows to its ring
+(specpcg/hidden_ring.py); eagle3-copied: the same with the ring off, the rows copied out after
+each step. Several --draft engines take their turns together.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import os
 import tempfile
 import time
+from unittest import mock
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the capture-time forward and the prefills
 
@@ -39,7 +43,9 @@ common.add_repo_to_path()
 
 DRAFTED = {"held": "STANDALONE held to plain steps", "adaptive": "STANDALONE, adaptive",
            "ngram-held": "NGRAM held to plain steps",
-           "eagle3-held": "EAGLE3 (random head) held to plain steps"}
+           "eagle3-held": "EAGLE3 (random head) held to plain steps",
+           "eagle3-copied": "EAGLE3 (random head) held to plain steps, rows copied out"}
+EAGLE3 = ("eagle3-held", "eagle3-copied")
 
 
 class _NoReplay:
@@ -75,21 +81,23 @@ def graph_engine(path: str, max_bs: int, draft: str = None):
 
     if draft == "ngram-held":  # its plain steps feed shadow verifies (speculative/shadow.py)
         spec = engine_kwargs("adaptive", "NGRAM", None, (7, 1, 8))
-    elif draft == "eagle3-held":  # its plain steps capture three layers' hidden states
+    elif draft in EAGLE3:  # its plain steps capture three layers' hidden states
         from bench_step import random_head_dir
 
         spec = engine_kwargs("adaptive", "EAGLE3", random_head_dir("EAGLE3", path), (7, 1, 8))
     else:
         spec = engine_kwargs("adaptive" if draft else "no-spec", "STANDALONE", path, (3, 1, 4))
-    engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
-                    attention_backend="triton", max_total_tokens=max_bs * 512,
-                    max_running_requests=max_bs, **spec)
-    if draft in ("held", "ngram-held", "eagle3-held"):
+    ring = {"SPECPCG_HIDDEN_RING": "0" if draft == "eagle3-copied" else "1"}
+    with mock.patch.dict(os.environ, ring):
+        engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
+                        attention_backend="triton", max_total_tokens=max_bs * 512,
+                        max_running_requests=max_bs, **spec)
+    if draft in ("held", "ngram-held") + EAGLE3:
         from holds import plain_only
 
         plain_only(engine)
     # The hidden states a plain step captures for the draft, as the engine's graphs would.
-    head = engine.draft if draft == "eagle3-held" else None
+    head = engine.draft if draft in EAGLE3 else None
     hidden = (head.needs_hidden, tuple(head.aux_layers)) if head else (CaptureHiddenMode.NULL, ())
     kw = dict(show_progress=False)
     try:
@@ -164,8 +172,8 @@ def main(argv=None) -> list:
     p.add_argument("--steps", type=int, default=192,
                    help="new tokens per request (the tiny model holds 256 positions)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--draft", choices=tuple(DRAFTED), default=None,
-                   help="beside it, an engine with a draft held to plain steps or not")
+    p.add_argument("--draft", choices=tuple(DRAFTED), nargs="+", default=[],
+                   help="beside it, engines with a draft held to plain steps or not")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="then one more batch of the largest size per engine under cProfile: "
                         "its N engine functions of most cumulative time")
@@ -174,10 +182,11 @@ def main(argv=None) -> list:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as path:
         # An EAGLE3 head reads three distinct layers of its target.
-        save_tiny_checkpoint("llama", path, num_layers=4 if args.draft == "eagle3-held" else 2)
+        save_tiny_checkpoint("llama", path,
+                             num_layers=4 if set(args.draft) & set(EAGLE3) else 2)
         engines = {"no-spec": graph_engine(path, max(args.batches))}
-        if args.draft:
-            engines[DRAFTED[args.draft]] = graph_engine(path, max(args.batches), args.draft)
+        for draft in args.draft:
+            engines[DRAFTED[draft]] = graph_engine(path, max(args.batches), draft)
         records = []
         for bs in args.batches:
             runs = runs_in_turn(engines, bs, args.steps, args.repeats)

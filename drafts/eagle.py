@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from drafts.base import DraftWorker, Proposal
+from drafts.plain_log import RingLog, TensorLog
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
@@ -31,6 +32,7 @@ from drafts.tree_round import step_children
 from drafts.resume import HiddenRows, ResumeCatchUp, gather_rows
 from drafts.wiring import build_round_runner, eager_rows, wire_draft_model
 from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode
+from specpcg.hidden_ring import HiddenRing
 
 
 @dataclass(eq=False)
@@ -40,24 +42,6 @@ class _HeadReq:
     pending: list = field(default_factory=list)  # target hidden rows for the next positions
     # When `pending` is exactly one verify's path: (that verify's [bs, N, H'] rows, our row).
     verified: Optional[tuple] = None
-
-
-class _PlainLog:
-    """The hidden rows of plain steps over one unchanged batch, kept as the steps' tensors.
-    They are handed to the requests (one view each) only when the batch changes or a draft
-    needs them: a plain step then costs one copy and no work per request. Split per request
-    every step, the floor of an engine with a head ran 0.94x no-spec at batch 64 (EAGLE3, H200,
-    4087e7e), and 1.04x logged whole (180be28)."""
-
-    def __init__(self, rids: list, states: list):
-        self.rids, self.states, self.steps = rids, states, []
-
-    def hand_over(self) -> None:
-        if not self.steps:
-            return
-        rows = torch.stack(self.steps, dim=1)  # [bs, steps, H']
-        for st, mine in zip(self.states, rows):
-            st.pending.append(mine)
 
 
 class _Row(NamedTuple):  # what make_batch reads of a request
@@ -90,7 +74,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self.tree_round = None  # drafts.tree_round.TreeRound: a tree round's steps
         self.resume = None  # drafts.resume.ResumeCatchUp: catching up on prompts, plain steps
         self._reqs: dict = {}  # rid -> _HeadReq
-        self._plain: Optional[_PlainLog] = None  # plain steps' rows not yet handed over
+        self._plain = None  # TensorLog | RingLog: plain steps' rows not yet handed over
+        self.hidden_ring = None  # specpcg.hidden_ring.HiddenRing the target's plain steps fill
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -121,6 +106,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
                     add_kinds=lambda rnd: self._add_tree(rnd, spec))
             self.resume = ResumeCatchUp.build(self.runner, self.graphs, ctx.config,
                                               self.round.width, width)
+        self.hidden_ring = HiddenRing.for_draft(ctx, len(self.aux_layers))
 
     def _add_tree(self, rnd, spec) -> None:
         from drafts.tree_round import TreeRound
@@ -148,12 +134,22 @@ class HeadDraft(RoundDrafting, DraftWorker):
 
     def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
         # The step's own rows (target_hidden's own=True), logged whole while the batch stays
-        # the same (_PlainLog).
+        # the same (drafts/plain_log.py).
         rids = [r.rid for r in reqs]
-        if self._plain is None or self._plain.rids != rids:
+        if not isinstance(self._plain, TensorLog) or self._plain.rids != rids:
             self._hand_over()
-            self._plain = _PlainLog(rids, [self._state(r) for r in reqs])
+            self._plain = TensorLog(rids, [self._state(r) for r in reqs])
         self._plain.steps.append(hidden)
+
+    def absorb_ring(self, reqs: list) -> None:
+        """A plain step wrote its rows to self.hidden_ring at each request's num_cached."""
+        log, rids = self._plain, [r.rid for r in reqs]
+        if not isinstance(log, RingLog) or log.rids != rids:
+            self._hand_over()
+            log = self._plain = RingLog(reqs, [self._state(r) for r in reqs], self.hidden_ring)
+        log.steps += 1
+        if log.full:
+            self._hand_over()
 
     def _hand_over(self) -> None:
         """Gives the plain steps' logged rows to their requests, before anything reads a
@@ -171,6 +167,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
             st.pending.append(hidden_paths[i, :m + 1])
 
     def release(self, req) -> None:
+        if self._plain is not None and req.rid in self._plain.rids:
+            self._hand_over()  # the others' rows; a request back after preemption starts anew
         st = self._reqs.pop(req.rid, None)
         if st is not None:
             self.kv_cache.release(st.req_pool_idx)

@@ -231,3 +231,5 @@ class ModelOutput:
     # [bs] int64 argmax of `logits` where a decode graph took it; a view of the graph's output,
     # valid until its next replay
     greedy_ids: Optional[torch.Tensor] = None
+    # The step wrote the draft's hidden rows to its ring (specpcg/hidden_ring.py), not here.
+    hidden_in_ring: bool = False

@@ -89,6 +89,8 @@ class Engine:
         self.runner = ModelRunner(self.model, self.kv_cache, self.attn_backend, self.device,
                                   before_forward=self.tp.before_forward if self.tp else None)
         self.spec_decoder = self._setup_spec() if self.spec else None
+        # Before any graph is captured: the target's DECODE graphs write a head's hidden rows.
+        self.runner.hidden_ring = getattr(self.draft, "hidden_ring", None)
         needs = self._graph_needs()
         if self.tp is not None:
             self.tp.build_graphs(self.context_len, needs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specpcg.core import CaptureHiddenMode, ForwardBatch, ModelOutput
+from specpcg.core import CaptureHiddenMode, ForwardBatch, ForwardMode, ModelOutput
 from specpcg.forward_context import ForwardContext, forward_context
 
 
@@ -18,6 +18,8 @@ class ModelRunner:
         self.attn_backend = attn_backend
         self.device = device
         self.before_forward = before_forward
+        # A draft head's ring its DECODE steps write their hidden rows to (specpcg/hidden_ring.py)
+        self.hidden_ring = None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ModelOutput:
@@ -26,7 +28,10 @@ class ModelRunner:
         if self.before_forward is not None:
             self.before_forward(batch)
         hidden, aux = self.forward_body(batch)
-        return self.postprocess(hidden, aux, batch)
+        if not self.writes_ring(batch):
+            return self.postprocess(hidden, aux, batch)
+        self.write_ring(batch, hidden, aux)
+        return self.postprocess(hidden, [], batch, in_ring=True)
 
     def forward_body(self, batch: ForwardBatch):
         """The part a graph may replay: embeddings, decoder layers, final norm."""
@@ -42,12 +47,23 @@ class ModelRunner:
         return self.model(batch.input_ids, batch.positions, batch.aux_hidden_layers,
                           input_hidden=batch.input_hidden)
 
+    def writes_ring(self, batch: ForwardBatch) -> bool:
+        """Whether `batch` is a DECODE step that writes its hidden rows to the draft's ring."""
+        return (self.hidden_ring is not None and batch.forward_mode == ForwardMode.DECODE
+                and batch.capture_hidden_mode != CaptureHiddenMode.NULL)
+
+    def write_ring(self, batch: ForwardBatch, hidden: torch.Tensor, aux: list) -> None:
+        """The step's rows to the ring: the aux layers' side by side, else the last layer's."""
+        sources = list(aux) if batch.aux_hidden_layers else [hidden]
+        self.hidden_ring.write(sources, batch.positions, batch.req_pool_indices)
+
     def postprocess(self, hidden: torch.Tensor, aux: list, batch: ForwardBatch,
                     logits: torch.Tensor | None = None,
-                    greedy_ids: torch.Tensor | None = None) -> ModelOutput:
+                    greedy_ids: torch.Tensor | None = None, in_ring: bool = False) -> ModelOutput:
         """Runs eagerly after the body: LM head on the rows asked for, hidden-state selection.
         logits: every row's logits when the body computed them already (a decode graph);
-        greedy_ids: each row's argmax when it did that too (a DECODE graph: one row a request)."""
+        greedy_ids: each row's argmax when it did that too (a DECODE graph: one row a request);
+        in_ring: the step wrote its hidden rows to the draft's ring (aux then left out)."""
         num_tokens = batch.num_tokens
         if hidden.shape[0] != num_tokens:  # a graph's padded rows (slicing costs the host)
             hidden, aux = hidden[:num_tokens], [a[:num_tokens] for a in aux]
@@ -71,7 +87,7 @@ class ModelRunner:
         return ModelOutput(logits=last_logits,
                            all_logits=all_logits if batch.return_all_logits else None,
                            hidden_states=hidden_out, aux_hidden_states=aux_out,
-                           greedy_ids=greedy_ids)
+                           greedy_ids=greedy_ids, hidden_in_ring=in_ring)
 
 
 def last_rows(batch: ForwardBatch):

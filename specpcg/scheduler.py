@@ -325,7 +325,9 @@ class Scheduler:
         if capture:
             batch.capture_hidden_mode, batch.aux_hidden_layers = draft.needs_hidden, draft.aux_layers
         out = self.runner.forward(batch)
-        if capture:
+        if capture and out.hidden_in_ring:  # the step wrote them where the draft reads them
+            draft.absorb_ring(reqs)
+        elif capture:
             draft.absorb_rows(reqs, draft.target_hidden(out, own=True))
         for req in reqs:
             req.num_cached += 1

@@ -174,7 +174,7 @@ def test_stretches_of_plain_steps_hand_the_head_every_state(world, algo):
     engine.scheduler.adaptive = Stretches(4)
     draft, logged = engine.draft, []
     hand_over = draft._hand_over
-    draft._hand_over = lambda: logged.append(len(draft._plain.steps) if draft._plain else 0) \
+    draft._hand_over = lambda: logged.append(len(draft._plain) if draft._plain else 0) \
         or hand_over()
     for out in _exact_outputs_all_accepted(world, engine):
         assert out["meta_info"]["plain_decode_tokens"] >= 4

@@ -398,7 +398,7 @@ def test_the_tree_round_proposes_what_the_eager_tree_steps_propose(world, algo, 
 
 
 def test_target_hidden_rows_of_their_own_share_no_storage_with_the_forward():
-    """A plain step's rows are logged across steps (drafts/eagle.py, _PlainLog) while a decode
+    """A plain step's rows are logged across steps (drafts/plain_log.py) while a decode
     graph's replay overwrites its output buffers: own=True rows are a copy (the aux layers'
     concatenation is one already), own=False ones a view of the final layer."""
     from types import SimpleNamespace

@@ -113,6 +113,7 @@ class DecodeGraphRunner:
                 self.tree_pads[(mode, keys)] = pad
                 self.tree_masks[(mode, keys)] = pad.repeat(self.buckets[-1], 1, 1)
         self.graphs: dict = {}  # (mode, tree keys or 0, bs) -> CUDAGraph
+        self.ring_in_graph = False  # DECODE graphs write the draft's hidden ring (_body)
         self.outputs: dict = {}
         self.cost = CaptureCost()
 
@@ -292,6 +293,10 @@ class DecodeGraphRunner:
         greedy = None
         if self.greedy_in_graph and batch.forward_mode == ForwardMode.DECODE:
             greedy = argmax_rows(logits)
+        if self.model_runner.writes_ring(batch):  # nothing copied out after the replay; last,
+            # so the chain of launches before it stays unbroken (kernels/dispatch.py, pdl)
+            self.model_runner.write_ring(batch, hidden, aux)
+            self.ring_in_graph = True
         return hidden, aux, logits, greedy
 
     @torch.inference_mode()
@@ -305,7 +310,10 @@ class DecodeGraphRunner:
         if self.writes_rows(batch):
             batch.rows_pending = False
         hidden, aux, logits, greedy = self.outputs[key]
-        return self.model_runner.postprocess(hidden, list(aux), batch, logits, greedy)
+        runner = self.model_runner
+        if self.ring_in_graph and runner.writes_ring(batch):
+            return runner.postprocess(hidden, [], batch, logits, greedy, in_ring=True)
+        return runner.postprocess(hidden, list(aux), batch, logits, greedy)
 
     def info(self) -> dict:
         return {"batch_sizes": self.buckets,

@@ -1,0 +1,160 @@
+"""The ring a target's plain decode steps write a head's hidden rows into (specpcg/hidden_ring.py,
+kernels/hidden_ring.py): the Triton kernel against its torch twin (the interpreter on CPU), its
+reads in order across the wrap, its size, and a head handed every position through it over
+stretches of plain steps longer than the ring, as with the rows copied out after each step."""
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+import specpcg.hidden_ring as hidden_ring  # noqa: E402
+from kernels.hidden_ring import write_ring  # noqa: E402
+from specpcg.hidden_ring import HiddenRing  # noqa: E402
+from tests.eagle_world import ALGOS, world, _engine  # noqa: E402,F401 (fixtures)
+
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("sources,h,n", [(3, 24, 5), (1, 40, 1), (2, 1100, 3)])
+def test_triton_matches_the_twin(sources, h, n):
+    gen = torch.Generator().manual_seed(sources * 1000 + h)
+    rows, depth = 6, 8
+    src = [torch.randn(n + 2, h, generator=gen)[:n] for _ in range(sources)]
+    positions = torch.randint(0, 40, (n,), generator=gen)
+    pool_rows = torch.randperm(rows, generator=gen)[:n]
+    pool_rows[-1] = rows - 1  # a padding row takes writes like any other
+    got = torch.full((rows, depth, sources * h), -3.0)
+    want = got.clone()
+    write_ring(got, src, positions, pool_rows, use_triton=True)
+    write_ring(want, src, positions, pool_rows, use_triton=False)
+    assert torch.equal(got, want)
+    for i in range(n):
+        entry = want[pool_rows[i], positions[i] % depth]
+        assert torch.equal(entry, torch.cat([s[i] for s in src]))
+    assert int((want != -3.0).any(-1).sum()) == n  # nothing else written
+    with pytest.raises(ValueError, match="do not fill a ring row"):
+        write_ring(got, src[:1] + [torch.zeros(n, h + 1)] * (sources - 1) if sources > 1
+                   else [torch.zeros(n, h + 1)], positions, pool_rows)
+
+
+def test_reads_come_back_in_order_across_the_wrap():
+    ring = HiddenRing(rows=4, width=6, dtype=torch.float32, device="cpu", depth=8)
+    pool_rows, first = [2, 0, 3], [5, 13, 0]
+    steps = [torch.randn(3, 6) for _ in range(8)]  # 8 steps: every row wraps but the last
+    for k, rows in enumerate(steps):
+        positions = torch.tensor([f + k for f in first])
+        ring.write([rows[:, :3], rows[:, 3:]], positions, torch.tensor(pool_rows))
+    assert torch.equal(ring.read(pool_rows, first, 8), torch.stack(steps, dim=1))
+    tail = [f + 5 for f in first]
+    assert torch.equal(ring.read(pool_rows, tail, 3), torch.stack(steps[5:], dim=1))
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="a read covers 1 to 8 steps"):
+            ring.read(pool_rows, first, bad)
+
+
+def test_a_ring_is_as_deep_as_its_bytes_allow(monkeypatch):
+    from specpcg.kv_cache import ReqToTokenPool
+
+    def ctx(hidden, parallel=None):
+        return SimpleNamespace(kv_cache=SimpleNamespace(req_pool=ReqToTokenPool(7, 16, "cpu")),
+                               model_config=SimpleNamespace(hidden_size=hidden),
+                               dtype=torch.bfloat16, device="cpu", parallel=parallel)
+
+    ring = HiddenRing.for_draft(ctx(64), 3)
+    assert ring.buf.shape == (8, hidden_ring.DEPTH, 192) and ring.buf.dtype == torch.bfloat16
+    monkeypatch.setattr(hidden_ring, "MAX_BYTES", 8 * 192 * 2 * 20)
+    assert HiddenRing.for_draft(ctx(64), 3).depth == 20
+    assert HiddenRing.for_draft(ctx(64), 0).buf.shape[1:] == (60, 64)  # the last layer's
+    assert HiddenRing.for_draft(ctx(64 * 3), 3) is None  # 6 steps deep: not made
+    assert HiddenRing.for_draft(ctx(64, parallel=object()), 3) is None
+    monkeypatch.setenv("SPECPCG_HIDDEN_RING", "0")
+    assert HiddenRing.for_draft(ctx(64), 3) is None
+
+
+@pytest.mark.parametrize("ring", ["on", "off"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo, ring,
+                                                                      monkeypatch):
+    """One speculative step, then 19 plain ones, by turns, with a ring 8 steps deep, answers of
+    40-54 tokens: a stretch is read back from the ring before it wraps, and at the next
+    speculative step or change of batch; every position still reaches the head once, in order,
+    as a dense forward of the target and the head would have it (with the ring off, as copies
+    after each step), and the tokens are the target's own."""
+    from tests.test_adaptive_engine import Stretches
+    from tests.test_eagle import _check_rows_against_dense, _Recorder
+
+    monkeypatch.setattr(hidden_ring, "DEPTH", 8)
+    if ring == "off":
+        monkeypatch.setenv("SPECPCG_HIDDEN_RING", "0")
+    engine = _engine(world.noisy, algo, world.heads[algo], disable_adaptive_speculation=False)
+    assert (engine.draft.hidden_ring is None) == (ring == "off")
+    assert engine.runner.hidden_ring is engine.draft.hidden_ring
+    engine.scheduler.adaptive = Stretches(19)
+    reads = []
+    if ring == "on":
+        real = engine.draft.hidden_ring.read
+        monkeypatch.setattr(engine.draft.hidden_ring, "read",
+                            lambda *a: reads.append(a[2]) or real(*a))
+    params = [{**p, "max_new_tokens": 40 + 2 * i} for i, p in enumerate(world.params)]
+    want = _engine(world.noisy).generate(input_ids=world.prompts, sampling_params=params)
+    recorder = _Recorder(engine, reserves_ahead=True)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in want]
+    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
+    if ring == "on":
+        assert reads.count(8) >= 2 and max(reads) == 8, reads  # full logs read before a wrap
+
+
+@pytest.mark.cuda
+def test_decode_graphs_write_the_rows_the_copies_held(monkeypatch):
+    """On the GPU, with the default model and a random EAGLE3 head held to plain steps: the rows
+    the head is handed through the ring (written inside the decode graphs, read back past a
+    wrap) are bitwise those the engine copied out after each replay with the ring off."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_step import random_head_dir
+    from holds import plain_only
+
+    from drafts.eagle import HeadDraft
+    from specpcg import Engine
+    from specpcg.models.loader import default_model_path
+
+    head = random_head_dir("EAGLE3", default_model_path())
+    handed, release = {}, HeadDraft.release
+
+    def kept(self, req):  # the request's rows once its log is handed over
+        if self._plain is not None and req.rid in self._plain.rids:
+            self._hand_over()
+        handed[(self.hidden_ring is not None, req.rid)] = torch.cat(
+            self._reqs[req.rid].pending).cpu()
+        release(self, req)
+
+    monkeypatch.setattr(HeadDraft, "release", kept)
+    prompts = [[(7 * i + j) % 900 + 3 for j in range(20 + 3 * i)] for i in range(3)]
+    for ring in ("1", "0"):
+        monkeypatch.setenv("SPECPCG_HIDDEN_RING", ring)
+        engine = Engine(device="cuda", skip_tokenizer_init=True, max_running_requests=4,
+                        speculative_algorithm="EAGLE3", speculative_draft_model_path=head,
+                        show_progress=False)
+        plain_only(engine)
+        assert (engine.draft.hidden_ring is not None) == (ring == "1")
+        engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 100,
+                                                            "temperature": 0,
+                                                            "ignore_eos": True})
+        assert engine.graphs.decode.ring_in_graph == (ring == "1")
+        engine.shutdown()
+    ringed, copied = (sorted(r for on, r in handed if on == side) for side in (True, False))
+    assert len(ringed) == len(copied) == 3  # request ids count on across engines: in order
+    for a, b in zip(ringed, copied):
+        assert handed[(True, a)].shape[0] >= 100 + 20 - 1
+        assert torch.equal(handed[(True, a)], handed[(False, b)])
