@@ -119,7 +119,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
                 "needs_hidden": self.needs_hidden.name, "target_aux_layers": list(self.aux_layers),
                 **(self.graphs.info() if self.graphs else {}),
                 "round_graphs": self.round.info() if self.round else None,
-                "resume_graphs": self.resume.info() if self.resume else None}
+                "resume_graphs": self.resume.info() if self.resume else None,
+                "hidden_ring_depth": self.hidden_ring.depth if self.hidden_ring else None}
 
     # -- state ---------------------------------------------------------------------------------
     def _state(self, req) -> _HeadReq:

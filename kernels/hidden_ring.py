@@ -28,12 +28,12 @@ def write_ring(ring: torch.Tensor, sources: list, positions: torch.Tensor,
     written, side by side, to ring[pool_rows[i], positions[i] % depth]. Never reads tensor
     values on the host (CUDA-graph safe)."""
     rows, depth, width = ring.shape
+    if not 1 <= len(sources) <= 3:
+        raise ValueError(f"1 to 3 sources, got {len(sources)}")
     n, h = sources[0].shape
     if len(sources) * h != width or any(s.shape != (n, h) for s in sources):
         raise ValueError(f"sources {[tuple(s.shape) for s in sources]} do not fill a ring row "
                          f"of {width}")
-    if not 1 <= len(sources) <= 3:
-        raise ValueError(f"1 to 3 sources, got {len(sources)}")
     if not pick_triton(ring, use_triton):
         index = ring_index(positions[:n], pool_rows[:n], depth)
         ring.view(rows * depth, width).index_copy_(0, index, torch.cat(sources, dim=-1))

@@ -1,5 +1,5 @@
 """write_ring in Triton (kernels/hidden_ring.py): one program per row and source copies the
-source's row into its third of the ring's entry. The launcher never reads tensor values on the
+source's row into its part of the ring's entry. The launcher never reads tensor values on the
 host (CUDA-graph safe)."""
 
 from __future__ import annotations

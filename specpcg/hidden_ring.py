@@ -4,7 +4,7 @@ A head catches up on the target's hidden states at every position it missed; in 
 the step's graph writes them here, at [request's pool row, position % depth]
 (kernels/hidden_ring.py), and the head reads a stretch of them back, in order, when it needs
 them or before the ring wraps (drafts/plain_log.py). SPECPCG_HIDDEN_RING=0 turns it off: the
-rows are then copied out after each step, as an eager or piecewise decode step does anyway.
+rows are then copied out after each step, as after a decode step the piecewise runner serves.
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ def test_triton_matches_the_twin(sources, h, n):
         assert torch.equal(entry, torch.cat([s[i] for s in src]))
     assert int((want != -3.0).any(-1).sum()) == n  # nothing else written
     with pytest.raises(ValueError, match="do not fill a ring row"):
-        write_ring(got, src[:1] + [torch.zeros(n, h + 1)] * (sources - 1) if sources > 1
-                   else [torch.zeros(n, h + 1)], positions, pool_rows)
+        write_ring(got, [torch.zeros(n, h + 1)] * sources, positions, pool_rows)
+    with pytest.raises(ValueError, match="1 to 3 sources, got 0"):
+        write_ring(got, [], positions, pool_rows)
 
 
 def test_reads_come_back_in_order_across_the_wrap():
@@ -96,6 +97,7 @@ def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo
         monkeypatch.setenv("SPECPCG_HIDDEN_RING", "0")
     engine = _engine(world.noisy, algo, world.heads[algo], disable_adaptive_speculation=False)
     assert (engine.draft.hidden_ring is None) == (ring == "off")
+    assert engine.draft.info()["hidden_ring_depth"] == (8 if ring == "on" else None)
     assert engine.runner.hidden_ring is engine.draft.hidden_ring
     engine.scheduler.adaptive = Stretches(19)
     reads = []
