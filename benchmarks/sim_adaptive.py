@@ -27,7 +27,8 @@ N shadow verifies: the engine's default with N = 32 (RECENT), adaptive-finish8 w
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
         [--shadow-finish N] [--catch-up A_MS B_US [--untold-lag] [--prompt-len N]]
-        [--rates h100-nextn|h200-weak-eagle3] [--sequence] [--unplaced]
+        [--rates h100-nextn|h200-weak-eagle3] [--sequence] [--unplaced] [--rounds 5]
+        [--max-every N]
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import common
 
 common.add_repo_to_path()
 
-from specpcg.speculative import bucket  # noqa: E402
+from specpcg.speculative import adaptive, bucket  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish  # noqa: E402
 from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
@@ -271,7 +272,8 @@ def _hiccup(record: dict) -> str:
 
 def _last_run(records: list) -> list:
     """The lines of the last run: its commit and look budget."""
-    key = lambda r: (r.get("git"), r.get("look_budget"), r.get("growth"),  # noqa: E731
+    key = lambda r: (r.get("git"), r.get("look_budget"), r.get("max_every"),  # noqa: E731
+                     r.get("rounds"), r.get("growth"),
                      r.get("shadow", False), r.get("shadow_finish", 0), r.get("sequence", False))
     return [r for r in records if key(r) == key(records[-1])] if records else []
 
@@ -303,8 +305,7 @@ def render_plot(records: list, path) -> None:
                             "simulated adaptive speculation (1.0: as fast as the better side)")
 
 
-def main(argv=None) -> None:
-    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
     p.add_argument("--alphas", type=float, nargs="+", default=[0.7],
@@ -319,6 +320,10 @@ def main(argv=None) -> None:
                    help="the controller gets shadow verifies, as NGRAM's engine does")
     p.add_argument("--shadow-finish", type=int, default=0, metavar="N",
                    help="shadow verifies priced by the finish estimate over each request's last N")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="batches each simulated engine runs, one after another")
+    p.add_argument("--max-every", type=int, default=None,
+                   help="the controller's EXPLORE_MAX_EVERY for this run (default: the engine's)")
     p.add_argument("--look-budget", type=float, default=None,
                    help="the controller's LOOK_BUDGET for this run (default: the engine's)")
     p.add_argument("--calibrate", default=None, metavar="JSONL",
@@ -337,7 +342,12 @@ def main(argv=None) -> None:
                    help="--batches in order on one controller, one untimed and two timed "
                         "batches each (bench_adaptive's engine)")
     p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> None:
+    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
+    args = _parser().parse_args(argv)
     MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
@@ -348,6 +358,8 @@ def main(argv=None) -> None:
         args.alphas, args.spreads = [sum(ALPHAS) / len(ALPHAS)], [0.0]
     if args.look_budget is not None:
         bucket.LOOK_BUDGET = args.look_budget
+    if args.max_every is not None:
+        bucket.EXPLORE_MAX_EVERY = adaptive.EXPLORE_MAX_EVERY = args.max_every
     lines, sequences = [], {}
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
         if args.sequence:
@@ -359,7 +371,7 @@ def main(argv=None) -> None:
         else:
             t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
                          growth=args.growth, shadow=args.shadow,
-                         shadow_finish=args.shadow_finish)
+                         shadow_finish=args.shadow_finish, batches=args.rounds)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
                       "sequence": args.sequence,
                       "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
@@ -369,6 +381,7 @@ def main(argv=None) -> None:
                       "shadow": args.shadow or bool(args.shadow_finish),
                       "shadow_finish": args.shadow_finish,
                       "look_budget": bucket.LOOK_BUDGET, "calibrated": args.calibrate,
+                      "max_every": bucket.EXPLORE_MAX_EVERY, "rounds": args.rounds,
                       "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
                       # adaptive's switches of side by what chose them, over the seeds
                       "adaptive_switches": dict(sorted(t["switches"].items())),

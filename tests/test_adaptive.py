@@ -411,6 +411,20 @@ def test_bench_adaptive_caps_only_its_capped_system():
     assert EngineConfig(**caps["adaptive-cap63"]).speculation_pauses
 
 
+def test_a_side_far_behind_is_looked_at_ever_more_rarely_up_to_the_longest_wait():
+    """A head that never pays (plain steps 1.8x faster) is looked at after ever longer waits,
+    up to EXPLORE_MAX_EVERY steps; in steady state its looks take under 0.1% of the steps."""
+    from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
+
+    ctrl = AdaptiveSpeculation()
+    picks = _run(ctrl, 8, spec_rate=500, decode_rate=900, steps=6 * EXPLORE_MAX_EVERY,
+                 switch_cost=3.0)
+    looks = [start for start, _ in _bursts(picks, True)]
+    gaps = [b - a for a, b in zip(looks, looks[1:])]
+    assert all(g <= EXPLORE_MAX_EVERY + 2 * EXPLORE_STEPS for g in gaps), gaps
+    steady = picks[2 * EXPLORE_MAX_EVERY:]
+    assert steady.count(True) < len(steady) / 1000, gaps  # 1,024 apart: 3 in 1,027 steps
+
 def test_a_look_that_overturns_the_choice_resets_the_wait():
     from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
 

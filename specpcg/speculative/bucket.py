@@ -14,7 +14,14 @@ from specpcg.speculative.switches import SwitchCosts
 
 EXPLORE_EVERY = 32  # then EXPLORE_STEPS steps of the slower side after this many (first wait)
 EXPLORE_STEPS = 3  # the first of them is a switch, not recorded
-EXPLORE_MAX_EVERY = 1024
+# The longest wait between two looks. A look into speculation from plain steps costs the draft's
+# catch-up (about 4 ms on an H200: probe_catchup.py), 1,024 batch-1 steps of the default model
+# about 144 ms there. Simulated over 20 batches each (`sim_adaptive.py --catch-up 3.8 0.7 --rates
+# h200-weak-eagle3`, 38 cells of alphas 0.05-0.7, 3 seeds), 4,096 ran 0.9779 of the faster
+# pinned side on average against 0.9752 (better in 27 cells, 0.15% worse in one; an untrained
+# head at batch 1: 0.989 against 0.981), with shadow verifies 0.9795 against 0.9731 (32 cells).
+# In steps a request's turnover is alike at every batch size: 4,096 is 8 answers of 512 tokens.
+EXPLORE_MAX_EVERY = 4096
 # The other side must be this much faster to take over: where the two measure alike, flipping
 # on noise costs a slow step per switch (NGRAM at batch 64 on the H100 ran 0.75x no-spec with
 # its two rates 7% apart and about half of its steps on each side).
