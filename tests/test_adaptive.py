@@ -425,6 +425,7 @@ def test_a_side_far_behind_is_looked_at_ever_more_rarely_up_to_the_longest_wait(
     steady = picks[2 * EXPLORE_MAX_EVERY:]
     assert steady.count(True) < len(steady) / 1000, gaps  # 1,024 apart: 3 in 1,027 steps
 
+
 def test_a_look_that_overturns_the_choice_resets_the_wait():
     from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
 

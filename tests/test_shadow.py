@@ -276,7 +276,7 @@ def test_a_side_known_by_its_warm_up_alone_is_looked_at_again_sooner_when_asked(
     if below:
         assert plain_after_warm_up >= 6, picks  # looks of 3 steps, the first a switch
         assert len(ctrl._bucket(4).decode.recent) >= below
-        assert picks[300:].count(False) == 0, picks  # then every 1,024 steps
+        assert picks[300:].count(False) == 0, picks  # then every EXPLORE_MAX_EVERY steps
     else:
         assert plain_after_warm_up == 0, picks
 
