@@ -7,7 +7,9 @@ of three layers' rows, one more launch and its host work in every step of an eng
 does not pay (about 8 us a step at batch 1 on an H200, docs/PERFORMANCE.md). Here the step
 itself writes its rows to ring[pool row, position % depth]: nothing is launched outside the
 graph, and a request's missed rows are read back (`specpcg/hidden_ring.py`) when the draft
-needs them or before the ring wraps.
+needs them or before the ring wraps. Where the step's graph takes its greedy pick
+(kernels/topk.argmax_rows with `ring`), the pick's first kernel writes the rows as well: one
+launch fewer a step.
 """
 
 from __future__ import annotations
@@ -22,18 +24,25 @@ def ring_index(positions: torch.Tensor, pool_rows: torch.Tensor, depth: int) -> 
     return pool_rows.long() * depth + positions.long() % depth
 
 
+def check_sources(ring: torch.Tensor, sources: list) -> None:
+    """Raises unless `sources` ([n, H] each) fill a row of `ring` ([rows, depth, W]) side by
+    side."""
+    if not 1 <= len(sources) <= 3:
+        raise ValueError(f"1 to 3 sources, got {len(sources)}")
+    n, h = sources[0].shape
+    if len(sources) * h != ring.shape[-1] or any(s.shape != (n, h) for s in sources):
+        raise ValueError(f"sources {[tuple(s.shape) for s in sources]} do not fill a ring row "
+                         f"of {ring.shape[-1]}")
+
+
 def write_ring(ring: torch.Tensor, sources: list, positions: torch.Tensor,
                pool_rows: torch.Tensor, use_triton: bool | None = None) -> None:
     """ring: [rows, depth, W]; sources: [n, H] each (len(sources) * H == W), row i of each
     written, side by side, to ring[pool_rows[i], positions[i] % depth]. Never reads tensor
     values on the host (CUDA-graph safe)."""
+    check_sources(ring, sources)
     rows, depth, width = ring.shape
-    if not 1 <= len(sources) <= 3:
-        raise ValueError(f"1 to 3 sources, got {len(sources)}")
-    n, h = sources[0].shape
-    if len(sources) * h != width or any(s.shape != (n, h) for s in sources):
-        raise ValueError(f"sources {[tuple(s.shape) for s in sources]} do not fill a ring row "
-                         f"of {width}")
+    n = sources[0].shape[0]
     if not pick_triton(ring, use_triton):
         index = ring_index(positions[:n], pool_rows[:n], depth)
         ring.view(rows * depth, width).index_copy_(0, index, torch.cat(sources, dim=-1))

@@ -1,6 +1,7 @@
 """write_ring in Triton (kernels/hidden_ring.py): one program per row and source copies the
-source's row into its part of the ring's entry. The launcher never reads tensor values on the
-host (CUDA-graph safe)."""
+source's row into its part of the ring's entry. `ring_row` is that copy for a kernel that runs
+anyway: the greedy pick's (kernels/topk_triton.py) takes it where a decode graph would launch
+this one after it. The launchers never read tensor values on the host (CUDA-graph safe)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["stride0", "stride1", "stride2"])
-def _write_ring_kernel(src0, src1, src2, stride0, stride1, stride2, pos_ptr, rows_ptr,
-                       ring_ptr, DEPTH: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
+@triton.jit
+def ring_row(i, s, src0, src1, src2, stride0, stride1, stride2, pos_ptr, rows_ptr, ring_ptr,
+             SOURCES: tl.constexpr, DEPTH: tl.constexpr, H: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """Row i of source s to ring[rows[i], pos[i] % DEPTH, s * H:(s + 1) * H]."""
     pos = tl.load(pos_ptr + i).to(tl.int64)
     row = tl.load(rows_ptr + i).to(tl.int64)
-    dst = ring_ptr + (row * DEPTH + pos % DEPTH) * (tl.num_programs(1) * H) + s * H
+    dst = ring_ptr + (row * DEPTH + pos % DEPTH) * (SOURCES * H) + s * H
     if s == 0:
         src = src0 + i * stride0
     elif s == 1:
@@ -28,14 +29,31 @@ def _write_ring_kernel(src0, src1, src2, stride0, stride1, stride2, pos_ptr, row
         tl.store(dst + cols, tl.load(src + cols, mask=keep), mask=keep)
 
 
-def write_ring_triton(ring, sources: list, positions, pool_rows) -> None:
-    n, h = sources[0].shape
-    if n == 0:
-        return
+@triton.jit(do_not_specialize=["stride0", "stride1", "stride2"])
+def _write_ring_kernel(src0, src1, src2, stride0, stride1, stride2, pos_ptr, rows_ptr,
+                       ring_ptr, SOURCES: tl.constexpr, DEPTH: tl.constexpr, H: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    ring_row(tl.program_id(0).to(tl.int64), tl.program_id(1), src0, src1, src2, stride0,
+             stride1, stride2, pos_ptr, rows_ptr, ring_ptr, SOURCES, DEPTH, H, BLOCK)
+
+
+def ring_args(ring, sources: list) -> tuple:
+    """(pointers and strides, constexprs) of a ring write, for _write_ring_kernel or a kernel
+    that calls ring_row: three sources' pointers and strides (unused ones repeat the first)."""
     if ring.stride(-1) != 1 or not ring.is_contiguous() or any(s.stride(-1) != 1
                                                                for s in sources):
         raise ValueError("the ring and its sources need unit stride along a row")
+    h = sources[0].shape[1]
     padded = list(sources) + [sources[0]] * (3 - len(sources))  # unused pointers
-    _write_ring_kernel[(n, len(sources))](
-        *padded, *(s.stride(0) for s in padded), positions, pool_rows, ring,
-        DEPTH=ring.shape[1], H=h, BLOCK=min(triton.next_power_of_2(h), 1024), num_warps=4)
+    return ((*padded, *(s.stride(0) for s in padded)),
+            dict(SOURCES=len(sources), DEPTH=ring.shape[1], H=h,
+                 BLOCK=min(triton.next_power_of_2(h), 1024)))
+
+
+def write_ring_triton(ring, sources: list, positions, pool_rows) -> None:
+    n = sources[0].shape[0]
+    if n == 0:
+        return
+    pointers, consts = ring_args(ring, sources)
+    _write_ring_kernel[(n, len(sources))](*pointers, positions, pool_rows, ring, **consts,
+                                          num_warps=4)

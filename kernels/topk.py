@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import pick_triton, triton_module
+from .hidden_ring import check_sources, write_ring
 
 MAX_TRITON_K = 16  # unrolled per entry; wider k goes to the twin
 
@@ -52,11 +53,21 @@ def topk_rows(x: torch.Tensor, k: int, log_softmax: bool = False,
     return triton_module("topk_triton").topk_rows_triton(x, k, log_softmax, index_map)
 
 
-def argmax_rows(x: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
+def argmax_rows(x: torch.Tensor, use_triton: bool | None = None,
+                ring: tuple | None = None) -> torch.Tensor:
     """[...] int64: the index of each row's largest entry of x [..., V], the lowest on ties
     (torch.argmax's rule, and the top-k kernel's), read from bf16 as well as fp32 rows. On the
     GPU it is the top-k kernel's two passes: torch's reduction over the default model's 49,152
-    logits took 13 us for a batch-1 verify's 12 rows, the kernel's chunks run side by side."""
+    logits took 13 us for a batch-1 verify's 12 rows, the kernel's chunks run side by side.
+    ring: (ring, sources, positions, pool rows), kernels.hidden_ring.write_ring's arguments
+    for x [n, V]'s n rows, written by the same launch (a decode graph's last kernel less)."""
+    if ring is not None:
+        check_sources(ring[0], ring[1])
+        if ring[1][0].shape[0] != x[..., 0].numel():
+            raise ValueError(f"the ring's sources have {ring[1][0].shape[0]} rows, the picks "
+                             f"{x[..., 0].numel()}")
     if not pick_triton(x, use_triton):
+        if ring is not None:
+            write_ring(*ring, use_triton=False)
         return x.argmax(-1)
-    return triton_module("topk_triton").topk_rows_triton(x, 1, False)[0][..., 0]
+    return triton_module("topk_triton").topk_rows_triton(x, 1, False, ring=ring)[0][..., 0]

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from kernels.hidden_ring import write_ring
+from kernels.topk import argmax_rows
 from specpcg.transfer import to_device
 
 DEPTH = 64  # plain steps between two reads at most: one gather per 64 steps of a batch
@@ -43,9 +44,15 @@ class HiddenRing:
         depth = min(DEPTH, MAX_BYTES // per_step)
         return cls(rows, width, ctx.dtype, ctx.device, depth) if depth >= MIN_DEPTH else None
 
-    def write(self, sources: list, positions: torch.Tensor, pool_rows: torch.Tensor) -> None:
-        """A decode step's rows (sources: [n, H] each), inside its graph or eagerly."""
-        write_ring(self.buf, sources, positions, pool_rows)
+    def write(self, sources: list, positions: torch.Tensor, pool_rows: torch.Tensor,
+              logits: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A decode step's rows (sources: [n, H] each), inside its graph or eagerly. With
+        `logits` ([n, V]), the greedy pick's launch writes them (kernels/topk.argmax_rows),
+        whose picks come back; else None."""
+        if logits is None:
+            write_ring(self.buf, sources, positions, pool_rows)
+            return None
+        return argmax_rows(logits, ring=(self.buf, sources, positions, pool_rows))
 
     def read(self, pool_rows: list, first: list, steps: int) -> torch.Tensor:
         """[n, steps, W]: request i's rows at positions first[i] .. first[i] + steps - 1, which

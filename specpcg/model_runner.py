@@ -52,10 +52,13 @@ class ModelRunner:
         return (self.hidden_ring is not None and batch.forward_mode == ForwardMode.DECODE
                 and batch.capture_hidden_mode != CaptureHiddenMode.NULL)
 
-    def write_ring(self, batch: ForwardBatch, hidden: torch.Tensor, aux: list) -> None:
-        """The step's rows to the ring: the aux layers' side by side, else the last layer's."""
+    def write_ring(self, batch: ForwardBatch, hidden: torch.Tensor, aux: list,
+                   logits: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The step's rows to the ring: the aux layers' side by side, else the last layer's.
+        With `logits` ([n, V], a row each), each row's greedy pick in the same launch: the
+        picks ([n] int64), else None."""
         sources = list(aux) if batch.aux_hidden_layers else [hidden]
-        self.hidden_ring.write(sources, batch.positions, batch.req_pool_indices)
+        return self.hidden_ring.write(sources, batch.positions, batch.req_pool_indices, logits)
 
     def postprocess(self, hidden: torch.Tensor, aux: list, batch: ForwardBatch,
                     logits: torch.Tensor | None = None,

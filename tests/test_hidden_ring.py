@@ -46,6 +46,34 @@ def test_triton_matches_the_twin(sources, h, n):
         write_ring(got, [], positions, pool_rows)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("sources,h,n,vocab", [(3, 24, 5, 5000), (1, 40, 1, 300),
+                                                (3, 16, 2, 100), (2, 1100, 3, 4000)])
+def test_the_greedy_picks_launch_writes_the_ring_as_the_twins_do(sources, h, n, vocab):
+    """The pick's first kernel writes each row's sources, whether its rows take one chunk or
+    several, fewer chunks than sources among them (vocab 100: one; 4,000: two of 2,048)."""
+    from kernels.topk import argmax_rows
+
+    gen = torch.Generator().manual_seed(sources * 7 + vocab)
+    rows, depth = 6, 8
+    src = [torch.randn(n, h, generator=gen) for _ in range(sources)]
+    positions = torch.randint(0, 40, (n,), generator=gen)
+    pool_rows = torch.randperm(rows, generator=gen)[:n]
+    logits = torch.randn(n, vocab, generator=gen).to(torch.bfloat16)
+    rings = [torch.full((rows, depth, sources * h), -3.0) for _ in range(3)]
+    got = argmax_rows(logits, use_triton=True, ring=(rings[0], src, positions, pool_rows))
+    want = argmax_rows(logits, use_triton=False, ring=(rings[1], src, positions, pool_rows))
+    write_ring(rings[2], src, positions, pool_rows, use_triton=False)
+    assert torch.equal(got, logits.argmax(-1)) and torch.equal(want, got)
+    assert torch.equal(rings[0], rings[2]) and torch.equal(rings[1], rings[2])
+    assert int((rings[0] != -3.0).any(-1).sum()) == n
+    with pytest.raises(ValueError, match="do not fill a ring row"):
+        argmax_rows(logits, ring=(rings[0], [s[:, 1:] for s in src], positions, pool_rows))
+    with pytest.raises(ValueError, match=f"the ring's sources have {n + 1} rows, the picks {n}"):
+        more = [torch.zeros(n + 1, h)] * sources
+        argmax_rows(logits, ring=(rings[0], more, positions, pool_rows))
+
+
 def test_reads_come_back_in_order_across_the_wrap():
     ring = HiddenRing(rows=4, width=6, dtype=torch.float32, device="cpu", depth=8)
     pool_rows, first = [2, 0, 3], [5, 13, 0]
@@ -113,6 +141,48 @@ def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo
     _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
     if ring == "on":
         assert reads.count(8) >= 2 and max(reads) == 8, reads  # full logs read before a wrap
+
+
+@needs_interpreter
+@pytest.mark.parametrize("algo,in_pick", [("EAGLE3", "1"), ("NEXTN", "0")])  # 3 sources, 1
+def test_decode_graphs_write_the_ring_with_their_greedy_pick(world, algo, in_pick, monkeypatch):
+    """Decode graphs (stood in for by replays of their captured body, as in
+    test_decode_graph_host.py) write the head's rows in the greedy pick's launch
+    (SPECPCG_RING_IN_PICK=1) or in one of their own: by stretches of 19 plain steps with a ring
+    8 deep, every position reaches the head once, as a dense forward has it, and the tokens are
+    the target's own."""
+    import specpcg.graphs.decode_runner as decode_runner
+    from specpcg.graphs.buckets import decode_batch_buckets
+    from tests.test_adaptive_engine import Stretches
+    from tests.test_decode_graph_host import _fake_capture
+    from tests.test_eagle import _check_rows_against_dense, _Recorder
+
+    monkeypatch.setattr(hidden_ring, "DEPTH", 8)
+    monkeypatch.setenv("SPECPCG_RING_IN_PICK", in_pick)
+    monkeypatch.setattr(decode_runner, "warm_and_capture", _fake_capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)  # the capture's timing
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    engine = _engine(world.noisy, algo, world.heads[algo], disable_adaptive_speculation=False,
+                     attention_backend="triton")
+    head = engine.draft
+    runner = decode_runner.DecodeGraphRunner(
+        engine.runner, decode_batch_buckets(8), head.needs_hidden, tuple(head.aux_layers), None,
+        show_progress=False, write_rows=True)
+    runner.capture()
+    engine.router.runners["decode_graph"] = runner
+    engine.scheduler.adaptive = Stretches(19)
+    writes, real = [], head.hidden_ring.write
+    monkeypatch.setattr(head.hidden_ring, "write",
+                        lambda *a: writes.append(a[3] is not None) or real(*a))
+    params = [{**p, "max_new_tokens": 40 + 2 * i} for i, p in enumerate(world.params)]
+    want = _engine(world.noisy).generate(input_ids=world.prompts, sampling_params=params)
+    recorder = _Recorder(engine, reserves_ahead=True)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in want]
+    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
+    replays = sum(g.replays for g in runner.graphs.values())
+    assert replays > 40 and runner.ring_in_graph
+    assert writes.count(in_pick == "1") >= replays and (in_pick == "0") not in writes
 
 
 @pytest.mark.cuda

@@ -82,6 +82,9 @@ class DecodeGraphRunner:
         # DECODE graphs also take each row's greedy pick (the sampler's kernel): at batch 1 its
         # two launches were a third of the host's step (docs/PERFORMANCE.md).
         self.greedy_in_graph = os.environ.get("SPECPCG_GREEDY_IN_GRAPH", "1") != "0"
+        # A head's hidden ring written by the greedy pick's first kernel (one launch less a
+        # plain step; SPECPCG_RING_IN_PICK=0: a launch of its own after the pick).
+        self.ring_pick = os.environ.get("SPECPCG_RING_IN_PICK", "1") != "0"
         max_tokens = self.buckets[-1] * max(self.tokens_per_req.values())
         model = model_runner.model
         dev = model_runner.device
@@ -290,12 +293,15 @@ class DecodeGraphRunner:
             self.model_runner.attn_backend.init_graph_metadata(batch)
         hidden, aux = self.model_runner.call_model(batch)
         logits = self.model_runner.model.compute_logits(hidden)
-        greedy = None
-        if self.greedy_in_graph and batch.forward_mode == ForwardMode.DECODE:
-            greedy = argmax_rows(logits)
-        if self.model_runner.writes_ring(batch):  # nothing copied out after the replay; last,
-            # so the chain of launches before it stays unbroken (kernels/dispatch.py, pdl)
-            self.model_runner.write_ring(batch, hidden, aux)
+        pick = self.greedy_in_graph and batch.forward_mode == ForwardMode.DECODE
+        ring = self.model_runner.writes_ring(batch)
+        fused = pick and ring and self.ring_pick
+        greedy = argmax_rows(logits) if pick and not fused else None
+        if ring:  # nothing copied out after the replay: the greedy pick's launch writes the
+            # rows (ring_pick), else a launch of their own, last, so that the chain of launches
+            # before it stays unbroken (kernels/dispatch.py, pdl)
+            picked = self.model_runner.write_ring(batch, hidden, aux, logits if fused else None)
+            greedy = picked if fused else greedy
             self.ring_in_graph = True
         return hidden, aux, logits, greedy
 
