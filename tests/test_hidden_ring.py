@@ -108,6 +108,22 @@ def test_a_ring_is_as_deep_as_its_bytes_allow(monkeypatch):
     assert HiddenRing.for_draft(ctx(64), 3) is None
 
 
+def _stretches_reach_the_head(world, algo, engine, monkeypatch) -> None:
+    """One speculative step, then 19 plain ones, by turns, over answers of 40-54 tokens: the
+    tokens are the target's own, and every position reaches the head once, in order, as a
+    dense forward of the target and the head would have it."""
+    from tests.test_adaptive_engine import Stretches
+    from tests.test_eagle import _check_rows_against_dense, _Recorder
+
+    engine.scheduler.adaptive = Stretches(19)
+    params = [{**p, "max_new_tokens": 40 + 2 * i} for i, p in enumerate(world.params)]
+    want = _engine(world.noisy).generate(input_ids=world.prompts, sampling_params=params)
+    recorder = _Recorder(engine, reserves_ahead=True)
+    outs = engine.generate(input_ids=world.prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in want]
+    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
+
+
 @pytest.mark.parametrize("ring", ["on", "off"])
 @pytest.mark.parametrize("algo", ALGOS)
 def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo, ring,
@@ -117,9 +133,6 @@ def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo
     speculative step or change of batch; every position still reaches the head once, in order,
     as a dense forward of the target and the head would have it (with the ring off, as copies
     after each step), and the tokens are the target's own."""
-    from tests.test_adaptive_engine import Stretches
-    from tests.test_eagle import _check_rows_against_dense, _Recorder
-
     monkeypatch.setattr(hidden_ring, "DEPTH", 8)
     if ring == "off":
         monkeypatch.setenv("SPECPCG_HIDDEN_RING", "0")
@@ -127,18 +140,12 @@ def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo
     assert (engine.draft.hidden_ring is None) == (ring == "off")
     assert engine.draft.info()["hidden_ring_depth"] == (8 if ring == "on" else None)
     assert engine.runner.hidden_ring is engine.draft.hidden_ring
-    engine.scheduler.adaptive = Stretches(19)
     reads = []
     if ring == "on":
         real = engine.draft.hidden_ring.read
         monkeypatch.setattr(engine.draft.hidden_ring, "read",
                             lambda *a: reads.append(a[2]) or real(*a))
-    params = [{**p, "max_new_tokens": 40 + 2 * i} for i, p in enumerate(world.params)]
-    want = _engine(world.noisy).generate(input_ids=world.prompts, sampling_params=params)
-    recorder = _Recorder(engine, reserves_ahead=True)
-    outs = engine.generate(input_ids=world.prompts, sampling_params=params)
-    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in want]
-    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
+    _stretches_reach_the_head(world, algo, engine, monkeypatch)
     if ring == "on":
         assert reads.count(8) >= 2 and max(reads) == 8, reads  # full logs read before a wrap
 
@@ -153,9 +160,7 @@ def test_decode_graphs_write_the_ring_with_their_greedy_pick(world, algo, in_pic
     the target's own."""
     import specpcg.graphs.decode_runner as decode_runner
     from specpcg.graphs.buckets import decode_batch_buckets
-    from tests.test_adaptive_engine import Stretches
     from tests.test_decode_graph_host import _fake_capture
-    from tests.test_eagle import _check_rows_against_dense, _Recorder
 
     monkeypatch.setattr(hidden_ring, "DEPTH", 8)
     monkeypatch.setenv("SPECPCG_RING_IN_PICK", in_pick)
@@ -170,16 +175,10 @@ def test_decode_graphs_write_the_ring_with_their_greedy_pick(world, algo, in_pic
         show_progress=False, write_rows=True)
     runner.capture()
     engine.router.runners["decode_graph"] = runner
-    engine.scheduler.adaptive = Stretches(19)
     writes, real = [], head.hidden_ring.write
     monkeypatch.setattr(head.hidden_ring, "write",
                         lambda *a: writes.append(a[3] is not None) or real(*a))
-    params = [{**p, "max_new_tokens": 40 + 2 * i} for i, p in enumerate(world.params)]
-    want = _engine(world.noisy).generate(input_ids=world.prompts, sampling_params=params)
-    recorder = _Recorder(engine, reserves_ahead=True)
-    outs = engine.generate(input_ids=world.prompts, sampling_params=params)
-    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in want]
-    _check_rows_against_dense(world, algo, engine, recorder, outs, monkeypatch)
+    _stretches_reach_the_head(world, algo, engine, monkeypatch)
     replays = sum(g.replays for g in runner.graphs.values())
     assert replays > 40 and runner.ring_in_graph
     assert writes.count(in_pick == "1") >= replays and (in_pick == "0") not in writes
