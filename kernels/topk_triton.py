@@ -52,8 +52,8 @@ def _chunk_kernel(x_ptr, cand_val_ptr, cand_idx_ptr, chunk_max_ptr, chunk_sum_pt
                   SOURCES: tl.constexpr, DEPTH: tl.constexpr, H: tl.constexpr,
                   H_BLOCK: tl.constexpr):
     row, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    for source in tl.static_range(SOURCES):  # the row's ring write, spread over its chunks
-        if source % tl.num_programs(1) == chunk:
+    if SOURCES > 0:  # the row's ring write, its sources spread over the row's chunks
+        for source in range(chunk, SOURCES, tl.num_programs(1)):
             ring_row(row, source, src0, src1, src2, stride0, stride1, stride2, pos_ptr,
                      rows_ptr, ring_ptr, SOURCES, DEPTH, H, H_BLOCK)
     idx = chunk * BLOCK + tl.arange(0, BLOCK)
