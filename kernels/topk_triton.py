@@ -2,14 +2,14 @@
 
 `_chunk_kernel`: one program per (row, chunk of BLOCK entries) loads its chunk once and picks
 its k best in registers (k rounds of max, lowest index on ties, the pick then masked out); for
-log-probabilities it also writes the chunk's max and sum of exp(x - max). The global k best are among the chunks' k best,
-so `_merge_kernel` (one program per row) picks k again over chunks * k candidates by the same
-rule and, for log-probabilities, subtracts the row's log-sum-exp combined from the chunks'. A
-row of one chunk is finished by the first kernel alone. Whichever kernel finishes a row maps its
-indices through the index map when there is one. Given a ring write (a decode graph's greedy
-pick in an engine with a head: kernels/hidden_ring.py), the first kernel's programs also copy
-each row's hidden rows to the ring, a source a chunk, where the write would take a launch of
-its own after the pick.
+log-probabilities it also writes the chunk's max and sum of exp(x - max). The global k best are
+among the chunks' k best, so `_merge_kernel` (one program per row) picks k again over chunks * k
+candidates by the same rule and, for log-probabilities, subtracts the row's log-sum-exp combined
+from the chunks'. A row of one chunk is finished by the first kernel alone. Whichever kernel
+finishes a row maps its indices through the index map when there is one. Given a ring write (a
+decode graph's greedy pick in an engine with a head: kernels/hidden_ring.py), the first kernel's
+programs also copy each row's hidden rows to the ring, a source a chunk, where the write would
+take a launch of its own after the pick.
 
 Launchers allocate their scratch and outputs with torch (from the graph's pool under capture)
 and never read tensor values on the host.
