@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import datetime
 import gc
+import gzip
 import json
 import os
 import platform
@@ -184,10 +185,13 @@ def append_jsonl(path, records: list[dict]) -> None:
 
 
 def read_jsonl(path) -> list[dict]:
+    """A results file's records; a name ending .gz is read through gzip (the long step logs
+    are kept compressed)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"results file {str(path)!r} does not exist")
-    with open(path) as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -89,12 +89,8 @@ def calibrate(path: str) -> tuple:
     log: the median call of each side per bucket of the batch it ran (speculative calls of the
     pinned system, plain ones of no-spec), and one chance per request of the pinned system's
     largest batch, from its accept length. Calls that emitted nothing (a launch) are left out."""
-    import json
-
     calls, lengths = {}, []
-    with open(path) as f:
-        rows = [json.loads(line) for line in f]
-    for r in rows:
+    for r in common.read_jsonl(path):
         side = {("pinned", "spec"): True, ("no-spec", "plain"): False}.get(
             (r.get("system"), r.get("kind")))
         if side is not None and r["bs"] > 0 and r["tokens"] > 0:

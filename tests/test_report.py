@@ -164,3 +164,20 @@ def test_accept_runs_side_by_side_plot_efficiency_or_decode_tok_s(tmp_path, monk
     assert eff[0]["labels"] == ["p=0.7"] and eff[0]["values"] == {"new": [1.0], "old": [0.5]}
     assert tok[1]["labels"] == ["no-spec", "p=0.7"]
     assert tok[1]["values"] == {"new": [32.0, 54.4], "old": [16.0, 27.2]}
+
+
+def test_results_read_alike_plain_or_gzipped(tmp_path):
+    """The long step logs are kept gzipped: common.read_jsonl reads either, and names a file
+    that is not there."""
+    import gzip
+
+    import common
+
+    lines = [{"system": "pinned", "bs": 4}, {"system": "no-spec", "bs": 1}]
+    plain = tmp_path / "log.jsonl"
+    _write(plain, lines)
+    packed = tmp_path / "log.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert common.read_jsonl(plain) == common.read_jsonl(packed) == lines
+    with pytest.raises(ValueError, match="missing.jsonl.gz"):
+        common.read_jsonl(tmp_path / "missing.jsonl.gz")
