@@ -23,9 +23,10 @@ from __future__ import annotations
 import itertools
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
-from specpcg.transfer import to_device
+from specpcg.transfer import runs, to_device
 
 MAX_CHUNKS = 4  # replays per catch-up before one eager forward is cheaper
 # The prompt runner's rows per request, and the most new requests it takes in one replay. NOTE:
@@ -145,15 +146,22 @@ def _pack(part: list, w: int, device, with_hidden: bool) -> tuple:
     n = len(part)
     m = n + n % 2
     counts = [len(x) for _, _, x, _ in part]
-    host = []
-    for piece in ([row for row, _, _, _ in part], [pos for _, pos, _, _ in part], counts,
-                  [0] * n):
-        host += piece + [0] * (m - n)
-    host += [v for _, _, x, _ in part for v in (*x, *[0] * (w - len(x)))]
+    # NOTE: numpy, not a Python pass per row: at batch 64 a list of every id and hidden index
+    # took 340 us of this CPU's time a replay (1,900 at 256 rows a request).
+    total = sum(counts) if with_hidden else 0
+    host = np.zeros(4 * m + n * w + 2 * total, dtype=np.int64)
+    heads = host[:4 * m].reshape(4, m)
+    heads[0, :n] = [row for row, _, _, _ in part]
+    heads[1, :n] = [pos for _, pos, _, _ in part]
+    heads[2, :n] = counts
+    ids = host[4 * m:4 * m + n * w].reshape(n, w)
+    ids[np.arange(w) < np.asarray(counts)[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(x for _, _, x, _ in part), np.int64, sum(counts))
     if with_hidden:
-        host += [i * w + j for i, k in enumerate(counts) for j in range(k)]
-        host += [src + j for (_, _, _, src), k in zip(part, counts) for j in range(k)]
-    ints = to_device(host, device)
+        end = 4 * m + n * w
+        host[end:end + total] = runs(range(0, n * w, w), counts)
+        host[end + total:] = runs([src for _, _, _, src in part], counts)
+    ints = to_device(torch.from_numpy(host), device)
     rows, first, lens, roots = ints[:4 * m].view(4, m)[:, :n]
     end = 4 * m + n * w
     path = DevicePath(first_pos=first, lens=lens, roots=roots,
