@@ -185,8 +185,7 @@ def append_jsonl(path, records: list[dict]) -> None:
 
 
 def read_jsonl(path) -> list[dict]:
-    """A results file's records; a name ending .gz is read through gzip (the long step logs
-    are kept compressed)."""
+    """A results file's records; a name ending .gz is read through gzip (long step logs)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"results file {str(path)!r} does not exist")

@@ -22,9 +22,7 @@ import common
 
 common.add_repo_to_path()
 
-# The widths an engine captures where speculation pauses, round width 8 (2 * 8; bucket's
-# EXPLORE_EVERY + 8), and the prompt runner's (resume.PROMPT_WIDTH, PROMPT_MAX_BS).
-WIDTHS = (16, 40)
+ROUND_WIDTH = 8  # the look runners' widths follow it (ResumeCatchUp.build)
 
 
 class _Runner:
@@ -54,12 +52,14 @@ class _Router:
 def probe(bs: int, lag: int, hidden: int, repeats: int) -> dict:
     from drafts import resume
     from specpcg.kv_cache import KVCache, KVPool, ReqToTokenPool
+    from specpcg.speculative.bucket import EXPLORE_EVERY
 
     positions = lag * (repeats + 2)
     kv = KVCache(KVPool(bs * positions + 1, 1, 1, 4, torch.float32, "cpu"),
                  ReqToTokenPool(bs + 1, positions, "cpu"))
     rows = [kv.new_request() for _ in range(bs)]
-    runners = [_Runner(w, bs, kv, hidden) for w in WIDTHS]
+    widths = (2 * ROUND_WIDTH, EXPLORE_EVERY + ROUND_WIDTH)  # and the prompt runner's:
+    runners = [_Runner(w, bs, kv, hidden) for w in widths]
     runners.append(_Runner(resume.PROMPT_WIDTH, resume.PROMPT_MAX_BS, kv, hidden))
     catch_up = resume.ResumeCatchUp(runners)
     flat = torch.zeros(bs * lag, hidden)

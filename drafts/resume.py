@@ -148,22 +148,20 @@ def _pack(part: list, w: int, device, with_hidden: bool) -> tuple:
     counts = [len(x) for _, _, x, _ in part]
     # NOTE: numpy, not a Python pass per row: at batch 64 a list of every id and hidden index
     # took 340 us of this CPU's time a replay (1,900 at 256 rows a request).
-    total = sum(counts) if with_hidden else 0
-    host = np.zeros(4 * m + n * w + 2 * total, dtype=np.int64)
+    total, end = sum(counts), 4 * m + n * w
+    host = np.zeros(end + (2 * total if with_hidden else 0), dtype=np.int64)
     heads = host[:4 * m].reshape(4, m)
     heads[0, :n] = [row for row, _, _, _ in part]
     heads[1, :n] = [pos for _, pos, _, _ in part]
     heads[2, :n] = counts
-    ids = host[4 * m:4 * m + n * w].reshape(n, w)
+    ids = host[4 * m:end].reshape(n, w)
     ids[np.arange(w) < np.asarray(counts)[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(x for _, _, x, _ in part), np.int64, sum(counts))
+        itertools.chain.from_iterable(x for _, _, x, _ in part), np.int64, total)
     if with_hidden:
-        end = 4 * m + n * w
         host[end:end + total] = runs(range(0, n * w, w), counts)
         host[end + total:] = runs([src for _, _, _, src in part], counts)
     ints = to_device(torch.from_numpy(host), device)
     rows, first, lens, roots = ints[:4 * m].view(4, m)[:, :n]
-    end = 4 * m + n * w
     path = DevicePath(first_pos=first, lens=lens, roots=roots,
                       ids=ints[4 * m:end].view(n, w), hidden=None)
     hidden_at = ints[end:].view(2, -1) if with_hidden else None
