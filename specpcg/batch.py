@@ -41,10 +41,7 @@ def make_batch(kv_cache, mode: ForwardMode, reqs: list, new_ids: list, device,
     host[2 * t:2 * t + num_tokens] = np.fromiter(itertools.chain.from_iterable(
         kv_cache.slots_of(r.req_pool_idx)[s - n:s]
         for r, s, n in zip(reqs, seq_lens, ext_lens)), np.int64, num_tokens)
-    tail = host[3 * t:].reshape(3, b)
-    tail[0, :bs] = [r.req_pool_idx for r in reqs]
-    tail[1, :bs] = seq_lens
-    tail[2, :bs] = ext_lens
+    host[3 * t:].reshape(3, b)[:, :bs] = [[r.req_pool_idx for r in reqs], seq_lens, ext_lens]
     packed = to_device(torch.from_numpy(host), device)
     parts = packed.split([t] * 3 + [b] * 3)
     if t != num_tokens or b != bs:  # each part without its padding

@@ -79,3 +79,17 @@ def test_a_batch_that_leaves_its_rows_to_the_forward_matches_one_written_on_the_
     for name in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens",
                  "extend_seq_lens"):
         assert torch.equal(getattr(batch, name), getattr(written, name)), name
+
+
+def test_the_batch_probe_times_this_tree_beside_another():
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import probe_make_batch
+
+    lines = probe_make_batch.main(["--cells", "2x3", "3x1", "--tree", f"same={root}",
+                                   "--repeats", "3", "--rounds", "1"])
+    assert [(x["batch"], x["tokens_per_request"]) for x in lines] == [(2, 3), (3, 1)]
+    assert all(x["us_this"] > 0 and x["us_same"] > 0 for x in lines)
