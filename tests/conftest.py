@@ -2,7 +2,9 @@
 interpreter's nested calls are made cheaper (see `_patch_language_once_per_helper`), and its
 tl.dot sums each element in one order whatever numpy's BLAS (`_dot_in_one_order`)."""
 
+import gc
 import os
+import traceback
 
 import pytest
 import torch
@@ -101,3 +103,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def release_frames(tb) -> None:
+    """Lets go of every local of a failed test's frames (its engines among them): pytest keeps
+    the exception, and with it the frames. On one H100 the engines of one failed draft training
+    left every later test of that process "no memory left for the KV cache" (25e331a)."""
+    traceback.clear_frames(tb)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The report of a failure is written first (its text holds what the frames showed)."""
+    outcome = yield
+    if outcome.get_result().failed and call.excinfo is not None:
+        release_frames(call.excinfo.tb)
