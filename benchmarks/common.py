@@ -11,6 +11,7 @@ import collections
 import datetime
 import gc
 import gzip
+import importlib.util
 import json
 import os
 import platform
@@ -37,6 +38,13 @@ def add_repo_to_path() -> None:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
 
+
+def load_module(name: str, path):
+    """The Python file at `path` as a module named `name` (another tree's copy of one)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # -- timing ------------------------------------------------------------------------------------
 def synchronize(device: torch.device) -> None:
@@ -86,23 +94,17 @@ def git_commit() -> Optional[str]:
     if os.environ.get(GIT_ENV):
         return os.environ[GIT_ENV][:7]
     git_dir = REPO_ROOT / ".git"
-    head_file = git_dir / "HEAD"
-    if not head_file.is_file():
+    if not (git_dir / "HEAD").is_file():
         return None
-    head = head_file.read_text().strip()
+    head = (git_dir / "HEAD").read_text().strip()
     if not head.startswith("ref: "):
         return head[:7]
     ref = head[5:]
-    ref_file = git_dir / ref
-    if ref_file.is_file():
-        return ref_file.read_text().strip()[:7]
+    if (git_dir / ref).is_file():
+        return (git_dir / ref).read_text().strip()[:7]
     packed = git_dir / "packed-refs"
-    if packed.is_file():
-        for line in packed.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1] == ref:
-                return parts[0][:7]
-    return None
+    lines = packed.read_text().splitlines() if packed.is_file() else []
+    return next((p[0][:7] for p in map(str.split, lines) if len(p) == 2 and p[1] == ref), None)
 
 
 def device_name(device: torch.device) -> str:
@@ -198,11 +200,8 @@ def read_jsonl(path) -> list[dict]:
 def fmt(value: Optional[float]) -> str:
     if value is None:
         return "-"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
+    digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:,.{digits}f}"
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:

@@ -21,7 +21,6 @@ programs a request then double or more, each with fewer query rows; the bits mus
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 
 import torch
@@ -31,13 +30,6 @@ import common
 common.add_repo_to_path()
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "llama-3-8b": (32, 8, 128)}  # heads, KV heads, head dim
-
-
-def load_module(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(f"probe_attn_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def layer_pools(layers: int, batch: int, context: int, nodes: int, heads: tuple, dev) -> list:
@@ -142,7 +134,8 @@ def main(argv=None) -> None:
     from specpcg.attention import triton_kernels
 
     variants = [("this", triton_kernels)]
-    variants += [(spec.split("=", 1)[0], load_module(*spec.split("=", 1))) for spec in args.module]
+    for name, path in (spec.split("=", 1) for spec in args.module):
+        variants.append((name, common.load_module(f"probe_attn_{name}", path)))
     dev = torch.device("cuda")
     machine, heads = common.device_name(dev), SHAPES[args.shape]
     for nodes in args.nodes:

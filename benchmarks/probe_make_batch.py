@@ -11,7 +11,6 @@ taking turns a round at a time. Medians of --repeats calls, the least of --round
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from types import SimpleNamespace
 
@@ -23,13 +22,6 @@ common.add_repo_to_path()
 
 CELLS = ("1x8", "1x64", "16x8", "16x64", "64x8", "64x64", "8x512", "64x250")
 CACHED = 100  # positions each request holds before the batch's tokens
-
-
-def batch_module(path: str):
-    spec = importlib.util.spec_from_file_location(f"batch_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def setup(bs: int, n: int) -> tuple:
@@ -66,10 +58,10 @@ def main(argv=None) -> list:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     here = common.REPO_ROOT / "specpcg" / "batch.py"
-    trees = {"this": batch_module(str(here))}
+    trees = {"this": common.load_module("batch_this", here)}
     if args.tree:
         name, path = args.tree.split("=", 1)
-        trees[name] = batch_module(f"{path}/specpcg/batch.py")
+        trees[name] = common.load_module(f"batch_{name}", f"{path}/specpcg/batch.py")
     lines = []
     for cell in args.cells:
         bs, n = map(int, cell.split("x"))
