@@ -23,7 +23,7 @@ import torch
 import common
 
 common.add_repo_to_path()
-from probe_decode_attn import SHAPES, load_module  # noqa: E402
+from probe_decode_attn import SHAPES  # noqa: E402
 
 
 def cell_inputs(batch: int, length: int, dev) -> dict:
@@ -82,7 +82,8 @@ def variants(args) -> list:
 
     out = [("this", triton_extend, None)]
     out += [(f"this/{c}", triton_extend, tuple(int(x) for x in c.split(","))) for c in args.configs]
-    out += [(spec.split("=", 1)[0], load_module(*spec.split("=", 1)), None) for spec in args.module]
+    for name, path in (spec.split("=", 1) for spec in args.module):
+        out.append((name, common.load_module(f"probe_attn_{name}", path), None))
     return out
 
 
