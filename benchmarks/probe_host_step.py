@@ -10,8 +10,8 @@ keeps the prefills and the one capture-time forward short: a no-op replay makes 
 size irrelevant to a step.
 
     python benchmarks/probe_host_step.py [--batches 1 8 64] [--steps 192] [--repeats 5]
-        [--draft held|adaptive|ngram-held|eagle3-held|eagle3-copied ...] [--profile N]
-        [--out benchmarks/results/host_step.jsonl]
+        [--draft held|adaptive|ngram-held|eagle3-held|eagle3-copied|eagle3-adaptive ...]
+        [--profile N] [--out benchmarks/results/host_step.jsonl]
 
 Per batch size: `steps` new tokens per request (EOS ignored) with every request decoding from
 the first step on; a step's host time is the median time between two of the scheduler's
@@ -22,7 +22,8 @@ speculate, and what its adaptive controller adds. ngram-held: an NGRAM engine he
 steps, whose every step also runs the shadow verifies that price its speculation. eagle3-held:
 an EAGLE3 engine held to plain steps, whose graphs write the head's hidden rows to its ring
 (specpcg/hidden_ring.py); eagle3-copied: the same with the ring off, the rows copied out after
-each step. Several --draft engines take their turns together.
+each step; eagle3-adaptive: left to choose (its eager speculative steps lose on CPU: plain steps
+but for its looks). Several --draft engines take their turns together.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ common.add_repo_to_path()
 DRAFTED = {"held": "STANDALONE held to plain steps", "adaptive": "STANDALONE, adaptive",
            "ngram-held": "NGRAM held to plain steps",
            "eagle3-held": "EAGLE3 (random head) held to plain steps",
-           "eagle3-copied": "EAGLE3 (random head) held to plain steps, rows copied out"}
-EAGLE3 = ("eagle3-held", "eagle3-copied")
+           "eagle3-copied": "EAGLE3 (random head) held to plain steps, rows copied out",
+           "eagle3-adaptive": "EAGLE3 (random head), adaptive"}
+EAGLE3 = ("eagle3-held", "eagle3-copied", "eagle3-adaptive")
+HELD = ("held", "ngram-held", "eagle3-held", "eagle3-copied")
 
 
 class _NoReplay:
@@ -92,7 +95,7 @@ def graph_engine(path: str, max_bs: int, draft: str = None):
         engine = Engine(model_path=path, skip_tokenizer_init=True, device="cpu", dtype="float32",
                         attention_backend="triton", max_total_tokens=max_bs * 512,
                         max_running_requests=max_bs, **spec)
-    if draft in ("held", "ngram-held") + EAGLE3:
+    if draft in HELD:
         from holds import plain_only
 
         plain_only(engine)

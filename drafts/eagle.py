@@ -144,8 +144,8 @@ class HeadDraft(RoundDrafting, DraftWorker):
 
     def absorb_ring(self, reqs: list) -> None:
         """A plain step wrote its rows to self.hidden_ring at each request's num_cached."""
-        log, rids = self._plain, [r.rid for r in reqs]
-        if not isinstance(log, RingLog) or log.rids != rids:
+        log = self._plain  # the same batch: the same Request objects in the same rows
+        if not isinstance(log, RingLog) or log.reqs != reqs:
             self._hand_over()
             log = self._plain = RingLog(reqs, [self._state(r) for r in reqs], self.hidden_ring)
         log.steps += 1

@@ -32,7 +32,8 @@ class RingLog:
 
     def __init__(self, reqs: list, states: list, ring):
         """reqs: the batch at its first step, each at the position that step wrote."""
-        self.rids, self.states, self.ring = [r.rid for r in reqs], states, ring
+        self.reqs, self.states, self.ring = list(reqs), states, ring
+        self.rids = [r.rid for r in reqs]
         self.pool_rows = [r.req_pool_idx for r in reqs]
         self.first, self.steps = [r.num_cached for r in reqs], 0
 

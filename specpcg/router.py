@@ -38,7 +38,8 @@ def hidden_refusal(batch: ForwardBatch, captured_mode, captured_aux: tuple):
     """A graph serves any request asking for no more hidden state than it captured."""
     if batch.capture_hidden_mode > captured_mode:
         return Refusal.HIDDEN_MODE_NOT_CAPTURED
-    if not set(batch.aux_hidden_layers) <= set(captured_aux):
+    aux = batch.aux_hidden_layers  # most often the very layers captured: no sets built
+    if aux != captured_aux and not set(aux) <= set(captured_aux):
         return Refusal.AUX_LAYERS_NOT_CAPTURED
     return None
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import logging
 from collections import deque
-from functools import partial
 
 import torch
 
@@ -110,10 +109,7 @@ class Scheduler:
                 self.clock.flushed(name == "spec", carried, before)
         picked = self._schedule_prefill()
         if picked:
-            self.clock.prefill()
-            if self.adaptive is not None:
-                # The next step's draft first catches up on these prompts: not a step's speed.
-                self.adaptive.interrupt()
+            self.clock.prefill()  # the draft first catches up on these prompts
             return done + self._guarded([r for r, _ in picked], lambda: self._run_prefill(picked))
         if self.running:
             run = {"plain": self._run_overlapped, "spec": self._run_spec_overlapped}.get(
@@ -148,12 +144,20 @@ class Scheduler:
             if capped:  # no warm-up and no look above the cap: plain steps cost nothing extra
                 self.adaptive.skip(bs)
             # Nothing waiting: the running batch is all there is, so finishing it is the goal.
-            finish = None if self.waiting else (lambda: Finish.of(self.running))
-            behind = partial(self.spec.draft.catch_up_positions, self.running)
+            finish = None if self.waiting else self._finish_estimate
+            behind = self._draft_lag
             # Where a batch of one is in its answer (shadow verifies follow that themselves).
             position = len(self.running[0].output_ids) if bs == 1 and self.shadow is None else None
             self._speculate = not capped and self.adaptive.use_spec(bs, finish, behind, position)
         return self._speculate
+
+    def _finish_estimate(self) -> Finish:
+        """The running batch's finish (use_spec's `finish`, asked within the step)."""
+        return Finish.of(self.running)
+
+    def _draft_lag(self):
+        """The positions the draft would catch up on (use_spec's `behind`)."""
+        return self.spec.draft.catch_up_positions(self.running)
 
     def _guarded(self, carried: list, run) -> list:
         """run(), or, when the forward raises, exactly the requests it carried finished with

@@ -66,9 +66,8 @@ batch 1 ran 1.22-1.25x no-spec in 5 of 5 rounds where the blind controller began
 
 NGRAM needs no looks to know its accept length: shadow verifies price it (shadow.py).
 
-Both sides emit the target's own tokens (greedy: the same tokens, whichever runs), so the choice
-changes speed only. A plain decode step still hands the target's hidden states to the draft
-(`DraftWorker.absorb`), which catches up on them at its next round.
+Both sides emit the target's own tokens, so the choice changes speed only; a plain step still
+hands the target's hidden states to the draft, which catches up on them at its next round.
 """
 
 from __future__ import annotations
@@ -316,11 +315,11 @@ class AdaptiveSpeculation:
             rate = current.side(spec)
         return rate.step_s
 
-    def record(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
+    def record(self, batch_size: int, spec: bool, tokens: int, seconds: float):
         """A step of `batch_size` requests emitted `tokens` in `seconds` (host wall clock,
         the device included: each step ends in the read of its tokens), kept as tokens per
         second per request. The first step after a switch of side is not counted (module
-        docstring)."""
+        docstring). Returns the window a steady plain step joined (step_clock.py), else None."""
         switched, self._last_spec = self._last_spec is not None and spec != self._last_spec, spec
         interrupted, self._interrupted = self._interrupted, False
         extra, self._switch_extra = self._switch_extra, 0.0
@@ -338,6 +337,7 @@ class AdaptiveSpeculation:
             # step, not the side's window, which a change of speed leaves stale.
             b.switches.add(spec, pending[2] - seconds, pending[3])
         b.side(spec).add(tokens / batch_size, seconds)
+        return None if spec else b.decode
 
     def flushed(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
         """The step in flight of the side a switch leaves (overlap scheduling), read at the
