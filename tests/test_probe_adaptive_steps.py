@@ -78,3 +78,27 @@ def test_logging_a_choice_leaves_the_controllers_finish_estimate_alone(tmp_path)
     assert b.last_finish is estimate
     assert log[-1]["kind"] == "choose" and log[-1]["finish_s"] is None  # not made by it
     engine.shutdown()
+
+
+def test_every_recorded_step_reaches_the_log(tmp_path):
+    """The step clock adds a steady plain step to its window itself (step_clock.py): the
+    probe's wrapped record must still see each one, or its looks' reports miss their steps."""
+    import probe_adaptive_steps as probe
+    from bench_adaptive import HOLDS
+    from specpcg import Engine
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
+                    skip_tokenizer_init=True, speculative_algorithm="NGRAM",
+                    speculative_num_steps=3, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=4, show_progress=False)
+    HOLDS["plain"](engine)
+    log = probe.instrument(engine)
+    engine.generate(input_ids=[[5, 6, 7, 5, 6, 7]] * 2,
+                    sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+    windows = engine.scheduler.adaptive._buckets.values()
+    recorded = sum(b.decode.steps for b in windows)
+    assert recorded >= 15
+    assert sum(e["kind"] == "record" and not e["spec"] for e in log) >= recorded
+    engine.shutdown()
