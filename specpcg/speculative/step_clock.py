@@ -12,8 +12,8 @@ to the controller as flushed (`AdaptiveSpeculation.flushed`), and the clock rest
 
 A steady plain step (a plain step's batch size, no prefill, switch or flush between) only joins
 the plain side's window: the clock adds it to the window the controller's last `record` named,
-a fraction of the controller's bookkeeping on a step's host path (a held EAGLE3 engine's plain
-step on a 2-core CPU, `probe_host_step.py`: 2.6 us of 57 for the whole record).
+a fraction of the controller's bookkeeping on every plain step's host path (docs/PERFORMANCE.md,
+"An adaptive engine's plain step: its host work").
 """
 
 from __future__ import annotations
