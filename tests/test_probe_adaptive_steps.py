@@ -8,17 +8,23 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
-def test_a_hold_holds_after_the_first_logged_round(tmp_path, capsys):
-    import probe_adaptive_steps as probe
-    from bench_adaptive import HOLDS
+def _ngram_engine(path):
+    """An NGRAM (3, 1, 4) engine of a tiny random Llama saved at `path`."""
     from specpcg import Engine
     from tests.tiny_models import save_tiny_checkpoint
 
-    save_tiny_checkpoint("llama", tmp_path)
-    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
-                    skip_tokenizer_init=True, speculative_algorithm="NGRAM",
-                    speculative_num_steps=3, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=4, show_progress=False)
+    save_tiny_checkpoint("llama", path)
+    return Engine(model_path=str(path), device="cpu", dtype="float32",
+                  skip_tokenizer_init=True, speculative_algorithm="NGRAM",
+                  speculative_num_steps=3, speculative_eagle_topk=1,
+                  speculative_num_draft_tokens=4, show_progress=False)
+
+
+def test_a_hold_holds_after_the_first_logged_round(tmp_path, capsys):
+    import probe_adaptive_steps as probe
+    from bench_adaptive import HOLDS
+
+    engine = _ngram_engine(tmp_path)
     HOLDS["plain"](engine)
     held = engine.scheduler.adaptive.use_spec
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6]] * 2
@@ -62,15 +68,9 @@ def test_a_profiled_round_names_the_engines_own_functions(tmp_path, capsys):
 
 def test_logging_a_choice_leaves_the_controllers_finish_estimate_alone(tmp_path):
     import probe_adaptive_steps as probe
-    from specpcg import Engine
     from specpcg.speculative.bucket import Bucket
-    from tests.tiny_models import save_tiny_checkpoint
 
-    save_tiny_checkpoint("llama", tmp_path)
-    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
-                    skip_tokenizer_init=True, speculative_algorithm="NGRAM",
-                    speculative_num_steps=3, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=4, show_progress=False)
+    engine = _ngram_engine(tmp_path)
     log = probe.instrument(engine)
     b, estimate = Bucket(), (0.5, 0.4)
     b.last_finish = estimate  # an earlier choice's, which Bucket.lead reads until the next
@@ -85,14 +85,8 @@ def test_every_recorded_step_reaches_the_log(tmp_path):
     probe's wrapped record must still see each one, or its looks' reports miss their steps."""
     import probe_adaptive_steps as probe
     from bench_adaptive import HOLDS
-    from specpcg import Engine
-    from tests.tiny_models import save_tiny_checkpoint
 
-    save_tiny_checkpoint("llama", tmp_path)
-    engine = Engine(model_path=str(tmp_path), device="cpu", dtype="float32",
-                    skip_tokenizer_init=True, speculative_algorithm="NGRAM",
-                    speculative_num_steps=3, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=4, show_progress=False)
+    engine = _ngram_engine(tmp_path)
     HOLDS["plain"](engine)
     log = probe.instrument(engine)
     engine.generate(input_ids=[[5, 6, 7, 5, 6, 7]] * 2,
