@@ -240,7 +240,7 @@ def run_all(args) -> None:
                     "no_spec_stalls_per_round": stalls["no-spec"],
                     "adaptive_buckets": adaptive, "draft": draft,
                     # this size's rounds (the untimed one included): switches of side by what
-                    # chose them (adaptive.SWITCH_WHY), every bucket the batches shrank through
+                    # chose them (switches.SWITCH_WHY), every bucket the batches shrank through
                     "switches_by_why": dict(switch_counts(engine) - before[system]),
                     "chain_depth": common.chain_depth(engine),
                     **common.machine_info(engine.device)})

@@ -88,8 +88,6 @@ def instrument(engine) -> list:
             log.append({"kind": "record", "bs": batch_size, "spec": spec, "tokens": tokens,
                         "s": seconds})
             record(batch_size, spec, tokens, seconds)
-            # No window handed back: the step clock then brings every step here (step_clock.py).
-            return None
         s.adaptive.record = logged
         choose = s.adaptive._choose
 
@@ -123,7 +121,7 @@ def instrument(engine) -> list:
 
 def wrap_use_spec(ctrl, log: list) -> None:
     """Logs every step's side ("use"), with what chose it where the side switched
-    (adaptive.SWITCH_WHY), the bucket's steps since and between its looks, and the draft's lag
+    (switches.SWITCH_WHY), the bucket's steps since and between its looks, and the draft's lag
     where the controller counted it for this step."""
     use_spec = ctrl.use_spec
 

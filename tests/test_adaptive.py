@@ -849,7 +849,7 @@ def test_switches_are_counted_by_what_chose_them():
     """Every switch of side is counted once, under what chose the step that switched: the
     warm-up (speculation first, then plain steps), the choice on rates (requests waiting), each
     look (into the other side and back) and a batch above the user's cap."""
-    from specpcg.speculative.adaptive import SWITCH_WHY
+    from specpcg.speculative.switches import SWITCH_WHY
 
     ctrl = AdaptiveSpeculation()
     picks = _run(ctrl, 16, spec_rate=1200, decode_rate=1000, steps=4 * EXPLORE_EVERY)

@@ -81,8 +81,8 @@ def test_logging_a_choice_leaves_the_controllers_finish_estimate_alone(tmp_path)
 
 
 def test_every_recorded_step_reaches_the_log(tmp_path):
-    """The step clock adds a steady plain step to its window itself (step_clock.py): the
-    probe's wrapped record must still see each one, or its looks' reports miss their steps."""
+    """The probe wraps the controller's record: it must see each step, the steady plain ones
+    that only join their window included, or its looks' reports miss their steps."""
     import probe_adaptive_steps as probe
     from bench_adaptive import HOLDS
 

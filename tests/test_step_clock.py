@@ -1,5 +1,6 @@
-"""The decode steps' clock (specpcg/speculative/step_clock.py): a steady plain step added to
-its window by the clock itself leaves the controller where its whole `record` would have."""
+"""The decode steps' clock (specpcg/speculative/step_clock.py) feeding the adaptive controller:
+a steady plain step that only joins its window (`AdaptiveSpeculation.record`'s shortcut) leaves
+the controller where the whole `record` would have."""
 
 import random
 from types import SimpleNamespace
@@ -21,11 +22,11 @@ class _Time:
         return self.now
 
 
-class _SlowClock(StepClock):
-    """The clock without its steady path: every step goes through the controller's record."""
+class _WholeRecord(AdaptiveSpeculation):
+    """The controller without its steady shortcut: every step takes the whole record."""
 
     def record(self, *args) -> None:
-        self.steady = None
+        self._steady = None
         super().record(*args)
 
 
@@ -42,8 +43,8 @@ def test_the_steady_path_keeps_the_controllers_every_window_and_choice(monkeypat
     tells its clock. Both choose alike at every step and end with the same windows."""
     fake, rng = _Time(), random.Random(seed)
     monkeypatch.setattr(step_clock, "time", fake)
-    clocks = [cls(SimpleNamespace(adaptive=AdaptiveSpeculation()))
-              for cls in (StepClock, _SlowClock)]
+    clocks = [StepClock(SimpleNamespace(adaptive=cls()))
+              for cls in (AdaptiveSpeculation, _WholeRecord)]
     bs, fast_steps = 4, 0
     for _ in range(600):
         if rng.random() < 0.03:
@@ -59,18 +60,19 @@ def test_the_steady_path_keeps_the_controllers_every_window_and_choice(monkeypat
             for clock in clocks:
                 clock.flushed(not speculate, carried, bs)
         fake.now += rng.uniform(2e-4, 6e-4) * (3.0 if speculate else 1.0) * (1 + bs / 16)
-        fast_steps += clocks[0].steady is not None and not speculate
+        steady = clocks[0].scheduler.adaptive._steady
+        fast_steps += steady is not None and steady[0] == bs and not speculate
         tokens = bs * (rng.randint(1, 5) if speculate else 1)
         for clock in clocks:
             clock.record(bs, speculate, tokens, start)
             clock.step_done()
-    assert fast_steps > 200  # the steady path ran
+    assert fast_steps > 200  # the shortcut ran
     assert _state(clocks[0].scheduler.adaptive) == _state(clocks[1].scheduler.adaptive)
 
 
 def test_a_prefill_tells_the_controller_and_ends_the_steady_run(monkeypatch):
-    """After a prefill the next plain step is not counted: the clock's steady path must not
-    add it behind the controller's back."""
+    """After a prefill the next plain step is not counted: the controller's steady shortcut
+    must not add it to its window."""
     fake = _Time()
     monkeypatch.setattr(step_clock, "time", fake)
     ctrl = AdaptiveSpeculation()
@@ -80,8 +82,8 @@ def test_a_prefill_tells_the_controller_and_ends_the_steady_run(monkeypatch):
         clock.record(2, False, 2, start)
         clock.step_done()
     window = ctrl._bucket(2).decode
-    assert clock.steady == (2, window) and window.steps == 3
+    assert ctrl._steady == (2, window) and window.steps == 3
     clock.prefill()
     start, fake.now = fake.now, fake.now + 1e-3
     clock.record(2, False, 2, start)
-    assert window.steps == 3 and clock.steady is None
+    assert window.steps == 3 and ctrl._steady is None

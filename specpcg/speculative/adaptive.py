@@ -101,18 +101,13 @@ REDECIDE_EVERY = 8
 # half of it this pricing. A look then comes at most this many steps after a wait that shrank
 # between two pricings.
 LOOK_PRICED_EVERY = 8
-# What chose a step that switched side (info()'s "switches"): the side borrowed for the step
-# after a prefill, a bucket's warm-up, a batch's tail staying on its side, a look at the other
-# side (into it and back), the choice on rates (requests waiting, or shadow verifies) or on the
-# finish estimate (nothing waiting), and a batch above the user's cap (`skip`).
-SWITCH_WHY = ("borrowed", "warm-up", "tail", "look", "rates", "finish", "cap")
 
 
 class AdaptiveSpeculation:
     def __init__(self):
         self._buckets: dict = {}  # bucket -> Bucket
         self.chosen: Counter = Counter()  # (bucket, "spec" | "decode") -> steps run
-        # (bucket, why) -> switches of side, by what chose the step that switched (SWITCH_WHY)
+        # (bucket, why) -> switches of side, by what chose the step that switched (switches.py)
         self.switched: Counter = Counter()
         self._last_spec = None  # the side of the last recorded step: a switch is not counted
         self._interrupted = False  # a prefill ran since the last step: the next is not counted
@@ -128,6 +123,9 @@ class AdaptiveSpeculation:
         # covers at the switch into speculation chosen last (switches.py).
         self._plain_run, self._catch_up = 0, None
         self._behind = None  # this step's use_spec `behind` (_lag)
+        # (batch size, plain window) of the last plain step recorded in full: the next plain
+        # step of that size, no prefill or flush between, only joins the window (`record`).
+        self._steady = None
         # The last step's side and bucket; whether this step's batch came from another bucket.
         self._last_choice, self._last_key, self._arrived = None, None, False
         self.accepts = deque(maxlen=KEPT_ACCEPTS)  # finished requests' (finish.priors)
@@ -315,11 +313,20 @@ class AdaptiveSpeculation:
             rate = current.side(spec)
         return rate.step_s
 
-    def record(self, batch_size: int, spec: bool, tokens: int, seconds: float):
+    def record(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
         """A step of `batch_size` requests emitted `tokens` in `seconds` (host wall clock,
         the device included: each step ends in the read of its tokens), kept as tokens per
         second per request. The first step after a switch of side is not counted (module
-        docstring). Returns the window a steady plain step joined (step_clock.py), else None."""
+        docstring). A steady plain step (the batch size of the last plain step recorded, no
+        prefill, switch or flush since) leaves nothing else to settle, so it only joins its
+        window: every plain step takes this path on the host (docs/PERFORMANCE.md, "An
+        adaptive engine's plain step: its host work")."""
+        steady = self._steady
+        if steady is not None and not spec and steady[0] == batch_size:
+            if seconds > 0:
+                steady[1].add(tokens / batch_size, seconds)
+            return
+        self._steady = None
         switched, self._last_spec = self._last_spec is not None and spec != self._last_spec, spec
         interrupted, self._interrupted = self._interrupted, False
         extra, self._switch_extra = self._switch_extra, 0.0
@@ -337,7 +344,8 @@ class AdaptiveSpeculation:
             # step, not the side's window, which a change of speed leaves stale.
             b.switches.add(spec, pending[2] - seconds, pending[3])
         b.side(spec).add(tokens / batch_size, seconds)
-        return None if spec else b.decode
+        if not spec:
+            self._steady = (batch_size, b.decode)
 
     def flushed(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
         """The step in flight of the side a switch leaves (overlap scheduling), read at the
@@ -348,6 +356,7 @@ class AdaptiveSpeculation:
         what the step took beyond a plain step is the switch's, added to the switch step's
         seconds. NOTE: uncounted, a STANDALONE draft's catch-ups of 2-18 ms priced every switch
         into speculation at about 1 ms (H200, 283c27a, probe_adaptive_steps.py)."""
+        self._steady = None  # the next plain step may be priced as a switch's
         if not self.count_flushed or seconds <= 0 or batch_size <= 0:
             return
         if spec:
@@ -358,7 +367,7 @@ class AdaptiveSpeculation:
             self._switch_extra = max(seconds - b.decode.step_s, 0.0)
 
     def switches(self) -> Counter:
-        """Switches of side so far by what chose them (SWITCH_WHY), every bucket."""
+        """Switches of side so far by what chose them (switches.SWITCH_WHY), every bucket."""
         return sum((Counter({why: n}) for (_, why), n in self.switched.items()), Counter())
 
     def shadow(self, accept_length: Optional[float]) -> None:
@@ -378,22 +387,12 @@ class AdaptiveSpeculation:
         """A prefill ran: the next decode step is not counted. A speculative one first lets the
         draft catch up on the new prompts (an eager forward over all their positions), a plain
         one with overlap scheduling starts with an empty pipeline (module docstring)."""
-        self._interrupted = True
+        self._interrupted, self._steady = True, None
 
     def info(self) -> dict:
         """Per bucket: each side's measured tok/s per request, how many steps it ran, and its
-        window's least, median and most step time (ms)."""
-        out = {}
-        for key in sorted(self._buckets):
-            b = self._buckets[key]
-            out[str(key)] = {"spec_tok_s_per_req": round(b.tok_s(True), 2),
-                             "decode_tok_s_per_req": round(b.tok_s(False), 2),
-                             "spec_steps": self.chosen[(key, "spec")],
-                             "shadow_tokens_per_verify": (round(b.per_req(True), 3)
-                                                          if b.shadowed else None),
-                             "decode_steps": self.chosen[(key, "decode")],
-                             "spec_step_ms": getattr(b.spec, "pooled", b.spec).step_ms(),
-                             "decode_step_ms": b.decode.step_ms(),
-                             "switches": {why: n for (k, why), n in sorted(self.switched.items())
-                                          if k == key}}
-        return out
+        window's least, median and most step time (ms) (`Bucket.report`)."""
+        return {str(key): self._buckets[key].report(
+                    self.chosen[(key, "spec")], self.chosen[(key, "decode")],
+                    {why: n for (k, why), n in sorted(self.switched.items()) if k == key})
+                for key in sorted(self._buckets)}

@@ -126,6 +126,18 @@ class Bucket:
             return self.per_req(True) / step if step > 0 else 0.0
         return self.side(spec).tok_s
 
+    def report(self, spec_steps: int, decode_steps: int, switches: dict) -> dict:
+        """AdaptiveSpeculation.info's line for this bucket: each side's tok/s per request, the
+        steps it ran, its window's least, median and most step time (ms), and the switches."""
+        return {"spec_tok_s_per_req": round(self.tok_s(True), 2),
+                "decode_tok_s_per_req": round(self.tok_s(False), 2),
+                "spec_steps": spec_steps,
+                "shadow_tokens_per_verify": (round(self.per_req(True), 3)
+                                             if self.shadowed else None),
+                "decode_steps": decode_steps,
+                "spec_step_ms": getattr(self.spec, "pooled", self.spec).step_ms(),
+                "decode_step_ms": self.decode.step_ms(), "switches": switches}
+
     def look_every(self, spec: bool, batch_size: int) -> float:
         """Steps of the chosen (`spec`) side between two looks at the other."""
         if self.shadowed and len(self.side(not spec).recent) >= self.relook_below:

@@ -9,11 +9,6 @@ leaves the clock as it was, so the switch step carries the launch: timed from th
 switches looked free (H200, NGRAM at batch 64: 6 looks in 128 steps, 0.90x no-spec,
 probe_adaptive_steps.py). A switch reads the other side's step in flight first: that step goes
 to the controller as flushed (`AdaptiveSpeculation.flushed`), and the clock restarts there.
-
-A steady plain step (a plain step's batch size, no prefill, switch or flush between) only joins
-the plain side's window: the clock adds it to the window the controller's last `record` named,
-a fraction of the controller's bookkeeping on every plain step's host path (docs/PERFORMANCE.md,
-"An adaptive engine's plain step: its host work").
 """
 
 from __future__ import annotations
@@ -26,13 +21,11 @@ class StepClock:
         self.scheduler = scheduler  # its `adaptive` (a controller, or None) is told each step
         self.last_end = None  # when the last decode step returned (None: a prefill since)
         self.launched_only = False  # the last overlapped call resolved no step
-        # (batch size, window) of the last plain step the controller recorded as steady
-        self.steady = None
 
     def prefill(self) -> None:
         """A prefill ran: the next step is timed from its own call's start, and is no step's
         speed for the controller."""
-        self.last_end, self.steady = None, None
+        self.last_end = None
         if self.scheduler.adaptive is not None:
             self.scheduler.adaptive.interrupt()
 
@@ -49,17 +42,11 @@ class StepClock:
             return
         if self.last_end is not None:
             start = min(start, self.last_end)
-        seconds, steady = time.perf_counter() - start, self.steady
-        if steady is not None and not speculated and steady[0] == batch_size and seconds > 0:
-            steady[1].add(tokens / batch_size, seconds)
-            return
-        window = adaptive.record(batch_size, speculated, tokens, seconds)
-        self.steady = (batch_size, window) if window is not None else None
+        adaptive.record(batch_size, speculated, tokens, time.perf_counter() - start)
 
     def flushed(self, speculated: bool, carried: list, before: int) -> None:
         """A switch just read the other side's step in flight, which carried `carried` (their
         outputs held `before` tokens): timed from the decode step before it."""
-        self.steady = None  # the controller may price the next step as a switch's
         if self.last_end is None:  # a prefill since: not a step's speed
             return
         now = time.perf_counter()

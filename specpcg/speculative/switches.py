@@ -27,6 +27,11 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple, Optional
 
+# What chose a step that switched side (info()'s "switches"): the side borrowed for the step
+# after a prefill, a bucket's warm-up, a batch's tail staying on its side, a look at the other
+# side (into it and back), the choice on rates (requests waiting, or shadow verifies) or on the
+# finish estimate (nothing waiting), and a batch above the user's cap (AdaptiveSpeculation.skip).
+SWITCH_WHY = ("borrowed", "warm-up", "tail", "look", "rates", "finish", "cap")
 KEPT = 8  # switches of each direction kept per bucket (the last ones: speeds change)
 KEPT_EVERYWHERE = 16  # catch-ups kept over all buckets: the fit needs positions of many sizes
 
