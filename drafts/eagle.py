@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from drafts.base import DraftWorker, Proposal
-from drafts.plain_log import RingLog, TensorLog
+from drafts.plain_log import PlainSteps
 from drafts.round import CatchUpPlan, RoundDrafting, roots_of
 from specpcg.transfer import to_device
 from drafts.standalone import chain_proposal, draft_sample
@@ -61,7 +61,7 @@ def load_head_draft(ctx) -> "HeadDraft":
     return HeadDraft(head, head_spec)
 
 
-class HeadDraft(RoundDrafting, DraftWorker):
+class HeadDraft(PlainSteps, RoundDrafting, DraftWorker):
     needs_hidden = CaptureHiddenMode.FULL
 
     def __init__(self, head, head_spec):
@@ -74,7 +74,7 @@ class HeadDraft(RoundDrafting, DraftWorker):
         self.tree_round = None  # drafts.tree_round.TreeRound: a tree round's steps
         self.resume = None  # drafts.resume.ResumeCatchUp: catching up on prompts, plain steps
         self._reqs: dict = {}  # rid -> _HeadReq
-        self._plain = None  # TensorLog | RingLog: plain steps' rows not yet handed over
+        self._plain = None  # drafts/plain_log.py: plain steps' rows not yet handed over
         self.hidden_ring = None  # specpcg.hidden_ring.HiddenRing the target's plain steps fill
 
     @property
@@ -132,33 +132,6 @@ class HeadDraft(RoundDrafting, DraftWorker):
     def absorb(self, req, hidden: torch.Tensor) -> None:
         # A copy: `hidden` may view a graph's output buffer that the next replay overwrites.
         self._state(req).pending.append(hidden.clone())
-
-    def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
-        # The step's own rows (target_hidden's own=True), logged whole while the batch stays
-        # the same (drafts/plain_log.py).
-        rids = [r.rid for r in reqs]
-        if not isinstance(self._plain, TensorLog) or self._plain.rids != rids:
-            self._hand_over()
-            self._plain = TensorLog(rids, [self._state(r) for r in reqs])
-        self._plain.steps.append(hidden)
-
-    def absorb_ring(self, reqs: list) -> None:
-        """A plain step wrote its rows to self.hidden_ring at each request's num_cached."""
-        log = self._plain  # the same batch: the same Request objects in the same rows
-        if not isinstance(log, RingLog) or log.reqs != reqs:
-            self._hand_over()
-            log = self._plain = RingLog(reqs, [self._state(r) for r in reqs], self.hidden_ring)
-        log.steps += 1
-        if log.full:
-            self._hand_over()
-
-    def _hand_over(self) -> None:
-        """Gives the plain steps' logged rows to their requests, before anything reads a
-        request's pending rows (propose, overlap_ready, device_path). commit and resolved
-        replace them only after one of those ran in the same step, with no plain step between."""
-        if self._plain is not None:
-            self._plain.hand_over()
-            self._plain = None
 
     def commit(self, reqs: list, accept_lens: list, hidden_paths=None) -> None:
         for i, (req, m) in enumerate(zip(reqs, accept_lens)):

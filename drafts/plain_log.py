@@ -1,22 +1,41 @@
 """A head's log of the target's plain decode steps over one unchanged batch: the hidden rows
-it catches up on when speculation resumes. Handed to the requests (one piece each) only when
-the batch changes or the draft needs them: a plain step then costs no work per request. Split
-per request every step, the floor of an engine with a head ran 0.94x no-spec at batch 64
-(EAGLE3, H200, 4087e7e), and 1.04x logged whole (180be28)."""
+it catches up on when speculation resumes. Handed to the requests (one piece each) when the
+batch changes, the draft needs them or the log is full: a plain step then costs no work per
+request. Split per request every step, the floor of an engine with a head ran 0.94x no-spec at
+batch 64 (EAGLE3, H200, 4087e7e), and 1.04x logged whole (180be28).
+
+A request's handed-over rows wait for speculation to resume, and a run of plain steps can last
+as long as the answer: 3 x hidden x 2 bytes a position for EAGLE3 (about 24 KB on the 8B shape,
+6 GB for 64 requests over 4,096 plain steps), none of it in the KV cache's budget. So once a
+request holds more than PENDING_MAX rows, the head catches up on them as a log fills
+(`fold_long`): the work its next speculative step would have done, done in pieces.
+"""
 
 from __future__ import annotations
 
 import torch
 
+# Rows a request may hold before the head catches up on them (about 24 MB a request on the
+# 8B shape's EAGLE3 rows).
+PENDING_MAX = 1024
+# Plain steps a log of copied rows (no ring: under parallelism, or turned off) spans before
+# it hands them over, as a ring of this depth would.
+TENSOR_DEPTH = 64
+
 
 class TensorLog:
     """The steps' rows as tensors of their own (a copy made after each step)."""
 
-    def __init__(self, rids: list, states: list):
-        self.rids, self.states, self.steps = rids, states, []
+    def __init__(self, reqs: list, states: list):
+        self.reqs, self.states, self.steps = list(reqs), states, []
+        self.rids = [r.rid for r in reqs]
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    @property
+    def full(self) -> bool:
+        return len(self.steps) >= TENSOR_DEPTH
 
     def hand_over(self) -> None:
         if not self.steps:
@@ -50,3 +69,65 @@ class RingLog:
         rows = self.ring.read(self.pool_rows, self.first, self.steps)  # [bs, steps, H']
         for st, mine in zip(self.states, rows):
             st.pending.append(mine)
+
+
+def fold_long(reqs: list, states: list, catch_up) -> None:
+    """Catches the head up (`catch_up(reqs, states)`, which takes every pending row) on the
+    rows of each request holding more than PENDING_MAX whose next token the host holds: a
+    head position pairs a row with the token after it, and with overlap scheduling the last
+    step's token, and the one before it, are still on the device."""
+    folds = []
+    for req, st in zip(reqs, states):
+        held = sum(p.shape[0] for p in st.pending)
+        known = min(held, req.seq_len - st.num_cached - 1)
+        if held > PENDING_MAX and known > 0:
+            folds.append((req, st, known))
+    if not folds:
+        return
+    rest = []
+    for _, st, known in folds:
+        rows = torch.cat(st.pending)
+        st.pending = [rows[:known]]
+        rest.append(rows[known:])
+    catch_up([req for req, _, _ in folds], [st for _, st, _ in folds])
+    for (_, st, _), rows in zip(folds, rest):
+        st.pending, st.verified = ([rows] if rows.shape[0] else []), None
+
+
+class PlainSteps:
+    """A head's handling of the target's plain steps (drafts/eagle.py's HeadDraft): their rows
+    logged per batch, handed to the requests, and folded into the head past PENDING_MAX."""
+
+    _plain = None  # TensorLog | RingLog: plain steps' rows not yet handed over
+
+    def absorb_rows(self, reqs: list, hidden: torch.Tensor) -> None:
+        # The step's own rows (target_hidden's own=True), logged whole while the batch stays
+        # the same.
+        log = self._plain
+        if not isinstance(log, TensorLog) or log.reqs != reqs:
+            self._hand_over()
+            log = self._plain = TensorLog(reqs, [self._state(r) for r in reqs])
+        log.steps.append(hidden)
+        self._if_full(log)
+
+    def absorb_ring(self, reqs: list) -> None:
+        """A plain step wrote its rows to self.hidden_ring at each request's num_cached."""
+        log = self._plain  # the same batch: the same Request objects in the same rows
+        if not isinstance(log, RingLog) or log.reqs != reqs:
+            self._hand_over()
+            log = self._plain = RingLog(reqs, [self._state(r) for r in reqs], self.hidden_ring)
+        log.steps += 1
+        self._if_full(log)
+
+    def _if_full(self, log) -> None:
+        if log.full:
+            self._hand_over()
+            fold_long(log.reqs, log.states, self._eager_catch_up)
+
+    def _hand_over(self) -> None:
+        """Gives the plain steps' logged rows to their requests, before anything reads a
+        request's pending rows (propose, overlap_ready, device_path). commit and resolved
+        replace them only after one of those ran in the same step, with no plain step between."""
+        if self._plain is not None:
+            self._plain.hand_over()
+            self._plain = None

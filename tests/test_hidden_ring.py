@@ -150,6 +150,38 @@ def test_stretches_longer_than_the_ring_hand_the_head_every_position(world, algo
         assert reads.count(8) >= 2 and max(reads) == 8, reads  # full logs read before a wrap
 
 
+@pytest.mark.parametrize("ring", ["on", "off"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_rows_past_the_limit_go_to_the_head_as_the_log_fills(world, algo, ring, monkeypatch):
+    """A request may hold 10 rows (plain_log.PENDING_MAX) with logs 8 steps deep: over the
+    same stretches of 19 plain steps, a full log's hand-over catches the head up on the rows
+    whose next token the host holds, so no request holds more than a log's worth past the
+    limit; every position still reaches the head once, in order, as a dense forward has it."""
+    import drafts.plain_log as plain_log
+
+    monkeypatch.setattr(hidden_ring, "DEPTH", 8)
+    monkeypatch.setattr(plain_log, "TENSOR_DEPTH", 8)
+    monkeypatch.setattr(plain_log, "PENDING_MAX", 10)
+    if ring == "off":
+        monkeypatch.setenv("SPECPCG_HIDDEN_RING", "0")
+    engine = _engine(world.noisy, algo, world.heads[algo], disable_adaptive_speculation=False)
+    folds = []  # (most rows a request held before, after, positions the head caught up)
+    real = plain_log.fold_long
+
+    def most(states) -> int:
+        return max(sum(p.shape[0] for p in st.pending) for st in states)
+
+    def fold(reqs, states, catch_up):
+        before, cached = most(states), sum(st.num_cached for st in states)
+        real(reqs, states, catch_up)
+        folds.append((before, most(states), sum(st.num_cached for st in states) - cached))
+    monkeypatch.setattr(plain_log, "fold_long", fold)
+    _stretches_reach_the_head(world, algo, engine, monkeypatch)
+    assert sum(n for *_, n in folds) > 0 and max(b for b, *_ in folds) <= 10 + 8, folds
+    # What stays: the rows whose next token is still on the device (overlap: up to two)
+    assert all(after <= 2 for before, after, _ in folds if before > 10), folds
+
+
 @needs_interpreter
 @pytest.mark.parametrize("algo,in_pick", [("EAGLE3", "1"), ("NEXTN", "0")])  # 3 sources, 1
 def test_decode_graphs_write_the_ring_with_their_greedy_pick(world, algo, in_pick, monkeypatch):
