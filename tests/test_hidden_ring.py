@@ -216,11 +216,11 @@ def test_decode_graphs_write_the_ring_with_their_greedy_pick(world, algo, in_pic
     assert writes.count(in_pick == "1") >= replays and (in_pick == "0") not in writes
 
 
-@pytest.mark.cuda
-def test_decode_graphs_write_the_rows_the_copies_held(monkeypatch):
-    """On the GPU, with the default model and a random EAGLE3 head held to plain steps: the rows
-    the head is handed through the ring (written inside the decode graphs, read back past a
-    wrap) are bitwise those the engine copied out after each replay with the ring off."""
+def _held_rows(monkeypatch, runs: list) -> list:
+    """The default model and a random EAGLE3 head held to plain steps, one engine per run
+    (SPECPCG_HIDDEN_RING, plain_log.PENDING_MAX or None for its own), 100 tokens for each of
+    three prompts: per run, each request's rows in order (those folded into the head, then
+    those it still held at its end) and the positions folded."""
     import sys
     from pathlib import Path
 
@@ -228,36 +228,69 @@ def test_decode_graphs_write_the_rows_the_copies_held(monkeypatch):
     from bench_step import random_head_dir
     from holds import plain_only
 
+    import drafts.plain_log as plain_log
     from drafts.eagle import HeadDraft
     from specpcg import Engine
     from specpcg.models.loader import default_model_path
 
     head = random_head_dir("EAGLE3", default_model_path())
-    handed, release = {}, HeadDraft.release
+    rows, release, fold = {}, HeadDraft.release, plain_log.fold_long
 
     def kept(self, req):  # the request's rows once its log is handed over
         if self._plain is not None and req.rid in self._plain.rids:
             self._hand_over()
-        handed[(self.hidden_ring is not None, req.rid)] = torch.cat(
-            self._reqs[req.rid].pending).cpu()
+        rows.setdefault(req.rid, []).append(torch.cat(self._reqs[req.rid].pending).cpu())
         release(self, req)
 
+    def folded(reqs, states, catch_up):
+        def logged(some, their):
+            for req, st in zip(some, their):
+                rows.setdefault(req.rid, []).append(torch.cat(st.pending).cpu())
+            catch_up(some, their)
+        fold(reqs, states, logged)
+
     monkeypatch.setattr(HeadDraft, "release", kept)
+    monkeypatch.setattr(plain_log, "fold_long", folded)
     prompts = [[(7 * i + j) % 900 + 3 for j in range(20 + 3 * i)] for i in range(3)]
-    for ring in ("1", "0"):
+    out = []
+    for ring, limit in runs:
         monkeypatch.setenv("SPECPCG_HIDDEN_RING", ring)
+        monkeypatch.setattr(plain_log, "PENDING_MAX", limit or 1024)
         engine = Engine(device="cuda", skip_tokenizer_init=True, max_running_requests=4,
                         speculative_algorithm="EAGLE3", speculative_draft_model_path=head,
                         show_progress=False)
         plain_only(engine)
         assert (engine.draft.hidden_ring is not None) == (ring == "1")
+        rows.clear()
         engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 100,
                                                             "temperature": 0,
                                                             "ignore_eos": True})
         assert engine.graphs.decode.ring_in_graph == (ring == "1")
         engine.shutdown()
-    ringed, copied = (sorted(r for on, r in handed if on == side) for side in (True, False))
-    assert len(ringed) == len(copied) == 3  # request ids count on across engines: in order
-    for a, b in zip(ringed, copied):
-        assert handed[(True, a)].shape[0] >= 100 + 20 - 1
-        assert torch.equal(handed[(True, a)], handed[(False, b)])
+        assert len(rows) == 3
+        # request ids count on across engines: in order
+        out.append([(torch.cat(rows[r]), sum(p.shape[0] for p in rows[r][:-1]))
+                    for r in sorted(rows)])
+    return out
+
+
+@pytest.mark.cuda
+def test_decode_graphs_write_the_rows_the_copies_held(monkeypatch):
+    """On the GPU, with the default model and a random EAGLE3 head held to plain steps: the rows
+    the head is handed through the ring (written inside the decode graphs, read back past a
+    wrap) are bitwise those the engine copied out after each replay with the ring off."""
+    ringed, copied = _held_rows(monkeypatch, [("1", None), ("0", None)])
+    for (a, _), (b, _) in zip(ringed, copied):
+        assert a.shape[0] >= 100 + 20 - 1
+        assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+def test_decode_graphs_fold_rows_past_the_limit_into_the_head(monkeypatch):
+    """On the GPU, the same with a request allowed 48 rows (plain_log.PENDING_MAX): the rows
+    folded into the head as the ring's logs fill, then those held at the end, are in order
+    bitwise the rows an engine without the limit held."""
+    whole, limited = _held_rows(monkeypatch, [("1", None), ("1", 48)])
+    for (a, none), (b, folded) in zip(whole, limited):
+        assert none == 0 and folded >= 48
+        assert torch.equal(a, b)
