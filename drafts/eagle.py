@@ -141,7 +141,7 @@ class HeadDraft(PlainSteps, RoundDrafting, DraftWorker):
             st.pending.append(hidden_paths[i, :m + 1])
 
     def release(self, req) -> None:
-        if self._plain is not None and req.rid in self._plain.rids:
+        if self._plain is not None and req in self._plain.reqs:
             self._hand_over()  # the others' rows; a request back after preemption starts anew
         st = self._reqs.pop(req.rid, None)
         if st is not None:

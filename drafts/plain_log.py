@@ -23,52 +23,57 @@ PENDING_MAX = 1024
 TENSOR_DEPTH = 64
 
 
-class TensorLog:
+class _Log:
+    """Rows of the plain steps over one batch (`reqs`, the same Request objects in the same
+    rows), for their requests' states; full once `depth` steps are logged."""
+
+    def __init__(self, reqs: list, states: list):
+        self.reqs, self.states = list(reqs), states
+
+    @property
+    def full(self) -> bool:
+        return len(self) >= self.depth
+
+    def hand_over(self) -> None:
+        if len(self):
+            for st, mine in zip(self.states, self.rows()):  # rows: [bs, steps, H']
+                st.pending.append(mine)
+
+
+class TensorLog(_Log):
     """The steps' rows as tensors of their own (a copy made after each step)."""
 
     def __init__(self, reqs: list, states: list):
-        self.reqs, self.states, self.steps = list(reqs), states, []
-        self.rids = [r.rid for r in reqs]
+        super().__init__(reqs, states)
+        self.steps = []
 
     def __len__(self) -> int:
         return len(self.steps)
 
     @property
-    def full(self) -> bool:
-        return len(self.steps) >= TENSOR_DEPTH
+    def depth(self) -> int:
+        return TENSOR_DEPTH
 
-    def hand_over(self) -> None:
-        if not self.steps:
-            return
-        rows = torch.stack(self.steps, dim=1)  # [bs, steps, H']
-        for st, mine in zip(self.states, rows):
-            st.pending.append(mine)
+    def rows(self) -> torch.Tensor:
+        return torch.stack(self.steps, dim=1)
 
 
-class RingLog:
+class RingLog(_Log):
     """The steps' rows where each step's graph wrote them (specpcg/hidden_ring.py): a count.
     Full once it spans the ring's depth: the next step would overwrite its first."""
 
     def __init__(self, reqs: list, states: list, ring):
         """reqs: the batch at its first step, each at the position that step wrote."""
-        self.reqs, self.states, self.ring = list(reqs), states, ring
-        self.rids = [r.rid for r in reqs]
+        super().__init__(reqs, states)
+        self.ring, self.depth = ring, ring.depth
         self.pool_rows = [r.req_pool_idx for r in reqs]
         self.first, self.steps = [r.num_cached for r in reqs], 0
 
     def __len__(self) -> int:
         return self.steps
 
-    @property
-    def full(self) -> bool:
-        return self.steps >= self.ring.depth
-
-    def hand_over(self) -> None:
-        if not self.steps:
-            return
-        rows = self.ring.read(self.pool_rows, self.first, self.steps)  # [bs, steps, H']
-        for st, mine in zip(self.states, rows):
-            st.pending.append(mine)
+    def rows(self) -> torch.Tensor:
+        return self.ring.read(self.pool_rows, self.first, self.steps)
 
 
 def fold_long(reqs: list, states: list, catch_up) -> None:

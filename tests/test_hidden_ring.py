@@ -237,7 +237,7 @@ def _held_rows(monkeypatch, runs: list) -> list:
     rows, release, fold = {}, HeadDraft.release, plain_log.fold_long
 
     def kept(self, req):  # the request's rows once its log is handed over
-        if self._plain is not None and req.rid in self._plain.rids:
+        if self._plain is not None and req in self._plain.reqs:
             self._hand_over()
         rows.setdefault(req.rid, []).append(torch.cat(self._reqs[req.rid].pending).cpu())
         release(self, req)
