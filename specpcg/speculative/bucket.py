@@ -49,6 +49,15 @@ LOOK_CLOSE = 0.10
 # 0.971x with SWITCH_MARGIN side by side (H200, 5276c67, README). Simulated (H200 weak-head
 # rates, 60 cells): 0.977 -> 0.980 of the faster pinned side; with shadow verifies it lost.
 SPEC_HOME = 0.03
+# From plain steps that lead speculation by more than RATES_LEAD, rates alone are compared
+# again after RATES_EVERY steps (`Bucket.by_rates`), so a switch into speculation comes at most
+# that many steps late. A batch of one's controller then costs a plain step 2.3 us of host work
+# against 3.9 (a random head's rates, 2-core CPU); simulated at batch 1 (`sim_adaptive.py
+# --batches 1 --seeds 24`, 5 rate and acceptance sets) every cell ran as before but 5 of 8 with
+# hiccups, which gained up to 0.5%. In a closer race a plain step of noise may decide, and
+# waiting reshuffled which: the noisy-side test's 60 seeds ran 1.396x against 1.407x.
+RATES_EVERY = 8
+RATES_LEAD = 0.25
 # A batch of one measures speculation per stretch of its request's output: its first
 # PLACE_TOKENS tokens, then stretches twice as long as the one before (`place_of`).
 PLACE_TOKENS = 16
@@ -89,6 +98,8 @@ class Bucket:
     # stretch's steps together (the bucket's own rate before its first place).
     places: dict = field(default_factory=dict)
     every_place: Optional[Rate] = None
+    # (the speculative rate compared, plain steps before the next comparison) (`by_rates`)
+    rates_wait: tuple = (None, 0)
 
     def place(self, position: int) -> None:
         """Speculation's rate from this step on is that of the stretch of output `position` (a
@@ -221,6 +232,10 @@ class Bucket:
                 spec_time += self.switches.cost(True, behind)
             self.last_finish = (spec_time, plain_time)
             spec, plain = 1.0 / max(spec_time, 1e-9), 1.0 / max(plain_time, 1e-9)
+        return self._pick(spec, plain)
+
+    def _pick(self, spec: float, plain: float) -> bool:
+        """The side by the two speeds (prefer_spec's margins), kept as the bucket's choice."""
         if self.spec_chosen is None:
             self.spec_chosen = spec >= plain
         elif self.spec_chosen and plain > spec * (1 + SWITCH_MARGIN):
@@ -228,6 +243,25 @@ class Bucket:
         elif not self.spec_chosen and spec > plain * (1 + self._into_spec_margin()):
             self.spec_chosen = True
         return self.spec_chosen
+
+    def by_rates(self, arrived: bool) -> bool:
+        """prefer_spec on rates alone (no finish estimate). From plain steps it is asked every
+        RATES_EVERY steps, and at once where this step's batch came from another bucket
+        (`arrived`), a look just ended, the stretch of a batch of one's output changed (`place`)
+        or shadow verifies price speculation: the speculative rate stands still while plain
+        steps run, and the plain one moves by a step of WINDOW. Asked every step, the comparison
+        was half of what choosing cost a batch of one's plain step on the host."""
+        rate, wait = self.rates_wait
+        if (wait and rate is self.spec and self.spec_chosen is False and not arrived
+                and self.explored_from is None and not self.shadowed):
+            self.rates_wait = (rate, wait - 1)
+            return False
+        spec, plain = self.tok_s(True), self.tok_s(False)
+        first = self.spec_chosen is None  # chosen by the faster side, not the margins
+        choice = self._pick(spec, plain)
+        far = not (first or choice) and spec * (1 + RATES_LEAD) < plain
+        self.rates_wait = (self.spec, RATES_EVERY - 1 if far else 0)
+        return choice
 
     def from_plain(self, finish: Finish, step_s, accepts, behind: int) -> bool:
         """prefer_spec as if from plain steps, speculation paying the draft's catch-up over
