@@ -51,11 +51,12 @@ LOOK_CLOSE = 0.10
 SPEC_HOME = 0.03
 # From plain steps that lead speculation by more than RATES_LEAD, rates alone are compared
 # again after RATES_EVERY steps (`Bucket.by_rates`), so a switch into speculation comes at most
-# that many steps late. A batch of one's controller then costs a plain step 2.3 us of host work
-# against 3.9 (a random head's rates, 2-core CPU); simulated at batch 1 (`sim_adaptive.py
-# --batches 1 --seeds 24`, 5 rate and acceptance sets) every cell ran as before but 5 of 8 with
-# hiccups, which gained up to 0.5%. In a closer race a plain step of noise may decide, and
-# waiting reshuffled which: the noisy-side test's 60 seeds ran 1.396x against 1.407x.
+# that many steps late. A batch of one's choice then costs a plain step 4 us of host work more
+# than a held engine's, against 8 (a random EAGLE3 head, 2-core CPU, `probe_host_step.py`:
+# docs/PERFORMANCE.md). Simulated at batch 1 (`sim_adaptive.py --batches 1 --seeds 24`, six
+# rate and acceptance sets) every cell ran as before but 5 of 8 with hiccups, which gained up
+# to 0.5%. In a closer race a plain step of noise may decide, and waiting reshuffled which:
+# the noisy-side test's 60 seeds ran 1.396x against 1.407x.
 RATES_EVERY = 8
 RATES_LEAD = 0.25
 # A batch of one measures speculation per stretch of its request's output: its first
