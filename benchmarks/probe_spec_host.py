@@ -80,7 +80,7 @@ def spec_engine(path: str, max_bs: int, tokens: int, adaptive: bool = False):
 def step_us(engine, batch: int, steps: int, repeats: int, tokens: int) -> tuple:
     """Over the repeats: the median, min and max of a run's median time between two
     overlapped speculative calls, and the median of a run's mean."""
-    def check(calls: int) -> None:
+    def check(calls: int, outputs: list) -> None:
         if calls != steps + 1:  # each call queues a step, and one more reads the last
             raise RuntimeError(f"{calls} overlapped speculative calls for {steps} steps: some "
                                "steps did not overlap")
