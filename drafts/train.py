@@ -168,8 +168,9 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     if not out:
         raise ValueError("out (the output directory) is required")
     o = TrainOptions.from_kwargs(opts)
-    if not isinstance(data, list):
-        check_spec(data)  # a bad source name or mixture fails before the engine loads
+    cached = bool(answers_cache) and os.path.isfile(answers_cache)
+    if not isinstance(data, list):  # a bad source, or one not there, fails before the engine
+        check_spec(data, readable=not cached)
     if o.show_progress:
         num = len(data) if isinstance(data, list) else o.num_prompts
         print(f"[drafts.train] {algorithm}: {num} prompts, {o.ttt_steps} TTT steps, "
@@ -178,7 +179,7 @@ def train_draft(algorithm: str, target: Optional[str] = None, data=DEFAULT_DATA,
     torch.manual_seed(o.seed)
     times, t0 = {}, time.perf_counter()
     # Answers cached: the engine only lends its model to the features (FEATURES_ONLY).
-    own, cached = engine is None, bool(answers_cache) and os.path.isfile(answers_cache)
+    own = engine is None
     engine = engine if engine is not None else _make_engine(
         target, o, **(FEATURES_ONLY if cached else {}))
     target_path = target or engine.config.model_path or _default_target()

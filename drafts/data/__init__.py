@@ -37,10 +37,13 @@ def create_source(name: str) -> Source:
                      f"or ShareGPT .json path, or a mixture such as 'sharegpt:0.8,gsm8k:0.2'")
 
 
-def check_spec(spec: str) -> list:
+def check_spec(spec: str, readable: bool = False) -> list:
     """(source, weight) of each part of `spec`, made without reading any: a bad name or weight
-    fails here."""
-    return [(create_source(name), weight) for name, weight in parse_mixture(spec)]
+    fails here; with `readable`, so does a source whose data is not there (`Source.check`)."""
+    parts = [(create_source(name), weight) for name, weight in parse_mixture(spec)]
+    for source, _ in parts if readable else ():
+        source.check()
+    return parts
 
 
 def training_samples(spec: str, num: int, seed: int = 0) -> list:

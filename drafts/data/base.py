@@ -40,6 +40,11 @@ class Source:
         """Samples no draft trains on."""
         raise NotImplementedError
 
+    def check(self) -> None:
+        """Raises, naming what is missing, where the data cannot be read (checked before a
+        draft's training loads its target: a missing package failed only after the engine
+        held its GPU memory)."""
+
 
 USER_ROLES = ("human", "user")
 KNOWN_ROLES = USER_ROLES + ("gpt", "assistant", "chatgpt", "bing", "bard", "model", "system")

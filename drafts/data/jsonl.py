@@ -51,6 +51,10 @@ class JsonlChats(Source):
         self.path, self.name = path, os.path.basename(path)
         self._rows = None
 
+    def check(self) -> None:
+        if not os.path.isfile(self.path):
+            raise ValueError(f"data source {self.path!r}: no such file")
+
     def _all(self) -> list:
         if self._rows is None:
             self._rows = read_jsonl(self.path)

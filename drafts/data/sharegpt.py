@@ -10,6 +10,7 @@ skips repeated first turns and any a held-out conversation opens with (base.spli
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -110,6 +111,11 @@ class ShareGpt(Source):
     def __init__(self, path: Optional[str] = None, heldout_records: int = HELDOUT_RECORDS):
         self.path, self.heldout_records = path, heldout_records
         self._convs = None
+
+    def check(self) -> None:
+        path = self.path or package_path()
+        if not os.path.isfile(path):
+            raise ValueError(f"data source 'sharegpt': no file at {path!r}")
 
     def _all(self) -> list:
         if self._convs is None:
