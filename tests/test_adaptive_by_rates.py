@@ -55,7 +55,7 @@ def test_far_ahead_plain_steps_compare_the_rates_once_every_rates_every_steps(mo
     real = Bucket._pick
     monkeypatch.setattr(Bucket, "_pick", lambda self, *a: picks.append(a) or real(self, *a))
     ctrl = AdaptiveSpeculation()
-    for step in range(2 * WARMUP_STEPS + 24):
+    for _ in range(2 * WARMUP_STEPS + 24):
         spec = ctrl.use_spec(1)
         ctrl.record(1, spec, 1, 2e-3 if spec else 1e-3)
     assert not spec
