@@ -23,8 +23,7 @@ in them), so only --norms (an RMSNorm of each layer's input and a residual befor
 gate/up, as in the model) makes the bits comparable. Every variant's inputs come from one seed.
 
     python benchmarks/probe_pdl.py [--layers 30] [--rows 1 8] [--norms] \
-        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 norm ...] [--cublas] [--rope] \
-        [--padded] > out.txt
+        [--tiles one5:576=32,128,4,1,5:1536=32,256,4,1,6 norm ...] [--cublas] [--rope] > out.txt
     python benchmarks/probe_pdl.py --plot OUT.png "LABEL=FILE:VARIANT+FILE:VARIANT" ...
 """
 
@@ -129,10 +128,6 @@ def chain(variant: str, layers: list, x: torch.Tensor, bufs: dict, tiles: dict,
 
 def measure(variant: str, layers: list, rows: int, replays: int, tiles: dict,
             norms: bool = False) -> tuple:
-    from kernels import gemv_step_triton
-
-    # "padded": a one-step tile one power-of-two step deep, not two pieces (576 = 512 + 64)
-    gemv_step_triton.PIECES = "padded" not in variant
     dev = layers[0][0].device
     seeded = torch.Generator(device=dev).manual_seed(rows)  # every variant's inputs alike
     x = torch.randn(rows, HIDDEN, device=dev, generator=seeded).to(torch.bfloat16)
@@ -202,8 +197,6 @@ def main(argv=None) -> None:
                    "on unless the name starts with nopdl")
     p.add_argument("--rope", action="store_true", help="also qkv as the roped launch ('rope', "
                    "kernels/gemv_rope_triton), beside 'norm' (the norm in the qkv launch)")
-    p.add_argument("--padded", action="store_true", help="past one row, also 'lib-pdl', "
-                   "'norm' and 'rope' with a 576-deep step padded to 1,024, not 512 + 64")
     args = p.parse_args(argv)
     if args.plot:
         return plot(args.plot[0], args.plot[1:])
@@ -222,9 +215,6 @@ def main(argv=None) -> None:
         variants += [parse_tiles(t) for t in args.tiles] * 2 if rows > 1 else []
         variants += [("cublas", {})] * 2 if args.cublas else []
         variants += [("rope", {}), ("norm", {})] * 2 if args.rope else []
-        padded = [("lib-pdl-padded", {}), ("norm-padded", {})] + (
-            [("rope-padded", {})] if args.rope else [])
-        variants += padded * 2 if args.padded and rows > 1 else []
         for variant, tiles in variants:
             try:
                 us, out = measure(variant, layers, rows, args.replays, tiles, args.norms)

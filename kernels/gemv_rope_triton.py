@@ -9,7 +9,7 @@ the two outputs a rotation pairs, n and n + D / 2 of one head (`_pair`), so it c
 them itself: the sums are the one-row kernel's (gemv_triton.one_row_sums), rounded to the
 output dtype, then rotated in fp32 and rounded as kernels/rotary.py does. From 2 rows
 (`_rows_rope_kernel`) a program takes 8 outputs of a head's first half and the 8 they pair
-with as one 16-wide tensor-core tile (gemv_step_triton.rows_weights, rows_sums). v's pairs are
+with as one 16-wide tensor-core tile (gemv_triton.rows_weights, rows_sums). v's pairs are
 stored as they are.
 Positions and slots are read after PDL's wait: the step's own kernels write them. The
 launcher reads no tensor values on the host: capturable in a CUDA graph.
@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.dispatch import pdl
-from kernels.gemv_step_triton import rows_sums, rows_weights, step_pieces
-from kernels.gemv_triton import ONE_ROW_BLOCK_K, one_row_sums
+from kernels.gemv_triton import ONE_ROW_BLOCK_K, one_row_sums, rows_sums, rows_weights
 
 
 @triton.jit
@@ -80,10 +79,10 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
                       cos_sin_ptr, stride_cs, slot_ptr, k_cache_ptr, v_cache_ptr, stride_cache,
                       HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, Q_OUT: tl.constexpr,
                       KV_OUT: tl.constexpr, HALF: tl.constexpr, BLOCK_K: tl.constexpr,
-                      TAIL: tl.constexpr, PDL: tl.constexpr):
+                      PDL: tl.constexpr):
     """2 or more rows, 16 a program (program (tile, b): rows 16 b to 16 b + 15): 8 outputs of
     a head's first half and the 8 they pair with in its second, as one 16-wide tensor-core
-    tile in one step (gemv_step_triton), then each row rotated at its own
+    tile in one step (gemv_triton.rows_weights, rows_sums), then each row rotated at its own
     position and, for k and v, stored at its own slot. A tile of each half (16 and 16: half as
     many programs, each holding twice the weights) ran a batch-1 verify 5% slower on an H200.
     The positions, the cos/sin rows and the slots are read right after the wait, beside the
@@ -101,8 +100,8 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
     mask_m = offs_m < M
     cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn
     offs_1 = first + tile % (HALF // 8) * 8 + tl.arange(0, 8)  # the first half's outputs
-    weights = rows_weights(cols, cols, nw_ptr, offs_n < Q_OUT + 2 * KV_OUT, 0, K, False, True,
-                           BLOCK_K, TAIL)
+    w, _, nw = rows_weights(cols, cols, nw_ptr, offs_n < Q_OUT + 2 * KV_OUT, 0, K, False, True,
+                            BLOCK_K)
     if PDL:
         tl.extra.cuda.gdc_wait()
     # every program reads them (v's too, unused): a branch would put the reads after the dot
@@ -110,9 +109,9 @@ def _rows_rope_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stri
     table = cos_sin_ptr + pos[:, None] * stride_cs + (offs_1 - first)[None, :]
     cos, sin = tl.load(table).to(tl.float32), tl.load(table + HALF).to(tl.float32)
     slot = tl.load(slot_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
-    acc, _ = rows_sums(x_ptr, weights, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
+    acc, _ = rows_sums(x_ptr, w, w, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
                        offs_m, mask_m, 0, K, K, tile == 0, False, True, HAS_RESIDUAL, 16,
-                       BLOCK_K, TAIL)
+                       BLOCK_K)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     if HAS_BIAS:
@@ -167,9 +166,8 @@ def gemv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             *head, eps, k, weight.stride(0), *rotary, BLOCK_K=ONE_ROW_BLOCK_K, num_stages=4,
             **flags)
         return out
-    block_k, tail = step_pieces(k)
     _rows_rope_kernel[(out.shape[-1] // 16, triton.cdiv(m, 16))](
         *head, residual.stride(0), residual_out.stride(0), eps, m, k, x.stride(0),
-        weight.stride(0), out.stride(0), *rotary, BLOCK_K=block_k, TAIL=tail, num_stages=1,
-        **flags)
+        weight.stride(0), out.stride(0), *rotary,
+        BLOCK_K=max(16, triton.next_power_of_2(k)), num_stages=1, **flags)
     return out

@@ -30,7 +30,6 @@ import triton.language as tl
 
 from kernels.dispatch import cuda_index, pdl
 from kernels.gemv import MAX_ROWS
-from kernels.gemv_step_triton import norm_rows, rows_sums, rows_weights, step_pieces
 
 
 # One row's steps along K, whatever the shape (`tiling`): a normed launch needs K within one.
@@ -60,7 +59,7 @@ def one_row_sums(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, offs
     """Outputs offs_n of one row (fp32, bias added). SILU_MUL: output n is silu(row n . x) *
     (row n + UP_OFFSET . x), each sum rounded to y's dtype first, as silu_and_mul over a
     matmul's output. PDL (kernels/dispatch.pdl): the first BLOCK_K of the weights are read
-    before the wait. NORM (K <= BLOCK_K): x is first RMSNorm'd (`norm_rows`)."""
+    before the wait. NORM (K <= BLOCK_K): x is first RMSNorm'd (`_norm_rows`)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -78,7 +77,7 @@ def one_row_sums(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, offs
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
     if NORM:
-        x = norm_rows(x, r_ptr + offs_k, r_out_ptr + offs_k, nw, mask_k, K, eps,
+        x = _norm_rows(x, r_ptr + offs_k, r_out_ptr + offs_k, nw, mask_k, K, eps,
                        tl.program_id(0) == 0, HAS_RESIDUAL, 0)
     x = x.to(tl.float32)[None, :]
     acc = w * x
@@ -105,6 +104,23 @@ def one_row_sums(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, eps, offs
 
 
 @triton.jit
+def _norm_rows(x, r_ptrs, r_out_ptrs, nw, mask, K, eps, WRITER, HAS_RESIDUAL: tl.constexpr,
+               AXIS: tl.constexpr):
+    """RMSNorm of the rows of x (along AXIS, whole in this step) with kernels/norm.py's
+    rounding: x + residual rounded to x's dtype (stored to r_out by the WRITER program alone:
+    the others still read the residual), normalised, rounded, scaled by nw, rounded."""
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptrs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        if WRITER:
+            tl.store(r_out_ptrs, x, mask=mask)
+    x32 = x.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=AXIS, keep_dims=True) / K + eps)
+    normed = (x32 * inv_rms).to(x.dtype).to(tl.float32)
+    return (normed * nw.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def _rows_epilogue(acc, acc_up, b_ptr, y_ptr, offs_m, mask_m, offs_n, mask_n, stride_ym,
                    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr):
     """The one-row kernel's epilogue over [16, BLOCK_N] sums: bias, SiLU-and-mul, store."""
@@ -126,14 +142,12 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
                  stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
                  SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, TAIL: tl.constexpr,
-                 PDL: tl.constexpr):
+                 SPLITS: tl.constexpr, ONE_STEP: tl.constexpr, PDL: tl.constexpr):
     """2 or more rows: BLOCK_N outputs of 16 rows a program (program (tile, s, b): rows 16 b
     to 16 b + 15), on tensor cores (the rows padded to 16, which costs nothing where the
     weight's read is the bound). SPLITS > 1: program (tile, s, b) sums K_PER of the depth,
     and the last of a tile's programs to arrive adds the splits' fp32 sums (`_rows_add_splits`).
-    ONE_STEP: a program's depth is one step (BLOCK_K, and TAIL more: gemv_step_triton), and
-    with PDL (dispatch.pdl)
+    ONE_STEP (K_PER <= BLOCK_K): a program's depth is one step, and with PDL (dispatch.pdl)
     its weights are read before the wait, as the one-row kernel's first step is. Several
     steps wait first: reading only the first step's weights early measured no faster
     (3.61-3.65 against 3.50 us a call in a chain of the default model's layers at 8 rows on
@@ -151,13 +165,13 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
     k_lo = tl.program_id(1) * K_PER
     k_hi = tl.minimum(k_lo + K_PER, K)
     if ONE_STEP:  # the weights read before the wait
-        weights = rows_weights(cols, cols + UP_OFFSET * stride_wn, nw_ptr, mask_n, k_lo, k_hi,
-                               SILU_MUL, NORM, BLOCK_K, TAIL)
+        w, up, nw = rows_weights(cols, cols + UP_OFFSET * stride_wn, nw_ptr, mask_n, k_lo, k_hi,
+                                 SILU_MUL, NORM, BLOCK_K)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        acc, acc_up = rows_sums(x_ptr, weights, r_ptr, r_out_ptr, stride_xm, stride_rm,
+        acc, acc_up = rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm,
                                 stride_rom, eps, offs_m, mask_m, k_lo, k_hi, K, tile == 0,
-                                SILU_MUL, NORM, HAS_RESIDUAL, BLOCK_N, BLOCK_K, TAIL)
+                                SILU_MUL, NORM, HAS_RESIDUAL, BLOCK_N, BLOCK_K)
     else:
         if PDL:
             tl.extra.cuda.gdc_wait()
@@ -179,6 +193,46 @@ def _rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, r_out_ptr, stride_rm
         slot = tl.program_id(2) * tl.num_programs(0) + tile  # this tile of these 16 rows
         _rows_add_splits(acc, acc_up, b_ptr, y_ptr, part_ptr, arrived_ptr, slot, offs_m,
                          mask_m, offs_n, mask_n, stride_ym, HAS_BIAS, SILU_MUL, BLOCK_N, SPLITS)
+
+
+@triton.jit
+def rows_weights(cols, up_cols, nw_ptr, mask_n, k_lo, k_hi, UP: tl.constexpr,
+                 NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A one-step tile's reads that depend on no kernel before it, made before PDL's wait: the
+    weight tiles (up's, UP) and the norm's weight (NORM), each the first where not asked for."""
+    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < k_hi
+    mask = mask_k[:, None] & mask_n[None, :]
+    w = tl.load(cols + offs_k[:, None], mask=mask, other=0.0)
+    up = w
+    if UP:
+        up = tl.load(up_cols + offs_k[:, None], mask=mask, other=0.0)
+    nw = w
+    if NORM:
+        nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0)[None, :]
+    return w, up, nw
+
+
+@triton.jit
+def rows_sums(x_ptr, w, up, nw, r_ptr, r_out_ptr, stride_xm, stride_rm, stride_rom, eps,
+              offs_m, mask_m, k_lo, k_hi, K, WRITER, UP: tl.constexpr, NORM: tl.constexpr,
+              HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[16, BLOCK_N] fp32 sums of rows offs_m over depth k_lo..k_hi (one step) against the
+    weight tiles of `rows_weights` (and, UP, up's: else acc_up is zeros), after the wait: the
+    rows read and, NORM, RMSNorm'd (`_norm_rows`, the WRITER program storing the residual)."""
+    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < k_hi
+    x_mask = mask_m[:, None] & mask_k[None, :]
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
+    if NORM:
+        x = _norm_rows(x, r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :],
+                       r_out_ptr + offs_m[:, None] * stride_rom + offs_k[None, :], nw,
+                       x_mask, K, eps, WRITER, HAS_RESIDUAL, 1)
+    acc = tl.dot(x, w, tl.zeros([16, BLOCK_N], dtype=tl.float32))
+    acc_up = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    if UP:
+        acc_up = tl.dot(x, up, acc_up)
+    return acc, acc_up
 
 
 @triton.jit
@@ -340,10 +394,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     parts = (torch.empty(blocks * tiles * splits * 2 * 16 * block_n, dtype=torch.float32,
                          device=x.device) if splits > 1 else out)
     arrived = arrival_counters(x.device) if splits > 1 else out
-    one_step, tail = per_split <= block_k, 0
-    if one_step and splits == 1:  # a depth short of a power of two: two pieces
-        flags["BLOCK_K"], tail = step_pieces(k)
     _rows_kernel[(tiles, splits, blocks)](
         *args, parts, arrived, m, n_out, k, per_split, up_offset, x.stride(0), weight.stride(0),
-        out.stride(0), SPLITS=splits, ONE_STEP=one_step, TAIL=tail, **flags)
+        out.stride(0), SPLITS=splits, ONE_STEP=per_split <= block_k, **flags)
     return out
