@@ -194,15 +194,16 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
 def norm_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
               n_out: int | None = None) -> bool:
     """Whether a call the kernel serves (`gemv_applies`) takes the RMSNorm before it into its
-    launch (`normed_linear`): one row whose whole depth the launch reads in one step (the
-    default model's 576, not the 8B shape's 4,096), unless SPECPCG_NORM_IN_GEMV=0. At one row
-    a batch-1 decode step of the default model runs 190 kernels where it ran 250, their own
-    time 495 against 530 us (H200, probe_decode_trace). From 2 rows the rows kernel's launch
-    normalises its rows in every program and nothing was gained (a batch-1 verify 1,372
-    against 1,359 tok/s, 818ce96, bench_accept; in a chain of the default model's layers on
-    an H200, 3.31 against 3.28 us a call with the norm's kernel, probe_pdl.py --norms), so
-    there the norm keeps its kernel."""
-    return x.shape[0] == 1 and _one_step_norm(x, weight, norm_weight, n_out)
+    launch (`normed_linear`): where the launch reads the whole depth in one step (the default
+    model's 576, not the 8B shape's 4,096): at one row, and from 2 rows where the rows kernel
+    takes one-step tiles (`one_step_fits`: PDL on Hopper), as the roped qkv launch does
+    (`rope_fits`); unless SPECPCG_NORM_IN_GEMV=0. At one row a batch-1 decode step of the
+    default model runs 190 kernels where it ran 250, their own time 495 against 530 us (H200,
+    probe_decode_trace). At 8 rows (a batch-1 (7, 1, 8) verify) the norm before gate/up in the
+    launch ran 1,630 / 1,637 against 1,594 / 1,610 tok/s at accept chance 0.0001, two pairs
+    alternating on one H100 (bench_accept; 1,629 against 1,598 / 1,608 on an H200)."""
+    return _one_step_norm(x, weight, norm_weight, n_out) and (
+        x.shape[0] == 1 or triton_module("gemv_triton").one_step_fits(x))
 
 
 def _one_step_norm(x, weight, norm_weight, n_out=None) -> bool:
