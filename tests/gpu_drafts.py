@@ -6,7 +6,7 @@ machine trains it once. The others train on a shorter budget and fewer prompts (
 generation of the target's answers). $SPECPCG_GPU_DRAFTS ("EAGLE3=DIR,EAGLE=DIR") names drafts
 already trained, so a run that brought its drafts trains nothing.
 
-A GPU machine of a few minutes' call trains the suite's heads first, one call, one after another:
+Where a GPU call has a few minutes, train the suite's heads first, in one call, one at a time:
 
     python -m tests.gpu_drafts [--algorithms EAGLE3 EAGLE NEXTN] [--minutes 2.5]
 
