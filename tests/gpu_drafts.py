@@ -14,8 +14,8 @@ prints the SPECPCG_GPU_DRAFTS value for test_cuda_eagle.py and test_spec_overlap
 matrix's accept-length floors want gpu_draft's longer budgets). On one H100, trained in turn at
 3.5 / 2.5 / 2.5 minutes, EAGLE3, EAGLE and NEXTN took 202 + 141 + 141 s; EAGLE3 and NEXTN trained
 at 2.4 minutes accepted 1.76 and 1.88 tokens a step in test_cuda_eagle.py (it asks for 1.5).
-Never train heads as processes side by side: on one GPU they take turns, and each ran a sixth of
-the optimiser steps it runs alone."""
+Never train heads as processes side by side: on one GPU each generated the answers itself and
+stepped about 3x slower, a sixth of the optimiser steps it runs alone."""
 
 import argparse
 import os
