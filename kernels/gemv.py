@@ -217,14 +217,12 @@ def _one_step_norm(x, weight, norm_weight, n_out=None) -> bool:
 def rope_fits(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
               head_dim: int) -> bool:
     """Whether a qkv projection takes the norm, the rotary and the K/V write into one launch
-    (`normed_qkv_rope`): where its depth is one step, at one row, or from 2 rows where the
-    rows kernel reads it in one step (with PDL, `one_step_fits`) and 8 of each of a head's
-    halves make a tensor-core tile (D / 2 a multiple of 8); unless SPECPCG_ROPE_IN_GEMV or
-    SPECPCG_NORM_IN_GEMV is 0."""
-    if not (ROPE_IN_GEMV and _one_step_norm(x, weight, norm_weight)) or head_dim % 2:
+    (`normed_qkv_rope`): where it takes the norm (`norm_fits`) and, from 2 rows, 8 of each of a
+    head's halves make a tensor-core tile (D / 2 a multiple of 8); unless SPECPCG_ROPE_IN_GEMV
+    or SPECPCG_NORM_IN_GEMV is 0."""
+    if not ROPE_IN_GEMV or head_dim % 2 or not norm_fits(x, weight, norm_weight):
         return False
-    return x.shape[0] == 1 or (head_dim // 2 % 8 == 0
-                               and triton_module("gemv_triton").one_step_fits(x))
+    return x.shape[0] == 1 or head_dim // 2 % 8 == 0
 
 
 def normed_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
