@@ -20,15 +20,15 @@ that a draft token is accepted: 0.05 is an untrained draft, where speculating ne
 gives the controller shadow verifies as NGRAM's engine does (specpcg/speculative/shadow.py): each
 request's new tokens are covered by verifies drawn at its accept chance of the moment, whichever
 side ran, and the controller reads the batch's pooled recent accept length every step (all of them:
-the engine's budget of 4 a step is not modelled), on rates alone (adaptive-shadow-rates).
---shadow-finish N prices them by the finish estimate when nothing waits, over each request's last
-N shadow verifies: the engine's default with N = 32 (RECENT), adaptive-finish8 with N = 8.
+the engine's budget of 4 a step is not modelled), on rates alone (adaptive-shadow-rates);
+--shadow-finish N prices them by the finish estimate when nothing waits, over each request's
+last N: the engine's default with N = 32 (RECENT). --catch-up A B C: an engine's first look
+from plain steps costs C ms more, once (a first catch-up's one-time costs).
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
-        [--shadow-finish N] [--catch-up A_MS B_US [--untold-lag] [--prompt-len N]]
-        [--rates h100-nextn|h200-weak-eagle3] [--sequence] [--unplaced] [--rounds 5]
-        [--max-every N]
+        [--shadow-finish N] [--catch-up A_MS B_US [C_MS] [--untold-lag] [--prompt-len N]]
+        [--rates h100-nextn|h200-weak-eagle3] [--sequence] [--unplaced] [--rounds 5] [--max-every N]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E4
 from sim_rates import MEAN_ACCEPT, PLAIN_RATE, RATES, SPEC_RATE  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
+POLICIES = ("spec", "plain", "adaptive")
 PROMPT_LEN = 100  # --catch-up: the positions a request's draft misses before its first step
 DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
 
@@ -57,6 +58,7 @@ DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
 # measured on a GPU (`calibrate`); None: sim_rates.py's H100 rates and a normal spread of chances.
 STEP_S = ALPHAS = None
 CATCH_UP = None  # --catch-up: (seconds, seconds per position) of a switch into speculation
+COLD = 0.0  # --catch-up's third value: seconds an engine's first look into speculation adds
 # With --catch-up the controller is told the positions a switch catches up on, as the engine
 # tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last speculative.
 TELL_LAG = True
@@ -89,8 +91,8 @@ def calibrate(path: str) -> tuple:
     log: the median call of each side per bucket of the batch it ran (speculative calls of the
     pinned system, plain ones of no-spec), and one chance per request of the pinned system's
     largest batch, from its accept length. Calls that emitted nothing (a launch) are left out."""
-    calls, lengths = {}, []
-    for r in common.read_jsonl(path):
+    calls, lengths, rows = {}, [], list(common.read_jsonl(path))
+    for r in rows:
         side = {("pinned", "spec"): True, ("no-spec", "plain"): False}.get(
             (r.get("system"), r.get("kind")))
         if side is not None and r["bs"] > 0 and r["tokens"] > 0:
@@ -148,14 +150,16 @@ def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
     return ctrl.use_spec(len(running), finish, behind, position)
 
 
-def switch_seconds(spec: bool, last, running: list) -> float:
-    """What the step's switch of side adds (last: the side of the step before, None at a
-    batch's first step): module docstring."""
+def switch_seconds(spec: bool, last, running: list, ctrl=None) -> float:
+    """What the step's switch adds (last: the step before's side; None: a batch's first)."""
     if CATCH_UP is None:
         return (SWITCH_STEPS * step_seconds(False, len(running))
                 if last is not None and spec != last else 0.0)
     if spec and last is not True:
-        return CATCH_UP[0] + CATCH_UP[1] * sum(r.behind for r in running)
+        first = COLD if last is False and not getattr(ctrl, "sim_warm", ctrl is None) else 0.0
+        if last is False and ctrl is not None:
+            ctrl.sim_warm = True
+        return first + CATCH_UP[0] + CATCH_UP[1] * sum(r.behind for r in running)
     return SWITCH_STEPS * step_seconds(False, len(running)) if last and not spec else 0.0
 
 
@@ -184,7 +188,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     while running:
         spec = _choose(policy, ctrl, running, new_tokens)
         step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
-        step += switch_seconds(spec, last, running)
+        step += switch_seconds(spec, last, running, ctrl)
         last = spec
         if rng.random() < hiccup[0]:
             step *= hiccup[1]
@@ -222,7 +226,7 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
     request's last `shadow_finish` (0: on rates alone, over the engine's RECENT)."""
     keep = (shadow_finish or RECENT) if shadow or shadow_finish else 0
     out = {"switches": Counter()}
-    for policy in ("spec", "plain", "adaptive"):
+    for policy in POLICIES:
         total = 0.0
         for seed in range(seeds):
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
@@ -245,9 +249,9 @@ def simulate_sequence(sizes: list, spread: float, seeds: int, mean_alpha: float 
     """--sequence: batch sizes in order on one controller per seed, as bench_adaptive runs one
     engine (one untimed batch of each size, then `timed` timed ones): {size: {policy: timed
     seconds over all seeds}}. Priors and switch costs carry over from the sizes before."""
-    out = {b: {**dict.fromkeys(("spec", "plain", "adaptive"), 0.0), "switches": Counter()}
+    out = {b: {**dict.fromkeys(POLICIES, 0.0), "switches": Counter()}
            for b in sizes}
-    for policy in ("spec", "plain", "adaptive"):
+    for policy in POLICIES:
         for seed in range(seeds):
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
             for b in sizes:
@@ -325,8 +329,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--calibrate", default=None, metavar="JSONL",
                    help="step times and accept chances from a probe_adaptive_steps.py log "
                         "(pinned and no-spec systems); --alphas and --spreads are then unused")
-    p.add_argument("--catch-up", type=float, nargs=2, default=None, metavar=("A_MS", "B_US"),
-                   help="a switch into speculation costs A ms and B us per missed position")
+    p.add_argument("--catch-up", type=float, nargs="+", default=None, metavar="A_MS B_US",
+                   help="a switch into speculation costs A ms and B us per missed position; "
+                        "C: ms more, once, at an engine's first look")
     p.add_argument("--rates", choices=sorted(RATES), default="h100-nextn",
                    help="measured step rates the simulated steps take (RATES)")
     p.add_argument("--prompt-len", type=int, default=PROMPT_LEN,
@@ -342,12 +347,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
+    global STEP_S, ALPHAS, CATCH_UP, COLD, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE
+    global PROMPT_LEN, PLACE
     args = _parser().parse_args(argv)
     MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
         CATCH_UP = (args.catch_up[0] / 1e3, args.catch_up[1] / 1e6)
+        COLD = args.catch_up[2] / 1e3 if len(args.catch_up) > 2 else 0.0
     TELL_LAG, PLACE = not args.untold_lag, not args.unplaced
     if args.calibrate:
         STEP_S, ALPHAS = calibrate(args.calibrate)
@@ -362,28 +369,25 @@ def main(argv=None) -> None:
             if (alpha, spread) not in sequences:
                 sequences[alpha, spread] = simulate_sequence(args.batches, spread, args.seeds,
                                                              alpha)
-            t = {**sequences[alpha, spread][batch], **{p + "_seed0": None for p in
-                                                     ("spec", "plain", "adaptive")}}
+            t = {**sequences[alpha, spread][batch], **{p + "_seed0": None for p in POLICIES}}
         else:
             t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,
                          growth=args.growth, shadow=args.shadow,
                          shadow_finish=args.shadow_finish, batches=args.rounds)
         lines.append({"bench": "sim_adaptive", "alpha": alpha, "spread": spread, "batch": batch,
-                      "sequence": args.sequence,
-                      "switch_steps": SWITCH_STEPS, "catch_up_ms_us": args.catch_up,
-                      "lag_told": bool(args.catch_up) and TELL_LAG, "rates": args.rates,
-                      "prompt_len": PROMPT_LEN, "placed": PLACE,
+                      "sequence": args.sequence, "switch_steps": SWITCH_STEPS,
+                      "catch_up_ms_us": args.catch_up, "lag_told": bool(args.catch_up) and TELL_LAG,
+                      "rates": args.rates, "prompt_len": PROMPT_LEN, "placed": PLACE,
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
-                      "shadow_finish": args.shadow_finish,
-                      "look_budget": bucket.LOOK_BUDGET, "calibrated": args.calibrate,
-                      "max_every": bucket.EXPLORE_MAX_EVERY, "rounds": args.rounds,
-                      "spec_s": t["spec"], "plain_s": t["plain"], "adaptive_s": t["adaptive"],
+                      "shadow_finish": args.shadow_finish, "look_budget": bucket.LOOK_BUDGET,
+                      "calibrated": args.calibrate, "max_every": bucket.EXPLORE_MAX_EVERY,
+                      "rounds": args.rounds, "spec_s": t["spec"], "plain_s": t["plain"],
+                      "adaptive_s": t["adaptive"],
                       # adaptive's switches of side by what chose them, over the seeds
                       "adaptive_switches": dict(sorted(t["switches"].items())),
                       "vs_best": min(t["spec"], t["plain"]) / t["adaptive"],
-                      "seed0_batches_s": {p: t[p + "_seed0"] for p in
-                                          ("spec", "plain", "adaptive")},
+                      "seed0_batches_s": {p: t[p + "_seed0"] for p in POLICIES},
                       "seeds": args.seeds, "git": common.git_commit(), "time": common.now_iso()})
         print(f"[sim_adaptive] alpha {alpha} spread {spread} batch {batch} hiccup "
               f"{args.hiccup}: adaptive {lines[-1]['vs_best']:.3f} of the faster pinned side",

@@ -250,7 +250,11 @@ class AdaptiveSpeculation:
         steps (the host's work between two steps). From plain steps, with the draft's lag
         known, the look must also fit what its catch-up would cost now: the lag counts the
         prompts, which the plain steps alone leave out (README, "The draft's whole lag": on
-        an H200 it made no difference; simulated, 1.000 of the faster pinned side, from 0.98)."""
+        an H200 it made no difference; simulated, 1.000 of the faster pinned side, from 0.98).
+        A batch of one's look at a stretch speculation has not measured is not priced
+        (`Bucket.place_unmeasured` says why)."""
+        if not choice and b.since_explore >= EXPLORE_EVERY and b.place_unmeasured():
+            return True  # unpriced: a stretch speculation has not measured (place_unmeasured)
         side, until = b.look_priced
         if b.since_explore < b.explore_every or (side == choice and b.since_explore < until):
             return False

@@ -113,6 +113,19 @@ class Bucket:
         if self.spec is not self.places[key]:  # another stretch: its look not priced yet
             self.spec, self.look_priced = self.places[key], (None, 0)
 
+    def place_unmeasured(self) -> bool:
+        """Whether a batch of one's speculation has no step of its own at this stretch and,
+        as every stretch measures it, is not far behind plain steps (PlacedRate.far_behind):
+        then a look there comes EXPLORE_EVERY steps after the last, not priced
+        (AdaptiveSpeculation._look_due). A draft that never pays is far behind once every
+        stretch holds FAR_MIN_STEPS steps: it pays such looks at a stretch or two in an
+        engine's life. NOTE: priced, a trained EAGLE3 head never looked past its answers'
+        starts, where it accepts least: its first catch-up (10.3 ms, later ones 1.4) put the
+        next look about 700 steps off, and the engine decoded plain at 0.99x no-spec where
+        pinned speculation ran 1.40x (H100, 23a4281, docs/PERFORMANCE.md)."""
+        return (self.every_place is not None and not self.spec.recent
+                and not self.spec.far_behind(self.decode.tok_s))
+
     def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
         return self.spec if spec else self.decode
