@@ -527,12 +527,6 @@ def test_simulated_catch_up_prices_a_switch_into_speculation_by_missed_positions
     assert sim.switch_seconds(False, False, running) == 0.0
     assert sim.switch_seconds(False, True, running) == pytest.approx(
         sim.SWITCH_STEPS * sim.step_seconds(False, 2))
-    monkeypatch.setattr(sim, "COLD", 0.009)  # --catch-up 4 1 9: an engine's first look pays 9 ms
-    ctrl = sim.AdaptiveSpeculation()
-    assert sim.switch_seconds(True, None, running, ctrl) == pytest.approx(0.004 + 40e-6)
-    assert sim.switch_seconds(True, False, running, ctrl) == pytest.approx(0.013 + 40e-6)
-    assert sim.switch_seconds(True, False, running, ctrl) == pytest.approx(0.004 + 40e-6)
-    monkeypatch.setattr(sim, "COLD", 0.0)
     fresh = [sim.SimRequest(0.7, behind=sim.PROMPT_LEN) for _ in range(2)]  # new prompts
     assert sim.switch_seconds(True, None, fresh) == pytest.approx(
         0.004 + 2 * sim.PROMPT_LEN * 1e-6)

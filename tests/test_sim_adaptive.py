@@ -1,0 +1,46 @@
+"""benchmarks/sim_adaptive.py's cold first look and its calibration from a probe's log."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import sim_adaptive as sim  # noqa: E402
+
+
+def test_an_engines_first_look_into_speculation_costs_cold_once(monkeypatch):
+    """--catch-up A B C: the first switch from plain steps into speculation of each simulated
+    engine costs C more, once; a batch's first step (its prompts' catch-up) is not a look."""
+    monkeypatch.setattr(sim, "CATCH_UP", (0.004, 1e-6))
+    monkeypatch.setattr(sim, "COLD", 0.009)
+    running = [sim.SimRequest(0.7, behind=10), sim.SimRequest(0.7, behind=30)]
+    one, other = sim.AdaptiveSpeculation(), sim.AdaptiveSpeculation()
+    warm = 0.004 + 40e-6
+    assert sim.switch_seconds(True, None, running, one) == pytest.approx(warm)
+    assert sim.switch_seconds(True, False, running, one) == pytest.approx(warm + 0.009)
+    assert sim.switch_seconds(True, False, running, one) == pytest.approx(warm)
+    assert sim.switch_seconds(True, False, running, other) == pytest.approx(warm + 0.009)
+    assert sim.switch_seconds(True, False, running) == pytest.approx(warm)  # no engine named
+
+
+def _call(system, kind, bs, seconds, tokens=1):
+    return {"system": system, "kind": kind, "bs": bs, "s": seconds, "tokens": tokens}
+
+
+def test_calibrate_takes_each_sides_median_call_and_the_pinned_accept_lengths(tmp_path):
+    rows = [_call("pinned", "spec", 1, s) for s in (1e-3, 2e-3, 9e-3)]
+    rows += [_call("no-spec", "plain", 1, s) for s in (5e-4, 6e-4, 7e-4)]
+    rows += [_call("no-spec", "plain", 1, 1.0, tokens=0),  # a launch: left out
+             {"probe": "adaptive_steps", "system": "pinned", "batch": 1,
+              "accept_lengths": [2.0, 3.0]}]
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    step_s, alphas = sim.calibrate(str(path))
+    assert step_s == {(True, 1): pytest.approx(2e-3), (False, 1): pytest.approx(6e-4)}
+    chain = [sum(a ** k for k in range(sim.DRAFT_TOKENS)) for a in alphas]
+    assert chain == [pytest.approx(2.0, abs=1e-6), pytest.approx(3.0, abs=1e-6)]
+    path.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match="no-spec"):
+        sim.calibrate(str(path))
