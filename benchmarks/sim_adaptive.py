@@ -57,8 +57,7 @@ DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
 # --calibrate: step seconds per (speculative?, bucket) and the requests' accept chances,
 # measured on a GPU (`calibrate`); None: sim_rates.py's H100 rates and a normal spread of chances.
 STEP_S = ALPHAS = None
-CATCH_UP = None  # --catch-up: (seconds, seconds per position) of a switch into speculation
-COLD = 0.0  # --catch-up's third value: seconds an engine's first look into speculation adds
+CATCH_UP = None  # --catch-up: seconds a switch into speculation, per position, [first look's more]
 # With --catch-up the controller is told the positions a switch catches up on, as the engine
 # tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last speculative.
 TELL_LAG = True
@@ -156,7 +155,8 @@ def switch_seconds(spec: bool, last, running: list, ctrl=None) -> float:
         return (SWITCH_STEPS * step_seconds(False, len(running))
                 if last is not None and spec != last else 0.0)
     if spec and last is not True:
-        first = COLD if last is False and not getattr(ctrl, "sim_warm", ctrl is None) else 0.0
+        cold = last is False and not getattr(ctrl, "sim_warm", ctrl is None)
+        first = sum(CATCH_UP[2:]) if cold else 0.0
         if last is False and ctrl is not None:
             ctrl.sim_warm = True
         return first + CATCH_UP[0] + CATCH_UP[1] * sum(r.behind for r in running)
@@ -249,8 +249,7 @@ def simulate_sequence(sizes: list, spread: float, seeds: int, mean_alpha: float 
     """--sequence: batch sizes in order on one controller per seed, as bench_adaptive runs one
     engine (one untimed batch of each size, then `timed` timed ones): {size: {policy: timed
     seconds over all seeds}}. Priors and switch costs carry over from the sizes before."""
-    out = {b: {**dict.fromkeys(POLICIES, 0.0), "switches": Counter()}
-           for b in sizes}
+    out = {b: {**dict.fromkeys(POLICIES, 0.0), "switches": Counter()} for b in sizes}
     for policy in POLICIES:
         for seed in range(seeds):
             ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
@@ -347,14 +346,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-    global STEP_S, ALPHAS, CATCH_UP, COLD, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE
-    global PROMPT_LEN, PLACE
+    global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
     args = _parser().parse_args(argv)
     MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
-        CATCH_UP = (args.catch_up[0] / 1e3, args.catch_up[1] / 1e6)
-        COLD = args.catch_up[2] / 1e3 if len(args.catch_up) > 2 else 0.0
+        if len(args.catch_up) not in (2, 3):
+            raise SystemExit(f"--catch-up takes A_MS B_US [C_MS], got {args.catch_up}")
+        a_ms, b_us, c_ms = (args.catch_up + [0.0])[:3]
+        CATCH_UP = (a_ms / 1e3, b_us / 1e6, c_ms / 1e3)
     TELL_LAG, PLACE = not args.untold_lag, not args.unplaced
     if args.calibrate:
         STEP_S, ALPHAS = calibrate(args.calibrate)

@@ -13,8 +13,7 @@ import sim_adaptive as sim  # noqa: E402
 def test_an_engines_first_look_into_speculation_costs_cold_once(monkeypatch):
     """--catch-up A B C: the first switch from plain steps into speculation of each simulated
     engine costs C more, once; a batch's first step (its prompts' catch-up) is not a look."""
-    monkeypatch.setattr(sim, "CATCH_UP", (0.004, 1e-6))
-    monkeypatch.setattr(sim, "COLD", 0.009)
+    monkeypatch.setattr(sim, "CATCH_UP", (0.004, 1e-6, 0.009))
     running = [sim.SimRequest(0.7, behind=10), sim.SimRequest(0.7, behind=30)]
     one, other = sim.AdaptiveSpeculation(), sim.AdaptiveSpeculation()
     warm = 0.004 + 40e-6
@@ -27,6 +26,11 @@ def test_an_engines_first_look_into_speculation_costs_cold_once(monkeypatch):
 
 def _call(system, kind, bs, seconds, tokens=1):
     return {"system": system, "kind": kind, "bs": bs, "s": seconds, "tokens": tokens}
+
+
+def test_catch_up_takes_two_or_three_values():
+    with pytest.raises(SystemExit, match="A_MS B_US"):
+        sim.main(["--catch-up", "1.0"])
 
 
 def test_calibrate_takes_each_sides_median_call_and_the_pinned_accept_lengths(tmp_path):
