@@ -183,7 +183,7 @@ def test_a_batch_of_one_looks_at_a_stretch_speculation_has_not_measured(monkeypa
     speculation's time over these answers; with every look priced, 1.42x."""
     pinned = sum(_head_answers(None, seed) for seed in range(6))
     looked = sum(_head_answers(AdaptiveSpeculation(), seed) for seed in range(6))
-    monkeypatch.setattr(Bucket, "place_unmeasured", lambda self: False)
+    monkeypatch.setattr(Bucket, "place_unmeasured", lambda self, wait: False)
     priced = sum(_head_answers(AdaptiveSpeculation(), seed) for seed in range(6))
     assert looked <= 1.2 * pinned and priced >= 1.25 * pinned, (looked, priced, pinned)
 

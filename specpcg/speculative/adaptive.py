@@ -251,20 +251,18 @@ class AdaptiveSpeculation:
         known, the look must also fit what its catch-up would cost now: the lag counts the
         prompts, which the plain steps alone leave out (README, "The draft's whole lag": on
         an H200 it made no difference; simulated, 1.000 of the faster pinned side, from 0.98).
-        A batch of one's look at a stretch speculation has not measured is not priced
-        (`Bucket.place_unmeasured` says why)."""
-        if not choice and b.since_explore >= EXPLORE_EVERY and b.place_unmeasured():
-            return True  # unpriced: a stretch speculation has not measured (place_unmeasured)
+        A batch of one looks at an unmeasured stretch before it ends (`Bucket.place_unmeasured`)."""
         side, until = b.look_priced
         if b.since_explore < b.explore_every or (side == choice and b.since_explore < until):
             return False
         wait = b.look_every(choice, batch_size)
         if wait <= b.since_explore and not (choice or b.shadowed or self._behind is None):
             wait = b.look_wait(False, batch_size, self._lag(batch_size))
-        if b.since_explore < wait:  # priced again once due, or LOOK_PRICED_EVERY steps on
-            b.look_priced = (choice, min(wait, b.since_explore + LOOK_PRICED_EVERY))
-            return False
-        return True
+        if b.since_explore >= wait or not choice and b.place_unmeasured(wait - b.since_explore):
+            return True
+        # priced again once due, or LOOK_PRICED_EVERY steps on
+        b.look_priced = (choice, min(wait, b.since_explore + LOOK_PRICED_EVERY))
+        return False
 
     def _lag(self, batch_size: int) -> int:
         """The positions a switch into speculation catches the draft up on (use_spec's

@@ -101,6 +101,7 @@ class Bucket:
     every_place: Optional[Rate] = None
     # (the speculative rate compared, plain steps before the next comparison) (`by_rates`)
     rates_wait: tuple = (None, 0)
+    place_left: int = 0  # a batch of one's output tokens to the end of its stretch (`place`)
 
     def place(self, position: int) -> None:
         """Speculation's rate from this step on is that of the stretch of output `position` (a
@@ -112,19 +113,20 @@ class Bucket:
             self.places[key] = PlacedRate(self.every_place)
         if self.spec is not self.places[key]:  # another stretch: its look not priced yet
             self.spec, self.look_priced = self.places[key], (None, 0)
+        self.place_left = (PLACE_TOKENS << key) - position
 
-    def place_unmeasured(self) -> bool:
-        """Whether a batch of one's speculation has no step of its own at this stretch and,
-        as every stretch measures it, is not far behind plain steps (PlacedRate.far_behind):
-        then a look there comes EXPLORE_EVERY steps after the last, not priced
-        (AdaptiveSpeculation._look_due). A draft that never pays is far behind once every
-        stretch holds FAR_MIN_STEPS steps: it pays such looks at a stretch or two in an
-        engine's life. NOTE: priced, a trained EAGLE3 head never looked past its answers'
+    def place_unmeasured(self, wait: float) -> bool:
+        """Whether a look `wait` plain steps off would come after this stretch of a batch of
+        one's output ends, where speculation has no step of its own and, as every stretch
+        measures it, is not far behind plain steps (PlacedRate.far_behind): then the look
+        comes now (AdaptiveSpeculation._look_due). A draft that never pays is far behind once
+        every stretch holds FAR_MIN_STEPS steps: it pays such looks at a stretch or two in an
+        engine's life. NOTE: without them a trained EAGLE3 head never looked past its answers'
         starts, where it accepts least: its first catch-up (10.3 ms, later ones 1.4) put the
         next look about 700 steps off, and the engine decoded plain at 0.99x no-spec where
         pinned speculation ran 1.40x (H100, 23a4281, docs/PERFORMANCE.md)."""
-        return (self.every_place is not None and not self.spec.recent
-                and not self.spec.far_behind(self.decode.tok_s))
+        return (self.every_place is not None and wait > self.place_left
+                and not self.spec.recent and not self.spec.far_behind(self.decode.tok_s))
 
     def side(self, spec: bool) -> Rate:
         """The speculative side's rate, or the plain one's."""
