@@ -170,8 +170,10 @@ class PlacedRate:
     answer, while what it accepts changes along it. A stretch no step has measured takes every
     stretch's rate: it costs no warm-up of its own, and the looks measure it. The window that
     prices a look and tells when one confirms the choice is the stretch's own: a stretch no
-    step has measured prices a look at it as free, and a look confirms nothing until the
-    stretch's window is full, so a batch of one looks at each stretch it knows little of.
+    step has measured prices a look's steps there at nothing (its catch-up still counts; where
+    that puts the look past the stretch's end, it comes at once: `Bucket.place_unmeasured`),
+    and a look confirms nothing until the stretch's window is full, so a batch of one looks at
+    each stretch it knows little of.
     NOTE: with every stretch's window (9af5bfc) the looks confirmed on steps from the answers'
     starts and spaced out: the default command's STANDALONE draft at batch 1 ran 0.91x no-spec
     (0.91 / 0.44 / 1.24 by round), where with the stretch's own it ran 1.24x, 1.28x and 1.26x
