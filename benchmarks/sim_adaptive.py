@@ -155,10 +155,9 @@ def switch_seconds(spec: bool, last, running: list, ctrl=None) -> float:
         return (SWITCH_STEPS * step_seconds(False, len(running))
                 if last is not None and spec != last else 0.0)
     if spec and last is not True:
-        cold = last is False and not getattr(ctrl, "sim_warm", ctrl is None)
-        first = sum(CATCH_UP[2:]) if cold else 0.0
-        if last is False and ctrl is not None:
-            ctrl.sim_warm = True
+        first = 0.0  # an engine's first look from plain steps pays CATCH_UP[2:] once
+        if last is False and ctrl is not None and not getattr(ctrl, "sim_warm", False):
+            first, ctrl.sim_warm = sum(CATCH_UP[2:]), True
         return first + CATCH_UP[0] + CATCH_UP[1] * sum(r.behind for r in running)
     return SWITCH_STEPS * step_seconds(False, len(running)) if last and not spec else 0.0
 
@@ -348,11 +347,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
     args = _parser().parse_args(argv)
+    if args.catch_up and len(args.catch_up) not in (2, 3):  # before any global is set
+        raise SystemExit(f"--catch-up takes A_MS B_US [C_MS], got {args.catch_up}")
     MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
-        if len(args.catch_up) not in (2, 3):
-            raise SystemExit(f"--catch-up takes A_MS B_US [C_MS], got {args.catch_up}")
         a_ms, b_us, c_ms = (args.catch_up + [0.0])[:3]
         CATCH_UP = (a_ms / 1e3, b_us / 1e6, c_ms / 1e3)
     TELL_LAG, PLACE = not args.untold_lag, not args.unplaced
