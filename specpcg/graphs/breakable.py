@@ -169,9 +169,15 @@ def own_cublas_workspace() -> None:
         clear()
 
 
+# Whether a graph replays once right after its capture (probe_first_replay.py turns it off to
+# time the lazy upload below).
+REPLAY_ON_CAPTURE = True
+
+
 def warm_and_capture(fn: Callable, pool):
     """Runs fn() twice on the joined capture stream (lazy init and Triton compilation stay
-    outside the capture), then captures a third call into one graph; returns (graph, output)."""
+    outside the capture), then captures a third call into one graph and replays it once;
+    returns (graph, output)."""
     stream = joined_capture_stream()
     with torch.cuda.stream(stream):
         for _ in range(2):
@@ -181,6 +187,13 @@ def warm_and_capture(fn: Callable, pool):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         out = fn()
+    if REPLAY_ON_CAPTURE:
+        # CUDA uploads an instantiated graph to the device at its first launch. Replayed here,
+        # on the inputs the capture ran (the same work as the warm-up calls above), that
+        # upload is paid at start-up, not by the first serving step that needs this graph.
+        with torch.cuda.stream(stream):
+            graph.replay()
+        torch.cuda.synchronize()
     return graph, out
 
 
