@@ -236,7 +236,12 @@ def test_a_capture_takes_a_cublas_workspace_of_its_own(fake_cuda, monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", fake_graph)
     monkeypatch.setattr(breakable, "joined_capture_stream", lambda: None)
     _, out = breakable.warm_and_capture(lambda: fake_cuda.append("run") or 7, pool="P")
-    assert fake_cuda == ["run", "run", "clear", ("capture", "P"), "run"] and out == 7
+    # then one replay: CUDA uploads a graph at its first launch, paid here at start-up
+    assert fake_cuda == ["run", "run", "clear", ("capture", "P"), "run", "replay"] and out == 7
+    fake_cuda.clear()
+    monkeypatch.setattr(breakable, "REPLAY_ON_CAPTURE", False)  # probe_first_replay.py's
+    breakable.warm_and_capture(lambda: fake_cuda.append("run"), pool="P")
+    assert fake_cuda == ["run", "run", "clear", ("capture", "P"), "run"]
 
 
 def test_replay_errors_name_the_step(fake_cuda):
@@ -386,3 +391,4 @@ def test_cuda_nesting_and_failed_capture_leave_no_capture_behind():
         out = toy(x_static[:8])
     graph.replay()
     assert torch.equal(out, toy(x_static[:8]))
+
