@@ -30,6 +30,14 @@ class HiddenRing:
         self.depth, self.width = depth, width
         self.buf = torch.zeros(rows, depth, width, dtype=dtype, device=device)
         self._steps = {}  # steps -> arange(steps) on the device
+        self.warm()
+
+    def warm(self) -> None:
+        """One read now, of the first row (its output dropped). NOTE: a process's first read
+        took 18 ms on an H100 against 0.25 ms later (8e39105, probe_first_look.py --cold), and
+        it comes in the first switch from plain steps into speculation, whose cost adaptive
+        speculation prices its next looks by (speculative/switches.py)."""
+        self.read([0], [0], 1)
 
     @classmethod
     def for_draft(cls, ctx, aux_layers: int) -> Optional["HiddenRing"]:
