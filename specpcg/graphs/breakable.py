@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import gc
 import logging
 import time
 import warnings
@@ -260,7 +261,11 @@ def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | N
     stream = capture_stream() if stream is None else stream
     # Inputs may still be written on the current stream; the side stream must see them finished.
     torch.cuda.synchronize()
-    # As torch.cuda.graph does: cached blocks go back to the device, so the capture has the most.
+    # As torch.cuda.graph does: garbage goes first, since a CUDA graph freed by the collector
+    # during the capture invalidates it (a failed test's traceback held the last test's graphs:
+    # four segments reset mid-capture, one H100); cached blocks go back to the device, so the
+    # capture has the most.
+    gc.collect()
     torch.cuda.empty_cache()
     token = _current.set(state)
     try:
