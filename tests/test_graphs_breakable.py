@@ -391,4 +391,3 @@ def test_cuda_nesting_and_failed_capture_leave_no_capture_behind():
         out = toy(x_static[:8])
     graph.replay()
     assert torch.equal(out, toy(x_static[:8]))
-

@@ -191,7 +191,9 @@ def warm_and_capture(fn: Callable, pool):
     if REPLAY_ON_CAPTURE:
         # CUDA uploads an instantiated graph to the device at its first launch. Replayed here,
         # on the inputs the capture ran (the same work as the warm-up calls above), that
-        # upload is paid at start-up, not by the first serving step that needs this graph.
+        # upload is paid at start-up, not by the first serving step that needs this graph:
+        # 0.04 ms (median; at most 0.32) for each of an EAGLE3 engine's 52 graphs (one H100,
+        # 8e39105, probe_first_replay.py).
         with torch.cuda.stream(stream):
             graph.replay()
         torch.cuda.synchronize()
