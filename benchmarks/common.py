@@ -186,6 +186,13 @@ def append_jsonl(path, records: list[dict]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
+def emit_line(line: dict, path=None) -> None:
+    """Prints a probe's JSON line, and appends it to `path` where one is given."""
+    print(json.dumps(line), flush=True)
+    if path:
+        append_jsonl(path, [line])
+
+
 def read_jsonl(path) -> list[dict]:
     """A results file's records; a name ending .gz is read through gzip (long step logs)."""
     path = Path(path)

@@ -14,7 +14,6 @@ hidden ring's first read (`HiddenRing.warm`) and each graph's first replay
 from __future__ import annotations
 
 import argparse
-import json
 
 import common
 from bench_adaptive import add_probe_args, probe_engine, prompts_for
@@ -90,14 +89,13 @@ def main() -> None:
     p.add_argument("--cold", action="store_true", help="start-up warm-ups off")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    log = []
     if args.cold:
         from specpcg.graphs import breakable
         from specpcg.hidden_ring import HiddenRing
 
         breakable.REPLAY_ON_CAPTURE = False
         HiddenRing.warm = lambda self: None
-    log = []
-    if args.cold:
         split_first_read(log)
     engine, _ = probe_engine(args, "adaptive", 1)
     script_choices(engine, args.plain, args.spec)
@@ -113,9 +111,7 @@ def main() -> None:
                 "switch_ms": {side: [round(1e3 * s, 3) for s, _ in list(kept)[:SHOWN]]
                               for side, kept in switches.kept.items()},
                 **common.machine_info(engine.device)}
-        print(json.dumps(line), flush=True)
-        if args.out:
-            common.append_jsonl(args.out, [line])
+        common.emit_line(line, args.out)
 
 
 if __name__ == "__main__":

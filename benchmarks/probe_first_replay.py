@@ -14,7 +14,6 @@ still hold padding or a finished request's inputs). One JSON line per graph and 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -61,12 +60,6 @@ def time_replays(graph, replays: int) -> list:
     return times
 
 
-def emit(line: dict, out) -> None:
-    print(json.dumps(line), flush=True)
-    if out:
-        common.append_jsonl(out, [line])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_probe_args(p)
@@ -81,14 +74,14 @@ def main() -> None:
         times = time_replays(graph, args.replays)
         rows.append({"probe": "first_replay", "module": module, "first_ms": round(times[0], 3),
                      "next_ms": round(statistics.median(times[1:]), 3)})
-        emit(rows[-1], args.out)
+        common.emit_line(rows[-1], args.out)
     extra = [r["first_ms"] - r["next_ms"] for r in rows]
-    emit({"probe": "first_replay_summary", "graphs": len(rows),
-          "extra_ms_median": round(statistics.median(extra), 3) if extra else None,
-          "extra_ms_max": round(max(extra), 3) if extra else None,
-          "extra_ms_total": round(sum(extra), 3), "most": args.most, "setting": args.setting,
-          **common.machine_info(torch.device("cuda"))}, args.out)
-
+    summary = {"probe": "first_replay_summary", "graphs": len(rows),
+               "extra_ms_median": round(statistics.median(extra), 3) if extra else None,
+               "extra_ms_max": round(max(extra), 3) if extra else None,
+               "extra_ms_total": round(sum(extra), 3), "most": args.most,
+               "setting": args.setting}
+    common.emit_line({**summary, **common.machine_info(torch.device("cuda"))}, args.out)
 
 if __name__ == "__main__":
     main()
