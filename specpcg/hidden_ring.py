@@ -34,7 +34,7 @@ class HiddenRing:
 
     def warm(self) -> None:
         """One read now, of the first row (its output dropped). NOTE: a process's first read
-        took 18-35 ms on an H100 against 0.25-0.6 later, nearly all of it the index arithmetic
+        took 18-35 ms on an H100 against 0.24-0.64 later, nearly all of it the index arithmetic
         (8e39105, d6e54e1: probe_first_look.py --cold), and it comes in the first switch from
         plain steps into speculation, whose cost adaptive speculation prices its next looks by
         (speculative/switches.py)."""
