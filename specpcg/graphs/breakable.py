@@ -175,6 +175,25 @@ def own_cublas_workspace() -> None:
 REPLAY_ON_CAPTURE = True
 
 
+@contextmanager
+def collector_paused():
+    """No automatic garbage collection inside (as it was before, after). A CUDA graph the
+    collector frees during a capture invalidates it, and every capture after it in the process
+    failed: a failed test's traceback held the last test's graphs, and four of their segments
+    were reset mid-capture (one H100, d6e54e1). A full collection before each capture prevents
+    that too (torch.cuda.graph collects only under torch.compiler.config.force_cudagraph_gc),
+    but took 90 ms a capture on a 2-core CPU with the engine's libraries loaded (about 200,000
+    objects), 50 piecewise captures an engine; paused, the garbage waits for a collection
+    outside the capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def warm_and_capture(fn: Callable, pool):
     """Runs fn() twice on the joined capture stream (lazy init and Triton compilation stay
     outside the capture), then captures a third call into one graph and replays it once;
@@ -186,7 +205,7 @@ def warm_and_capture(fn: Callable, pool):
     torch.cuda.synchronize()
     own_cublas_workspace()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
+    with collector_paused(), torch.cuda.graph(graph, pool=pool, stream=stream):
         out = fn()
     if REPLAY_ON_CAPTURE:
         # CUDA uploads an instantiated graph to the device at its first launch. Replayed here,
@@ -263,15 +282,10 @@ def breakable_capture(graph: BreakableGraph, pool, stream: torch.cuda.Stream | N
     stream = capture_stream() if stream is None else stream
     # Inputs may still be written on the current stream; the side stream must see them finished.
     torch.cuda.synchronize()
-    # As torch.cuda.graph does: garbage goes first, since a CUDA graph freed by the collector
-    # during the capture invalidates it (a failed test's traceback held the last test's graphs:
-    # four segments reset mid-capture, one H100); cached blocks go back to the device, so the
-    # capture has the most.
-    gc.collect()
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # cached blocks go back to the device: the capture has the most
     token = _current.set(state)
     try:
-        with torch.cuda.stream(stream):
+        with collector_paused(), torch.cuda.stream(stream):
             _begin_first_segment(state)
             try:
                 yield graph
