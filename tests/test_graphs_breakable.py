@@ -244,35 +244,6 @@ def test_a_capture_takes_a_cublas_workspace_of_its_own(fake_cuda, monkeypatch):
     assert fake_cuda == ["run", "run", "clear", ("capture", "P"), "run"]
 
 
-def test_captures_run_with_the_collector_paused(fake_cuda, monkeypatch):
-    """A graph freed by the garbage collector mid-capture invalidates the capture: both capture
-    paths pause automatic collection inside (no full collection each, which costs ~90 ms a
-    capture here) and restore it after, also after an error; a paused collector stays so."""
-    import gc
-
-    monkeypatch.setattr(gc, "collect", lambda *a: fake_cuda.append("collect") or 0)
-    seen = []
-    with breakable_capture(BreakableGraph(), pool="P"):
-        seen.append(gc.isenabled())
-        eager_break(lambda x: seen.append(gc.isenabled()) or x)(torch.zeros(1))
-    monkeypatch.setattr(torch.cuda, "graph", contextmanager(lambda *a, **k: (yield)))
-    monkeypatch.setattr(breakable, "joined_capture_stream", lambda: None)
-    breakable.warm_and_capture(lambda: seen.append(gc.isenabled()), pool="P")
-    # the warm-up calls run with the collector on, the captured one without
-    assert seen == [False, False, True, True, False] and gc.isenabled()
-    with pytest.raises(ValueError):
-        with breakable_capture(BreakableGraph(), pool="P"):
-            raise ValueError("model bug")
-    assert gc.isenabled() and "collect" not in fake_cuda
-    gc.disable()
-    try:
-        with breakable.collector_paused():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable()
-
-
 def test_replay_errors_name_the_step(fake_cuda):
     state = {"fail": False}
 
