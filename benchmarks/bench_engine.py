@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 import common
+import hf_reference
 
 common.add_repo_to_path()
 
@@ -176,7 +177,7 @@ def run_all(args, settings: Settings) -> None:
         common.free_memory(device)
     if args.skip_hf:
         return
-    model = common.load_hf_model(args.model_path, device, dtype)
+    model = hf_reference.load_hf_model(args.model_path, device, dtype)
     for cache in (None, "static"):
         runner = HFRunner(model, device, cache)
         common.append_jsonl(args.out, measure(runner, settings, stream, args.repeats, info))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 import common
+import hf_reference
 
 common.add_repo_to_path()
 import bench_engine  # noqa: E402  (HF runner, prompt windows, its measure loop)
@@ -147,7 +148,7 @@ def measure_system(args, settings: Settings, graphs: bool, base: dict) -> None:
 def measure_hf(args, settings: Settings, base: dict) -> None:
     """HF static cache through bench_engine's runner and measure loop, on the same prompts."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = common.load_hf_model(args.model_path, device, getattr(torch, base["dtype"]))
+    model = hf_reference.load_hf_model(args.model_path, device, getattr(torch, base["dtype"]))
     runner, records = bench_engine.HFRunner(model, device, "static"), []
     for r in bench_engine.measure(runner, settings.hf, args.stream, args.repeats, base):
         records.append({**r, "bench": "graphs", "model": args.model_label, "default_model": True})

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import common
+import hf_reference
 
 common.add_repo_to_path()
 from drafts.truncate import truncate  # noqa: E402
@@ -189,8 +190,8 @@ def hf_generate(model, tokenizer, prompt: str, num_new: int, extra: dict) -> tup
 def run_hf(args, s: Settings, paths, device, dtype, info: dict) -> None:
     prompts, golds = build_prompts(s.hf_questions, s.num_shots)
     tokenizer = load_tokenizer(paths[0]).hf_tokenizer
-    model = common.load_hf_model(paths[0], device, dtype)
-    assistant = common.load_hf_model(paths[1], device, dtype)
+    model = hf_reference.load_hf_model(paths[0], device, dtype)
+    assistant = hf_reference.load_hf_model(paths[1], device, dtype)
     base = None
     for system, extra in (("hf_plain", {}), ("hf_prompt_lookup", {"prompt_lookup_num_tokens": 10}),
                           ("hf_assisted", {"assistant_model": assistant})):

@@ -83,5 +83,6 @@ def main() -> None:
                "setting": args.setting}
     common.emit_line({**summary, **common.machine_info(torch.device("cuda"))}, args.out)
 
+
 if __name__ == "__main__":
     main()

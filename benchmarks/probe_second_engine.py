@@ -35,6 +35,7 @@ import time
 import torch
 
 import common
+import hf_reference
 
 common.add_repo_to_path()
 
@@ -72,7 +73,7 @@ def _generate_before(before: str, device: str) -> None:
     from specpcg.models.loader import default_model_path
 
     first = _engine(device, dtype="bfloat16") if "engine" in before else None
-    hf = (common.load_hf_model(default_model_path(), torch.device(device), torch.bfloat16)
+    hf = (hf_reference.load_hf_model(default_model_path(), torch.device(device), torch.bfloat16)
           if "hf" in before else None)
     for prompt in PROMPTS:  # the greedy test's
         ids = [1, 2, 3] if first is None else first.tokenizer.encode(prompt)
