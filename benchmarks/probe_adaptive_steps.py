@@ -20,7 +20,7 @@ speculative steps beside pinned speculation's steady ones.
 
     python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
         [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--script P S]
-        [--rounds N] [--profile N] [--out FILE]
+        [--rounds N] [--profile N] [--log-untimed] [--out FILE]
 
 With --profile N, one more batch per system and size runs under cProfile: its N heaviest engine
 functions by self time and by cumulative time, printed and written as lines
@@ -218,6 +218,23 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
         adaptive.__dict__.update(held)
 
 
+def untimed_round(engine, args, system: str, bs: int, prompts: list, params: dict, out,
+                  watch) -> None:
+    """The batch before the logged ones: untimed, or with --log-untimed logged as round -1
+    with what could stall it. A first engine's first speculative steps may compile kernels
+    or read cold buffers, and the controller's rates keep them (the module docstring)."""
+    if watch is None:
+        engine.generate(input_ids=prompts, sampling_params=params)
+        return
+    before = watch.counts()
+    logged_round(engine, args, system, bs, -1, prompts, params, out)
+    line = json.dumps({"probe": "adaptive_steps_stalls", "system": system, "batch": bs,
+                       "round": -1, "stalls": watch.since(before)})
+    print(line, flush=True)
+    if out:
+        out.write(line + "\n")
+
+
 def profiled_round(engine, system: str, bs: int, prompts: list, params: dict, top: int,
                    out) -> None:
     """One more batch under cProfile (the module docstring's --profile)."""
@@ -252,6 +269,9 @@ def main(argv=None) -> None:
                    help="then one batch per size under cProfile: its N heaviest functions")
     p.add_argument("--out", default=None,
                    help="append JSON lines: one per call, then the summary")
+    p.add_argument("--log-untimed", action="store_true",
+                   help="log the untimed batch too (round -1), with the Triton compiles, "
+                        "collections and captures in it (stalls.StallWatch)")
     args = p.parse_args(argv)
     from bench_accept import close
     from bench_adaptive import HOLDS, engine_kwargs, prompts_for
@@ -260,6 +280,7 @@ def main(argv=None) -> None:
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
     out = open(args.out, "a") if args.out else None
+    watch = None
     for system in args.systems:
         most = max(args.batches)  # as bench_adaptive sizes its engines
         engine = Engine(model_path=args.model_path, show_progress=False,
@@ -267,13 +288,17 @@ def main(argv=None) -> None:
                         **engine_kwargs(system, args.algorithm, args.draft, setting))
         if system in HOLDS:
             HOLDS[system](engine)
+        if args.log_untimed and watch is None:
+            from stalls import StallWatch
+
+            watch = StallWatch(engine.device)  # process-wide hooks: one for every engine
         if args.script and system == "adaptive":
             from probe_switch import script_choices
 
             script_choices(engine, *args.script)
         for bs in args.batches:
             prompts = prompts_for(engine, max(args.batches), 128)[:bs]
-            engine.generate(input_ids=prompts, sampling_params=params)
+            untimed_round(engine, args, system, bs, prompts, params, out, watch)
             for rnd in range(args.rounds):
                 logged_round(engine, args, system, bs, rnd, prompts, params, out)
             if args.profile:

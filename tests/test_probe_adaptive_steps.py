@@ -96,3 +96,30 @@ def test_every_recorded_step_reaches_the_log(tmp_path):
     assert recorded >= 15
     assert sum(e["kind"] == "record" and not e["spec"] for e in log) >= recorded
     engine.shutdown()
+
+
+def test_the_untimed_round_is_logged_as_round_minus_one_with_its_stalls(tmp_path, capsys):
+    import json
+
+    import probe_adaptive_steps as probe
+    from stalls import StallWatch
+
+    engine = _ngram_engine(tmp_path)
+    out = tmp_path / "steps.jsonl"
+    args = SimpleNamespace(algorithm="NGRAM", script=None)
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with open(out, "w") as f:
+        probe.untimed_round(engine, args, "adaptive", 2, [[5, 6, 7, 5, 6]] * 2, params, f,
+                            StallWatch(engine.device))
+    lines = [json.loads(line) for line in open(out)]
+    summary = [x for x in lines if x.get("probe") == "adaptive_steps"]
+    stalls = [x for x in lines if x.get("probe") == "adaptive_steps_stalls"]
+    assert [x["round"] for x in summary + stalls] == [-1, -1]
+    assert summary[0]["calls"]["prefill"]["calls"] >= 1
+    assert isinstance(stalls[0]["stalls"], dict)
+    assert lines.index(stalls[0]) == len(lines) - 1  # after the round's own lines
+    assert '"adaptive_steps_stalls"' in capsys.readouterr().out
+    with open(out, "w") as f:  # without a watch: not logged
+        probe.untimed_round(engine, args, "adaptive", 2, [[5, 6, 7]] * 2, params, f, None)
+    assert out.read_text() == ""
+    engine.shutdown()
