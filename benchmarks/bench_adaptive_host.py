@@ -2,8 +2,8 @@
 
 A warmed controller decides the next step of a running batch with nothing waiting, so it gets a
 finish estimate: built and used every step (the controller before REDECIDE_EVERY, which this
-sets to 1 for that row), or lazily, as the scheduler hands it now (built only on the steps that
-re-choose). Microseconds per step, by batch size.
+sets to 1 for that row, its longest wait too), or lazily, as the scheduler hands it now (built
+only on the steps that re-choose). Microseconds per step, by batch size.
 
     python benchmarks/bench_adaptive_host.py [--batches 1 16 64] [--steps 4000]
 """
@@ -41,8 +41,9 @@ def _requests(batch: int) -> list:
 
 
 def time_us(batch: int, lazy: bool, steps: int) -> float:
-    every = adaptive.REDECIDE_EVERY
-    adaptive.REDECIDE_EVERY = every if lazy else 1
+    every, most = adaptive.REDECIDE_EVERY, adaptive.REDECIDE_MAX_EVERY
+    if not lazy:
+        adaptive.REDECIDE_EVERY = adaptive.REDECIDE_MAX_EVERY = 1
     try:
         ctrl, reqs = _warmed(batch), _requests(batch)
         t0 = time.perf_counter()
@@ -50,7 +51,7 @@ def time_us(batch: int, lazy: bool, steps: int) -> float:
             ctrl.use_spec(batch, (lambda: Finish.of(reqs)) if lazy else Finish.of(reqs))
         return 1e6 * (time.perf_counter() - t0) / steps
     finally:
-        adaptive.REDECIDE_EVERY = every
+        adaptive.REDECIDE_EVERY, adaptive.REDECIDE_MAX_EVERY = every, most
 
 
 def render_table(records: list) -> str:

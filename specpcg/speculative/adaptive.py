@@ -76,7 +76,8 @@ from collections import Counter, deque
 from typing import Optional
 
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
-                                        LOOK_CLOSE, SPEC_HOME, Bucket, bucket_of)
+                                        LOOK_CLOSE, REDECIDE_EVERY, REDECIDE_MAX_EVERY,
+                                        SETTLED_LEAD, SPEC_HOME, Bucket, bucket_of)
 from specpcg.speculative.finish import KEPT_ACCEPTS, MIN_ACCEPTS, ends_within, finished_accept
 from specpcg.speculative.rates import WINDOW
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
@@ -89,11 +90,6 @@ CONFIRM_MIN_BATCH = 4
 # where a warm-up's first speculative step caught the draft up on the whole batch (~10 ms
 # against 1 ms steps: H200, EAGLE3 and NEXTN at batch 4, buckets 2 and 8).
 TAIL_TOKENS = 16
-# With nothing waiting, the side is re-chosen on the finish estimate every this many steps (and
-# after every look), not every step: the estimate walks every running request, about 80 us a
-# step at batch 64 on a 2-core CPU, while a step of the default model at batch 64 lasts about
-# 1.6 ms on an H100 and the host prepares the next one within it.
-REDECIDE_EVERY = 8
 # A look's wait, once past its bucket's explore_every, is priced again (look_wait: the windows'
 # sums, and the draft's lag) when it comes due or this many steps after it was last priced, not
 # every step: priced every step, the choice took a fifth of a plain step's host work at batch
@@ -229,20 +225,24 @@ class AdaptiveSpeculation:
     def _choose(self, b: "Bucket", finish, batch_size: int) -> bool:
         """The bucket's side for this step: re-chosen on rates alone while requests wait (or
         shadow verifies on rates alone: `Bucket.by_rates`), else on the finish estimate after a
-        look, on a batch's arrival and every REDECIDE_EVERY steps, and the last choice in
-        between."""
+        look, on a batch's arrival and every REDECIDE_EVERY steps (more while the choice stays
+        settled: SETTLED_LEAD), and the last choice in between."""
         if finish is None:
             return b.by_rates(self._arrived)
-        if not (b.spec_chosen is None or b.explored_from is not None
-                or b.since_finish >= REDECIDE_EVERY or self._arrived):
+        fresh = b.explored_from is not None or self._arrived
+        every = b.redecide_every or REDECIDE_EVERY
+        if not (b.spec_chosen is None or fresh or b.since_finish >= every):
             b.since_finish += 1
             return b.spec_chosen
-        b.since_finish = 1
+        b.since_finish, before = 1, b.spec_chosen
         finish = finish() if callable(finish) else finish
         # A finish estimate prices a switch from the side running now (not after a look); rates
         # keep the bucket's choice (the other lost 0.6-1.8% in 5 of 27 simulated NGRAM cells).
         current = self._last_choice if b.explored_from is None else None
-        return b.prefer_spec(finish, *self._pricing(b), current, self._lag(batch_size))
+        choice = b.prefer_spec(finish, *self._pricing(b), current, self._lag(batch_size))
+        settled = not fresh and choice == before and b.lead(choice) > SETTLED_LEAD
+        b.redecide_every = min(2 * every, REDECIDE_MAX_EVERY) if settled else 0
+        return choice
 
     def _look_due(self, b: "Bucket", choice: bool, batch_size: int) -> bool:
         """Whether the bucket looks at the other side now. look_every is never below

@@ -49,6 +49,16 @@ LOOK_CLOSE = 0.10
 # 0.971x with SWITCH_MARGIN side by side (H200, 5276c67, README). Simulated (H200 weak-head
 # rates, 60 cells): 0.977 -> 0.980 of the faster pinned side; with shadow verifies it lost.
 SPEC_HOME = 0.03
+# With nothing waiting, the side is re-chosen on the finish estimate every REDECIDE_EVERY steps
+# (and after every look), not every step: the estimate walks every running request. A re-choice
+# that keeps the side, ahead by more than SETTLED_LEAD, doubles the wait (up to
+# REDECIDE_MAX_EVERY); any other, a look's end or a batch arriving resets it. At batch 64 the
+# default model's step waits on the host: in a logged run (probe_adaptive_steps.py, H200)
+# every 8th step's host gap was 250 us against 80-90 (a no-spec engine's: 51), and with plain
+# steps 25-30% ahead the adaptive engine ran them at 0.97-0.98x no-spec.
+REDECIDE_EVERY = 8
+REDECIDE_MAX_EVERY = 32
+SETTLED_LEAD = 0.20
 # From plain steps that lead speculation by more than RATES_LEAD, rates alone are compared
 # again after RATES_EVERY steps (`Bucket.by_rates`), so a switch into speculation comes at most
 # that many steps late. A batch of one's choice then costs a plain step 4 us of host work more
@@ -79,6 +89,7 @@ class Bucket:
     # Steps since the last choice on a finish estimate (at first: due at once, whatever the
     # controller's REDECIDE_EVERY).
     since_finish: int = 1 << 30
+    redecide_every: int = 0  # steps between two such choices (0: REDECIDE_EVERY)
     # Seconds a switch step took beyond the steady step after it, by direction (switches.py).
     switches: SwitchCosts = field(default_factory=SwitchCosts)
     # (speculative, plain) seconds to finish the batch at the last choice that estimated them,
