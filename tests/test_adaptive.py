@@ -893,4 +893,3 @@ def test_from_plain_steps_a_near_tie_goes_to_speculation_whose_looks_cost_less()
     assert _spec_share_near_a_tie() > 0.9
     assert _spec_share_near_a_tie(into_spec=SWITCH_MARGIN) < 0.1
     assert _spec_share_near_a_tie(shadow=2.0) < 0.1
-
