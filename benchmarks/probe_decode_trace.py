@@ -19,6 +19,9 @@ With --algorithm and --draft the engine carries that draft, held to plain steps 
     python benchmarks/probe_decode_trace.py --model-path shape:llama-3-8b --batch 1 > out.txt
     python benchmarks/probe_decode_trace.py --batch 64 --algorithm EAGLE3 --draft DIR
     python benchmarks/probe_decode_trace.py --batch 1 --algorithm EAGLE3 --untrained
+
+--host adds a generate traced with the host's activity too: its CUDA runtime calls a step, its
+waits on the device, and how far ahead of the device each graph launch came (host_trace.py).
 """
 
 from __future__ import annotations
@@ -212,6 +215,8 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=32,
                    help="128 with 64 new tokens: probe_step_trace's contexts")
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--host", action="store_true",
+                   help="then one more generate with the host's activity (host_trace.py)")
     args = p.parse_args(argv)
     from bench_adaptive import engine_kwargs, untrained_drafts
     from holds import plain_only
@@ -237,7 +242,12 @@ def main(argv=None) -> None:
     start = next(e[1] for e in events if is_matmul(e[0])) - 10
     graph = [e[0] for e in events if e[1] >= start]
     window = trace_window(run)
-    report_window(window, set(graph), step_marker(graph, window), replay_us)
+    marker = step_marker(graph, window)
+    report_window(window, set(graph), marker, replay_us)
+    if args.host:
+        from host_trace import report_host, trace_host
+
+        report_host(*trace_host(run), marker)
 
 
 if __name__ == "__main__":

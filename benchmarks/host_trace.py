@@ -1,0 +1,80 @@
+"""The host's side of a generate under the torch profiler (CUDA only): what it asks the CUDA
+runtime each decode step, how long it waits on the device, and how far ahead of the device it
+launches each step's graph.
+
+A step's graph runs its first kernel some time after the host's cudaGraphLaunch: when the host
+is ahead that lead is the time the device still had queued (hundreds of microseconds at batch
+64); when the lead is a few microseconds the device waited on the host. The host's waits
+(cudaEventSynchronize, cudaStreamSynchronize, a synchronous cudaMemcpy) say where it caught
+up with the device. The profiler's own bookkeeping slows the host (a few microseconds an op),
+so the leads are lower bounds and the runtime calls' times upper bounds.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import statistics
+
+import torch
+
+WAITS = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+         "cudaMemcpy", "cudaHostAlloc", "cudaStreamWaitEvent")
+
+
+def trace_host(run):
+    """The profiler's events of run() with the host's activity: (runtime calls, kernels), each
+    a list of (name, start us, end us) in start order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    calls, kernels = [], []
+    for e in prof.events():
+        row = (e.name, e.time_range.start, e.time_range.end)
+        if e.device_type.name == "CUDA":
+            kernels.append(row)
+        elif e.name.startswith("cuda"):  # the runtime's, named without a version suffix
+            calls.append((re.sub(r"_v\d+$", "", e.name), *row[1:]))
+    return sorted(calls, key=lambda r: r[1]), sorted(kernels, key=lambda r: r[1])
+
+
+def graph_leads(calls: list, kernels: list, first_name: str) -> list:
+    """For each cudaGraphLaunch, the time from it to the next start of `first_name` (the
+    graph's marker kernel, probe_decode_trace.step_marker) on the device, in us."""
+    starts = [k[1] for k in kernels if k[0] == first_name]
+    leads, i = [], 0
+    for name, t, _ in calls:
+        if name != "cudaGraphLaunch":
+            continue
+        while i < len(starts) and starts[i] < t:
+            i += 1
+        if i < len(starts):
+            leads.append(starts[i] - t)
+    return leads
+
+
+def report_host(calls: list, kernels: list, first_name: str) -> None:
+    """Per decode step (counted by the graph launches): each runtime call's count and time,
+    the waits among them, and the launches' lead on the device."""
+    steps = sum(1 for c in calls if c[0] == "cudaGraphLaunch")
+    if steps < 4:
+        print(f"# host: only {steps} graph launches")
+        return
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for name, s, e in calls:
+        per[name][0] += 1
+        per[name][1] += e - s
+    print(f"# host: {steps} graph launches; runtime calls a step (count, us):")
+    for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:12]:
+        mark = "  (waits)" if name in WAITS else ""
+        print(f"  {n / steps:6.2f} {us / steps:8.1f}  {name}{mark}")
+    leads = graph_leads(calls, kernels, first_name)
+    if leads:
+        q = statistics.quantiles(leads, n=10)
+        print(f"# graph launch -> its first kernel on the device: median "
+              f"{statistics.median(leads):.1f} us, p10 {q[0]:.1f}, p90 {q[-1]:.1f} "
+              f"({sum(1 for x in leads if x < 30)} of {len(leads)} under 30 us: the device "
+              f"waited on the host)")
