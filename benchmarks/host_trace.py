@@ -12,6 +12,7 @@ so the leads are lower bounds and the runtime calls' times upper bounds.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import re
 import statistics
@@ -42,32 +43,34 @@ def trace_host(run):
 
 
 def graph_leads(calls: list, kernels: list, first_name: str) -> list:
-    """For each cudaGraphLaunch, the time from it to the next start of `first_name` (the
-    graph's marker kernel, probe_decode_trace.step_marker) on the device, in us."""
-    starts = [k[1] for k in kernels if k[0] == first_name]
-    leads, i = [], 0
-    for name, t, _ in calls:
-        if name != "cudaGraphLaunch":
-            continue
-        while i < len(starts) and starts[i] < t:
-            i += 1
-        if i < len(starts):
-            leads.append(starts[i] - t)
+    """For each start of `first_name` (the decode graph's marker kernel,
+    probe_decode_trace.step_marker) on the device, the time since the last cudaGraphLaunch
+    before it, in us: the launch that ran it (a prefill's piecewise launches come before its
+    first decode step, and step n + 1 is launched only after step n's tokens were read)."""
+    launches = [t for name, t, _ in calls if name == "cudaGraphLaunch"]
+    leads = []
+    for start in (k[1] for k in kernels if k[0] == first_name):
+        i = bisect.bisect_left(launches, start)
+        if i:
+            leads.append(start - launches[i - 1])
     return leads
 
 
 def report_host(calls: list, kernels: list, first_name: str) -> None:
-    """Per decode step (counted by the graph launches): each runtime call's count and time,
-    the waits among them, and the launches' lead on the device."""
-    steps = sum(1 for c in calls if c[0] == "cudaGraphLaunch")
+    """Per decode step (counted by the graph's marker kernel): each runtime call's count and
+    time (a prefill's among them), the waits among them, and the launches' lead on the
+    device."""
+    steps = sum(1 for k in kernels if k[0] == first_name)
     if steps < 4:
-        print(f"# host: only {steps} graph launches")
+        print(f"# host: only {steps} decode steps")
         return
     per = collections.defaultdict(lambda: [0, 0.0])
     for name, s, e in calls:
         per[name][0] += 1
         per[name][1] += e - s
-    print(f"# host: {steps} graph launches; runtime calls a step (count, us):")
+    launches = sum(1 for c in calls if c[0] == "cudaGraphLaunch")
+    print(f"# host: {steps} decode steps, {launches} graph launches; runtime calls a step "
+          f"(count, us):")
     for name, (n, us) in sorted(per.items(), key=lambda kv: -kv[1][1])[:12]:
         mark = "  (waits)" if name in WAITS else ""
         print(f"  {n / steps:6.2f} {us / steps:8.1f}  {name}{mark}")

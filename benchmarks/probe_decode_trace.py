@@ -14,7 +14,8 @@ under the profiler: the period of a decode step, its busy and idle time, and the
 run outside the graph each step.
 
 With --algorithm and --draft the engine carries that draft, held to plain steps (bench_adaptive's
-`plain` system): what a plain step costs beside no-spec's (the hidden states kept for the draft).
+`plain` system): what a plain step costs beside no-spec's (the hidden states kept for the draft);
+with --adaptive as well, left to choose (the controller's host work between steps).
 
     python benchmarks/probe_decode_trace.py --model-path shape:llama-3-8b --batch 1 > out.txt
     python benchmarks/probe_decode_trace.py --batch 64 --algorithm EAGLE3 --draft DIR
@@ -107,6 +108,7 @@ def report_window(events: list, step_kernels: set, first_name: str,
     busy = sum(e[2] - e[1] for e in window)
     print(f"# window: {steps} steps, {span / steps:.1f} us a step, busy {busy / steps:.1f} us, "
           f"idle {(span - busy) / steps:.1f} us a step (kernels' own time)")
+    print_step_idle(events, starts)
     outside = collections.defaultdict(lambda: [0, 0.0])
     for name, s, e in window:
         if name not in step_kernels:
@@ -120,6 +122,24 @@ def report_window(events: list, step_kernels: set, first_name: str,
             gaps[f"{a[0][:40]} -> {b[0][:40]}"] += b[1] - a[2]
     for name, us in gaps.most_common(6):
         print(f"  gaps over 20 us: {us / steps:6.1f} us a step  {name}")
+
+
+def step_idle(events: list, starts: list) -> list:
+    """Each whole step's idle time (us): its period less its kernels' own time."""
+    out = []
+    for a, b in zip(starts[1:], starts[2:]):
+        own = own_times(events[a:b])
+        out.append(events[b][1] - events[a][1] - sum(e[2] - e[1] for e in own))
+    return out
+
+
+def print_step_idle(events: list, starts: list) -> None:
+    """Whether idle time comes every step or in a few long waits."""
+    idle = sorted(step_idle(events, starts))
+    if idle:
+        n = len(idle)
+        print(f"  idle a step: median {idle[n // 2]:.1f} us, p90 {idle[int(0.9 * (n - 1))]:.1f}, "
+              f"most {idle[-1]:.1f}; {sum(1 for x in idle if x > 100)} of {n} steps over 100 us")
 
 
 def weight_bytes_in_order(model) -> list:
@@ -215,6 +235,8 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=32,
                    help="128 with 64 new tokens: probe_step_trace's contexts")
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--adaptive", action="store_true",
+                   help="the draft's engine left to choose its steps (not held to plain ones)")
     p.add_argument("--host", action="store_true",
                    help="then one more generate with the host's activity (host_trace.py)")
     args = p.parse_args(argv)
@@ -224,11 +246,12 @@ def main(argv=None) -> None:
     if args.untrained:
         args.draft = untrained_drafts([args.algorithm], args.model_path)[args.algorithm]
 
-    kw = engine_kwargs("plain", args.algorithm, args.draft, (3, 1, 4)) if args.algorithm else {}
+    system = "adaptive" if args.adaptive else "plain"
+    kw = engine_kwargs(system, args.algorithm, args.draft, (3, 1, 4)) if args.algorithm else {}
     engine = Engine(model_path=args.model_path or default_model_path(), show_progress=False,
                     skip_tokenizer_init=True, max_running_requests=args.batch,
                     cuda_graph_max_bs=args.batch, **kw)
-    if args.algorithm:
+    if args.algorithm and not args.adaptive:
         plain_only(engine)
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)

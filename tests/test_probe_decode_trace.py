@@ -93,3 +93,17 @@ def test_marks_closer_than_a_replays_kernels_are_no_step_period(capsys):
                    "not a step's period"]
     trace.report_window(events, {"m", "k"}, "m", replay_us=20.0)  # 12 us is over half of 20
     assert "3 steps, 12.0 us a step" in capsys.readouterr().out
+
+
+def test_step_idle_tells_one_long_wait_from_a_steady_one(capsys):
+    from probe_decode_trace import print_step_idle, step_idle
+
+    events = []
+    for i in range(6):  # a marker, then one kernel ending 100 us before the next marker
+        base = i * 1000.0
+        events += [("marker", base, base + 10), ("body", base + 10, base + 900)]
+    events[7] = ("body", 3010.0, 3500.0)  # step 3 ends 400 us early
+    starts = [i for i, e in enumerate(events) if e[0] == "marker"]
+    assert step_idle(events, starts) == [100.0, 100.0, 500.0, 100.0]
+    print_step_idle(events, starts)
+    assert "median 100.0 us" in capsys.readouterr().out
