@@ -46,7 +46,8 @@ def graph_leads(calls: list, kernels: list, first_name: str) -> list:
     """For each start of `first_name` (the decode graph's marker kernel,
     probe_decode_trace.step_marker) on the device, the time since the last cudaGraphLaunch
     before it, in us: the launch that ran it (a prefill's piecewise launches come before its
-    first decode step, and step n + 1 is launched only after step n's tokens were read)."""
+    first decode step; with overlap, step n + 2 is launched only after step n's tokens were
+    read, by when step n + 1's first kernel has started)."""
     launches = [t for name, t, _ in calls if name == "cudaGraphLaunch"]
     leads = []
     for start in (k[1] for k in kernels if k[0] == first_name):
