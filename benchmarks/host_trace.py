@@ -28,18 +28,17 @@ def trace_host(run):
     a list of (name, start us, end us) in start order."""
     from torch.profiler import ProfilerActivity, profile
 
+    from probe_step_trace import cuda_kernels
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    calls, kernels = [], []
-    for e in prof.events():
-        row = (e.name, e.time_range.start, e.time_range.end)
-        if e.device_type.name == "CUDA":
-            kernels.append(row)
-        elif e.name.startswith("cuda"):  # the runtime's, named without a version suffix
-            calls.append((re.sub(r"_v\d+$", "", e.name), *row[1:]))
-    return sorted(calls, key=lambda r: r[1]), sorted(kernels, key=lambda r: r[1])
+    # the runtime's calls, named without a version suffix
+    calls = [(re.sub(r"_v\d+$", "", e.name), e.time_range.start, e.time_range.end)
+             for e in prof.events()
+             if e.device_type.name != "CUDA" and e.name.startswith("cuda")]
+    return sorted(calls, key=lambda r: r[1]), cuda_kernels(prof)
 
 
 def graph_leads(calls: list, kernels: list, first_name: str) -> list:
