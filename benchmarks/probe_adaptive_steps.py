@@ -18,7 +18,7 @@ With --script P S the adaptive engine runs S speculative steps after every P pla
 (probe_switch's `script_choices`), whatever it measures: a look every P steps, to set a look's
 speculative steps beside pinned speculation's steady ones.
 
-    python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR]
+    python benchmarks/probe_adaptive_steps.py [--algorithm NGRAM] [--draft DIR | --untrained]
         [--batches 16 64] [--max-new-tokens 128] [--systems adaptive] [--script P S]
         [--rounds N] [--profile N] [--log-untimed] [--out FILE]
 
@@ -255,6 +255,7 @@ def main(argv=None) -> None:
     p.add_argument("--model-path", default=None)
     p.add_argument("--algorithm", default="NGRAM")
     p.add_argument("--draft", default=None)
+    p.add_argument("--untrained", action="store_true", help="a random head (bench_adaptive's)")
     p.add_argument("--setting", default="3,1,4", help="steps,topk,tokens (bench_adaptive's)")
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -274,8 +275,11 @@ def main(argv=None) -> None:
                         "collections and captures in it (stalls.StallWatch)")
     args = p.parse_args(argv)
     from bench_accept import close
-    from bench_adaptive import HOLDS, engine_kwargs, prompts_for
+    from bench_adaptive import HOLDS, engine_kwargs, prompts_for, untrained_drafts
     from specpcg import Engine
+
+    if args.untrained:
+        args.draft = untrained_drafts([args.algorithm], args.model_path)[args.algorithm]
 
     setting = common.parse_setting(args.setting)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
