@@ -153,7 +153,9 @@ class Scheduler:
 
     def _finish_estimate(self) -> Finish:
         """The running batch's finish (use_spec's `finish`, asked within the step)."""
-        return Finish.of(self.running)
+        checker = self.stop_checker
+        return Finish.of(self.running,
+                         context_len=checker.context_len if checker is not None else None)
 
     def _draft_lag(self):
         """The positions the draft would catch up on (use_spec's `behind`)."""
