@@ -49,12 +49,14 @@ SYSTEMS = ("no-spec", "pinned", "adaptive")
 # batch of one measured as any other batch, blind to where in its answer the request is
 # (`unplaced`); and "adaptive-shadow-rates": NGRAM's shadow verifies priced on rates alone, also
 # with nothing waiting (`shadow_rates`); and "adaptive-shadow-relook": a bucket with them looks
-# at a side it holds fewer than 8 steps of as other buckets do (`shadow_relook`).
+# at a side it holds fewer than 8 steps of as other buckets do (`shadow_relook`); and
+# "adaptive-lean": a look's wait and the finish estimate priced seldom (`lean`); and
+# "adaptive-then-plain": plain steps without asking once a size's untimed batch ran (`then_plain`).
 EXTRA_SYSTEMS = ("adaptive-rate", "plain", "adaptive-finish8", "adaptive-whole-budget",
                  "adaptive-cap63", "adaptive-untold", "adaptive-symmetric", "adaptive-unflushed",
                  "adaptive-min16", "pinned-eager-prompts", "adaptive-eager-prompts",
                  "adaptive-unplaced", "adaptive-shadow-rates",
-                 "adaptive-shadow-relook")
+                 "adaptive-shadow-relook", "adaptive-lean", "adaptive-then-plain")
 CAP = 63
 
 

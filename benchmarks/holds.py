@@ -96,9 +96,37 @@ def unplaced(engine) -> None:
     engine.scheduler.adaptive.place_batch_of_one = False
 
 
+def lean(engine) -> None:
+    """The controller's bookkeeping between two looks thinned (adaptive-lean): a look's wait
+    priced again only when it comes due, and the finish estimate re-chosen at most every
+    1,024 steps once settled. What a plain step's choice costs the host, set beside `plain`
+    (no choice at all) and the adaptive engine itself."""
+    import specpcg.speculative.adaptive as adaptive
+
+    adaptive.LOOK_PRICED_EVERY = 1 << 20
+    adaptive.REDECIDE_MAX_EVERY = 1024
+
+
+def then_plain(engine, chosen_steps: int = 256) -> None:
+    """The controller left to choose the first `chosen_steps` steps of each batch size above
+    32 (the untimed batch: its warm-up and looks), plain steps without asking after that
+    (adaptive-then-plain): whether an engine that speculated before decodes plain as fast as
+    one held from the start."""
+    adaptive = engine.scheduler.adaptive
+    choose, asked = adaptive.use_spec, {}
+
+    def use_spec(batch_size, finish=None, behind=None, position=None):
+        if batch_size <= 32:
+            return choose(batch_size, finish, behind, position)
+        asked[batch_size] = asked.get(batch_size, 0) + 1
+        return asked[batch_size] <= chosen_steps and choose(batch_size, finish, behind, position)
+    adaptive.use_spec = use_spec
+
+
 HOLDS = {"adaptive-rate": rates_only, "plain": plain_only, "adaptive-finish8": finish_recent8,
          "adaptive-shadow-rates": shadow_rates, "adaptive-shadow-relook": shadow_relook,
          "adaptive-whole-budget": whole_budget, "adaptive-untold": untold_lag,
          "adaptive-symmetric": symmetric, "adaptive-unflushed": unflushed,
          "adaptive-min16": min16, "pinned-eager-prompts": eager_prompts,
-         "adaptive-eager-prompts": eager_prompts, "adaptive-unplaced": unplaced}
+         "adaptive-eager-prompts": eager_prompts, "adaptive-unplaced": unplaced,
+         "adaptive-lean": lean, "adaptive-then-plain": then_plain}
