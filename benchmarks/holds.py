@@ -98,9 +98,11 @@ def unplaced(engine) -> None:
 
 def lean(engine) -> None:
     """The controller's bookkeeping between two looks thinned (adaptive-lean): a look's wait
-    priced again only when it comes due, and the finish estimate re-chosen at most every
-    1,024 steps once settled. What a plain step's choice costs the host, set beside `plain`
-    (no choice at all) and the adaptive engine itself."""
+    priced again only when it comes due, and the wait between two re-choices on the finish
+    estimate doubling up to 1,024 steps once settled. What a plain step's choice costs the
+    host, set beside `plain` (no choice at all) and the adaptive engine itself. It sets the
+    controller's module constants, so every engine of the process: for bench_alone.py's
+    workers or a probe's process of its own, not bench_adaptive's engines side by side."""
     import specpcg.speculative.adaptive as adaptive
 
     adaptive.LOOK_PRICED_EVERY = 1 << 20
