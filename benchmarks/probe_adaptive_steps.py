@@ -121,16 +121,20 @@ def instrument(engine) -> list:
 
 def wrap_use_spec(ctrl, log: list) -> None:
     """Logs every step's side ("use"), with what chose it where the side switched
-    (switches.SWITCH_WHY), the bucket's steps since and between its looks, and the draft's lag
-    where the controller counted it for this step."""
+    (switches.SWITCH_WHY), the bucket's steps since and between its looks, the draft's lag
+    where the controller counted it for this step, and the call's own microseconds ("us",
+    this logging outside them: probe_controller_host.py)."""
     use_spec = ctrl.use_spec
 
     def used(batch_size, finish=None, behind=None, position=None):
         before = Counter(ctrl.switched)
+        t0 = time.perf_counter()
         spec = use_spec(batch_size, finish, behind, position)
+        us = (time.perf_counter() - t0) * 1e6
         b = ctrl._buckets.get(bucket_of(batch_size))  # None: a hold never asked the controller
         why = [why for (_, why), n in (ctrl.switched - before).items() if n]
-        log.append({"kind": "use", "bs": batch_size, "spec": spec, "why": why[0] if why else None,
+        log.append({"kind": "use", "us": us, "bs": batch_size, "spec": spec,
+                    "why": why[0] if why else None,
                     "since_look": b and b.since_explore, "look_every": b and b.explore_every,
                     "lag": ctrl._behind if isinstance(ctrl._behind, int) else None})
         return spec

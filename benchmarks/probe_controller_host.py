@@ -3,9 +3,10 @@
 An EAGLE3 engine with a random head whose decode steps replay graphs that do nothing
 (probe_host_step.graph_engine, "eagle3-adaptive"), so its plain steps are the host's work
 alone. Each of --rounds batches of --batch requests (--new-tokens each, EOS ignored) times
-every `use_spec` call: their sum and count, the calls over --spike-us (the finish estimate's
-re-choices and a look's pricing, `AdaptiveSpeculation._choose` and `_look_due`) and the steps
-that speculated with what chose them (a warm-up, a look, a borrowed side after a prefill).
+every `use_spec` call (probe_adaptive_steps.wrap_use_spec): their sum and count, the calls
+over --spike-us (the finish estimate's re-choices and a look's pricing,
+`AdaptiveSpeculation._choose` and `_look_due`) and the steps that speculated with what chose
+them (a warm-up, a look, a borrowed side after a prefill).
 On a CPU the speculative steps run eagerly and slowly; what they cost is not the point, when
 they come is.
 
@@ -23,38 +24,21 @@ import argparse
 import json
 import tempfile
 import time
-from collections import Counter
 
 import common
 
 common.add_repo_to_path()
 
 
-def timed_use_spec(ctrl) -> list:
-    """Wraps the controller's use_spec; returns the list each call appends to:
-    (microseconds, batch size, speculated, switched by what or None)."""
-    use_spec, log = ctrl.use_spec, []
-
-    def timed(batch_size, finish=None, behind=None, position=None):
-        before = Counter(ctrl.switched)  # outside the timed span
-        t0 = time.perf_counter()
-        spec = use_spec(batch_size, finish, behind, position)
-        us = (time.perf_counter() - t0) * 1e6
-        why = next((w for (_, w), n in (ctrl.switched - before).items() if n), None)
-        log.append((us, batch_size, spec, why))
-        return spec
-    ctrl.use_spec = timed
-    return log
-
-
 def round_line(rnd: int, log: list, wall: float, outs: list, spike_us: float) -> dict:
-    spikes = [us for us, *_ in log if us > spike_us]
+    """One batch's line from probe_adaptive_steps.wrap_use_spec's entries."""
+    spikes = [e["us"] for e in log if e["us"] > spike_us]
     return {"probe": "controller_host", "round": rnd, "wall_s": round(wall, 4),
             "plain_tokens": sum(o["meta_info"].get("plain_decode_tokens", 0) for o in outs),
-            "use_spec_calls": len(log), "use_spec_us": round(sum(us for us, *_ in log)),
+            "use_spec_calls": len(log), "use_spec_us": round(sum(e["us"] for e in log)),
             "spikes": len(spikes), "spike_us": round(sum(spikes)),
-            "spec_steps": [[i, bs] for i, (_, bs, spec, _) in enumerate(log) if spec],
-            "switches": [[i, why] for i, (*_, why) in enumerate(log) if why]}
+            "spec_steps": [[i, e["bs"]] for i, e in enumerate(log) if e["spec"]],
+            "switches": [[i, e["why"]] for i, e in enumerate(log) if e["why"]]}
 
 
 def main(argv=None) -> None:
@@ -66,6 +50,7 @@ def main(argv=None) -> None:
     p.add_argument("--spike-us", type=float, default=20.0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    from probe_adaptive_steps import wrap_use_spec
     from probe_host_step import graph_engine
     from tests.tiny_models import save_tiny_checkpoint
 
@@ -76,7 +61,8 @@ def main(argv=None) -> None:
         prompts = [[(7 * i + j) % 100 + 3 for j in range(lens[i % len(lens)])]
                    for i in range(args.batch)]
         params = {"max_new_tokens": args.new_tokens, "temperature": 0, "ignore_eos": True}
-        log = timed_use_spec(engine.scheduler.adaptive)
+        log = []
+        wrap_use_spec(engine.scheduler.adaptive, log)
         for rnd in range(args.rounds):
             log.clear()
             t0 = time.perf_counter()

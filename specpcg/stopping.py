@@ -48,8 +48,13 @@ class StopChecker:
         stops = params.stop_token_ids
         first_stop = next((i for i, t in enumerate(tokens) if t in stops or t in eos),
                           len(tokens))
-        return max(min(first_stop, params.max_new_tokens - len(req.output_ids) - 1,
-                       self.context_len - req.seq_len - 1), 0)
+        return max(min(first_stop, self.tokens_left(req) - 1), 0)
+
+    def tokens_left(self, req: Request) -> int:
+        """Tokens the request may still emit before its length or the context ends it (EOS
+        and stop tokens may end it sooner)."""
+        return min(req.params.max_new_tokens - len(req.output_ids),
+                   self.context_len - req.seq_len)
 
     def check(self, req: Request, strings: bool = True) -> None:
         """Sets req.finish_reason if the last output token ends the request (stop strings

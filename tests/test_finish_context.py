@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 from specpcg.scheduler import Scheduler
 from specpcg.speculative.finish import Finish, ends_within
+from specpcg.stopping import StopChecker
 
 
 def _req(prompt: int, out: int, max_new: int):
@@ -17,12 +18,13 @@ def test_the_context_caps_what_a_request_may_still_emit():
     reqs = [_req(16, 230, 256), _req(100, 10, 20), _req(250, 6, 256)]
     assert Finish.of(reqs).remaining == (26, 10, 250)
     # 256 positions: 10 more for the first, its max_new_tokens for the second, 1 at the end.
-    assert Finish.of(reqs, context_len=256).remaining == (10, 10, 1)
+    sched = SimpleNamespace(running=reqs, stop_checker=StopChecker(None, (), 256))
+    assert Scheduler._finish_estimate(sched).remaining == (10, 10, 1)
 
 
 def test_the_schedulers_estimate_reads_the_stop_checkers_context():
     reqs = [_req(16, 236, 256)] * 4
-    sched = SimpleNamespace(running=reqs, stop_checker=SimpleNamespace(context_len=256))
+    sched = SimpleNamespace(running=reqs, stop_checker=StopChecker(None, (), 256))
     finish = Scheduler._finish_estimate(sched)
     # Four tokens from the context's end: the batch's tail, where no bucket warms up.
     assert finish.remaining == (4,) * 4 and ends_within(finish, 16)

@@ -11,8 +11,9 @@ import probe_controller_host as probe  # noqa: E402
 
 
 def test_round_line_sums_the_calls_and_names_the_speculative_steps():
-    log = [(3.0, 4, True, "warm-up"), (250.0, 4, False, "warm-up"), (4.0, 4, False, None),
-           (30.0, 2, True, "look")]
+    log = [{"us": us, "bs": bs, "spec": spec, "why": why} for us, bs, spec, why in
+           [(3.0, 4, True, "warm-up"), (250.0, 4, False, "warm-up"), (4.0, 4, False, None),
+            (30.0, 2, True, "look")]]
     outs = [{"meta_info": {"plain_decode_tokens": 5}}, {"meta_info": {}}]
     line = probe.round_line(0, log, 0.5, outs, spike_us=20)
     assert line["use_spec_calls"] == 4 and line["use_spec_us"] == 287

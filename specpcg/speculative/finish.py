@@ -95,25 +95,16 @@ class Finish:
                                                     self.verifies, prior)]
 
     @staticmethod
-    def of(reqs: list, remaining: Optional[tuple] = None,
-           context_len: Optional[int] = None) -> "Finish":
+    def of(reqs: list, remaining: Optional[tuple] = None) -> "Finish":
         """remaining: the tokens each request may still emit (default: its max_new_tokens
-        left, and no more than the context holds past its sequence where `context_len` is
-        given). A request with shadow verifies (specpcg/speculative/shadow.py) is priced at its
+        left). A request with shadow verifies (specpcg/speculative/shadow.py) is priced at its
         recent ones: they cover its plain steps too, where its real verifies cover only the
-        looks, and they follow its acceptance along the answer. NOTE: without the context's
-        room, requests that end at the context length seemed far from their end, and a batch
-        thinning into a bucket not measured yet warmed it up at its tail: a speculative step
-        each batch where plain ones were faster (a 2-core CPU, a tiny model of 256 positions
-        at batch 64)."""
+        looks, and they follow its acceptance along the answer."""
         counts = [(len(r.shadow_recent), r.shadow_tokens) if r.shadow_recent
                   else (r.spec_verify_ct, r.spec_verify_ct + r.spec_accepted_drafts)
                   for r in reqs]
         if remaining is None:
             remaining = tuple(max(r.params.max_new_tokens - len(r.output_ids), 1) for r in reqs)
-            if context_len is not None:
-                remaining = tuple(min(n, max(context_len - r.seq_len, 1))
-                                  for n, r in zip(remaining, reqs))
         return Finish(
             remaining=remaining,
             spec_tokens=tuple(t for _, t in counts),
