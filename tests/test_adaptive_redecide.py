@@ -7,9 +7,9 @@ from tests.test_adaptive import _warm
 
 def test_a_settled_choice_builds_the_finish_estimate_ever_more_rarely():
     """Plain steps 40% ahead: each re-choice that keeps them doubles the wait before the next
-    estimate (16, 32, then 32: REDECIDE_MAX_EVERY), so a batch of 64 walks its requests
-    every 32 steps; a turn in the estimate still turns the choice within that many, and a
-    re-choice that turns the side sets the wait back to REDECIDE_EVERY."""
+    estimate (16, 32, ... up to REDECIDE_MAX_EVERY, 256), so a settled batch of 64 walks its
+    requests every 256 steps; a turn in the estimate still turns the choice within that many,
+    and a re-choice that turns the side sets the wait back to REDECIDE_EVERY."""
     from specpcg.speculative.adaptive import REDECIDE_MAX_EVERY
 
     from specpcg.speculative.bucket import EXPLORE_MAX_EVERY
@@ -27,12 +27,14 @@ def test_a_settled_choice_builds_the_finish_estimate_ever_more_rarely():
         return current[0]
 
     picks: list = []
-    for _ in range(1 + 16 + 32 + 32):
+    assert REDECIDE_MAX_EVERY == 256
+    for _ in range(1 + 16 + 32 + 64 + 128 + 256 + 256):
         picks.append(ctrl.use_spec(64, finish))
     assert not any(picks)
-    assert built == [0, 16, 48, 80]  # the warm-up's rates chose plain steps too: 16 at once
+    # the warm-up's rates chose plain steps too: 16 at once
+    assert built == [0, 16, 48, 112, 240, 496, 752]
     current[0] = fast  # 5 tokens a verify: speculation now ends the batch far sooner
     for _ in range(REDECIDE_MAX_EVERY):
         picks.append(ctrl.use_spec(64, finish))
-    assert picks[-1] is True and built[4:] == [112]
+    assert picks[-1] is True and built[7:] == [1008]
     assert b.redecide_every == 0  # the side turned: back to every REDECIDE_EVERY steps

@@ -97,6 +97,14 @@ TAIL_TOKENS = 16
 # half of it this pricing. A look then comes at most this many steps after a wait that shrank
 # between two pricings.
 LOOK_PRICED_EVERY = 8
+# From batch 2, a wait is priced again LOOK_PRICED_AHEAD of the way to when it comes due (at
+# least LOOK_PRICED_EVERY steps on): a few dozen pricings a wait of thousands of steps, not
+# hundreds. At batch 64 the default model's step waits on the host (docs/PERFORMANCE.md), and a
+# plain engine's controller priced its look's wait every 8 steps for the whole 4,096 (2-core
+# CPU, `probe_controller_host.py`, 18c607b). Simulated (`sim_adaptive.py`, 32 cells, 6 seeds),
+# adaptive ran 0.9829 of the faster pinned side against 0.9826; priced only when due, batch 1
+# lost 3% in a cell (0.946 -> 0.912), so a batch of one keeps LOOK_PRICED_EVERY.
+LOOK_PRICED_AHEAD = 0.5
 
 
 class AdaptiveSpeculation:
@@ -260,8 +268,12 @@ class AdaptiveSpeculation:
             wait = b.look_wait(False, batch_size, self._lag(batch_size))
         if b.since_explore >= wait or not choice and b.place_unmeasured(wait - b.since_explore):
             return True
-        # priced again once due, or LOOK_PRICED_EVERY steps on
-        b.look_priced = (choice, min(wait, b.since_explore + LOOK_PRICED_EVERY))
+        # priced again once due, or LOOK_PRICED_AHEAD of the way there (a batch of one, whose
+        # looks follow its place in the answer: LOOK_PRICED_EVERY steps on)
+        ahead = LOOK_PRICED_EVERY
+        if batch_size > 1:
+            ahead = max(ahead, int(LOOK_PRICED_AHEAD * (wait - b.since_explore)))
+        b.look_priced = (choice, min(wait, b.since_explore + ahead))
         return False
 
     def _lag(self, batch_size: int) -> int:
