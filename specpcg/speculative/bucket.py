@@ -56,9 +56,10 @@ SPEC_HOME = 0.03
 # default model's step waits on the host: in a logged run (probe_adaptive_steps.py, H200)
 # every 8th step's host gap was 250 us against 80-90 (a no-spec engine's: 51), and with plain
 # steps 25-30% ahead the adaptive engine ran them at 0.97-0.98x no-spec. With the longest wait
-# 32 a settled batch of 64 still spent 1.1 ms a batch of 255 steps in the controller on a
-# 2-core CPU, with 256 0.47 ms; simulated (32 cells, 6 seeds) 0.9826 of the faster pinned side
-# either way, and a batch moving into another bucket re-chooses at once.
+# 32, a settled batch of 64 still spent 2.5-3.1 ms of its 237 steps in the controller on a
+# 2-core CPU; with 256 (and LOOK_PRICED_AHEAD) 0.9 ms (`probe_controller_host.py`). Simulated
+# (32 cells, 6 seeds): 0.9826 of the faster pinned side either way; a batch moving into
+# another bucket still re-chooses at once.
 REDECIDE_EVERY = 8
 REDECIDE_MAX_EVERY = 256
 SETTLED_LEAD = 0.20
