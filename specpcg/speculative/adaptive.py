@@ -101,9 +101,10 @@ LOOK_PRICED_EVERY = 8
 # least LOOK_PRICED_EVERY steps on): a few dozen pricings a wait of thousands of steps, not
 # hundreds. At batch 64 the default model's step waits on the host (docs/PERFORMANCE.md), and a
 # plain engine's controller priced its look's wait every 8 steps for the whole 4,096 (2-core
-# CPU, `probe_controller_host.py`, 18c607b). Simulated (`sim_adaptive.py`, 32 cells, 6 seeds),
-# adaptive ran 0.9829 of the faster pinned side against 0.9826; priced only when due, batch 1
-# lost 3% in a cell (0.946 -> 0.912), so a batch of one keeps LOOK_PRICED_EVERY.
+# CPU, `probe_controller_host.py`, 18c607b). Simulated (`sim_adaptive.py`, 32 cells, 6 seeds,
+# with REDECIDE_MAX_EVERY's 256), adaptive ran 0.9826 of the faster pinned side, as before;
+# priced only when due, a batch-1 cell lost 3% (0.946 -> 0.912): a batch of one keeps
+# LOOK_PRICED_EVERY.
 LOOK_PRICED_AHEAD = 0.5
 
 
