@@ -76,8 +76,9 @@ from collections import Counter, deque
 from typing import Optional
 
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
-                                        LOOK_CLOSE, REDECIDE_EVERY, REDECIDE_MAX_EVERY,
-                                        SETTLED_LEAD, SPEC_HOME, Bucket, bucket_of)
+                                        LOOK_CLOSE, LOOK_PRICED_AHEAD, LOOK_PRICED_EVERY,
+                                        REDECIDE_EVERY, REDECIDE_MAX_EVERY, SETTLED_LEAD,
+                                        SPEC_HOME, Bucket, bucket_of)
 from specpcg.speculative.finish import KEPT_ACCEPTS, MIN_ACCEPTS, ends_within, finished_accept
 from specpcg.speculative.rates import WINDOW
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
@@ -90,22 +91,6 @@ CONFIRM_MIN_BATCH = 4
 # where a warm-up's first speculative step caught the draft up on the whole batch (~10 ms
 # against 1 ms steps: H200, EAGLE3 and NEXTN at batch 4, buckets 2 and 8).
 TAIL_TOKENS = 16
-# A look's wait, once past its bucket's explore_every, is priced again (look_wait: the windows'
-# sums, and the draft's lag) when it comes due or this many steps after it was last priced, not
-# every step: priced every step, the choice took a fifth of a plain step's host work at batch
-# 16 (no-op graph steps of a tiny model, `probe_host_step.py --draft adaptive --profile`),
-# half of it this pricing. A look then comes at most this many steps after a wait that shrank
-# between two pricings.
-LOOK_PRICED_EVERY = 8
-# From batch 2, a wait is priced again LOOK_PRICED_AHEAD of the way to when it comes due (at
-# least LOOK_PRICED_EVERY steps on): a few dozen pricings a wait of thousands of steps, not
-# hundreds. At batch 64 the default model's step waits on the host (docs/PERFORMANCE.md), and a
-# plain engine's controller priced its look's wait every 8 steps for the whole 4,096 (2-core
-# CPU, `probe_controller_host.py`, 18c607b). Simulated (`sim_adaptive.py`, 32 cells, 6 seeds,
-# with REDECIDE_MAX_EVERY's 256), adaptive ran 0.9826 of the faster pinned side, as before;
-# priced only when due, a batch-1 cell lost 3% (0.946 -> 0.912): a batch of one keeps
-# LOOK_PRICED_EVERY.
-LOOK_PRICED_AHEAD = 0.5
 
 
 class AdaptiveSpeculation:

@@ -49,6 +49,22 @@ LOOK_CLOSE = 0.10
 # 0.971x with SWITCH_MARGIN side by side (H200, 5276c67, README). Simulated (H200 weak-head
 # rates, 60 cells): 0.977 -> 0.980 of the faster pinned side; with shadow verifies it lost.
 SPEC_HOME = 0.03
+# A look's wait, once past its bucket's explore_every, is priced again (look_wait: the windows'
+# sums, and the draft's lag) when it comes due or this many steps after it was last priced, not
+# every step: priced every step, the choice took a fifth of a plain step's host work at batch
+# 16 (no-op graph steps of a tiny model, `probe_host_step.py --draft adaptive --profile`),
+# half of it this pricing. A look then comes at most this many steps after a wait that shrank
+# between two pricings.
+LOOK_PRICED_EVERY = 8
+# From batch 2, a wait is priced again LOOK_PRICED_AHEAD of the way to when it comes due (at
+# least LOOK_PRICED_EVERY steps on): a few dozen pricings a wait of thousands of steps, not
+# hundreds. At batch 64 the default model's step waits on the host (docs/PERFORMANCE.md), and a
+# plain engine's controller priced its look's wait every 8 steps for the whole 4,096 (2-core
+# CPU, `probe_controller_host.py`, 18c607b). Simulated (`sim_adaptive.py`, 32 cells, 6 seeds,
+# with REDECIDE_MAX_EVERY's 256), adaptive ran 0.9826 of the faster pinned side, as before;
+# priced only when due, a batch-1 cell lost 3% (0.946 -> 0.912): a batch of one keeps
+# LOOK_PRICED_EVERY.
+LOOK_PRICED_AHEAD = 0.5
 # With nothing waiting, the side is re-chosen on the finish estimate every REDECIDE_EVERY steps
 # (and after every look), not every step: the estimate walks every running request. A re-choice
 # that keeps the side, ahead by more than SETTLED_LEAD, doubles the wait (up to
