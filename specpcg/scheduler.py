@@ -152,17 +152,13 @@ class Scheduler:
         return self._speculate
 
     def _finish_estimate(self) -> Finish:
-        """The running batch's finish (use_spec's `finish`, asked within the step): each
-        request's tokens left by the stop checker, the context's room counted. NOTE: by
-        max_new_tokens alone, requests that end at the context length seemed far from their
-        end, and a batch thinning into a bucket not measured yet warmed it up at its tail: a
-        speculative step each batch where plain ones were faster (a 2-core CPU, a tiny model
-        of 256 positions at batch 64, `probe_controller_host.py`)."""
-        checker = self.stop_checker
-        if checker is None:
-            return Finish.of(self.running)
-        return Finish.of(self.running,
-                         tuple(max(checker.tokens_left(r), 1) for r in self.running))
+        """The running batch's finish (use_spec's `finish`, asked within the step), each
+        request's tokens left by the stop checker. NOTE: by max_new_tokens alone, requests
+        ending at the context length seemed far from their end, and a batch thinning into an
+        unmeasured bucket warmed it up at its tail every batch (`probe_controller_host.py`)."""
+        checker, reqs = self.stop_checker, self.running
+        left = None if checker is None else tuple(max(checker.tokens_left(r), 1) for r in reqs)
+        return Finish.of(reqs, left)
 
     def _draft_lag(self):
         """The positions the draft would catch up on (use_spec's `behind`)."""

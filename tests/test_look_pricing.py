@@ -7,6 +7,8 @@ from specpcg.speculative.adaptive import AdaptiveSpeculation
 from specpcg.speculative.bucket import EXPLORE_EVERY, Bucket
 from tests.test_adaptive import _run
 
+LOOK_EVERY = Bucket.look_every  # unwrapped, however many runs count its calls
+
 
 def _looks_and_pricings(monkeypatch, bs: int) -> tuple:
     """Plain steps 1.8x faster than speculation at batch size bs, a look's wait long for the
@@ -16,11 +18,10 @@ def _looks_and_pricings(monkeypatch, bs: int) -> tuple:
     _run(ctrl, bs, spec_rate=500, decode_rate=900, steps=200, switch_cost=3.0)
     b = ctrl._buckets[bs]
     b.explore_every, b.since_explore = EXPLORE_EVERY, 0
-    every = Bucket.look_every
 
     def counted(self, spec, batch_size):
         priced.append(batch_size)
-        return every(self, spec, batch_size)
+        return LOOK_EVERY(self, spec, batch_size)
 
     monkeypatch.setattr(Bucket, "look_every", counted)
     for _ in range(4096):
