@@ -38,3 +38,35 @@ def test_a_settled_choice_builds_the_finish_estimate_ever_more_rarely():
         picks.append(ctrl.use_spec(64, finish))
     assert picks[-1] is True and built[7:] == [1008]
     assert b.redecide_every == 0  # the side turned: back to every REDECIDE_EVERY steps
+
+
+def test_with_shadow_verifies_a_settled_choice_is_priced_again_every_few_steps():
+    """Shadow verifies measure the draft's acceptance on every plain step, and it drifts along
+    an answer (NGRAM on chat: low at its start, higher later), so a bucket they price never
+    stretches its wait: the estimate comes every REDECIDE_EVERY steps, and a rise in the
+    shadow's acceptance turns a settled plain choice within that many steps."""
+    from specpcg.speculative.bucket import EXPLORE_MAX_EVERY, REDECIDE_EVERY
+
+    ctrl = AdaptiveSpeculation()
+    ctrl.shadow(1.1)
+    _warm(ctrl, 1, spec_step_s=1.6, accept=1.1, plain_step_s=1.0)
+    b = ctrl._buckets[1]
+    b.explore_every = EXPLORE_MAX_EVERY
+    low = Finish(remaining=(200,), spec_tokens=(33,), verifies=(30,))
+    high = Finish(remaining=(200,), spec_tokens=(90,), verifies=(30,))
+    built, current, picks = [], [low], []
+
+    def finish():
+        built.append(len(picks))
+        return current[0]
+
+    for _ in range(1 + 8 * REDECIDE_EVERY):
+        picks.append(ctrl.use_spec(1, finish))
+    assert not any(picks)
+    assert built == [REDECIDE_EVERY * k for k in range(9)]
+    assert b.redecide_every == 0
+    current[0] = high  # 3 tokens a verify: speculation now ends the request far sooner
+    ctrl.shadow(3.0)
+    for _ in range(REDECIDE_EVERY):
+        picks.append(ctrl.use_spec(1, finish))
+    assert picks[-1] is True
