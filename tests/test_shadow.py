@@ -90,7 +90,10 @@ def test_the_shadow_verifies_where_the_last_verify_left_off(monkeypatch):
     recent = [m + 1 for m in got[-shadow_mod.RECENT:]]
     assert req.shadow_verifies == len(got) and list(req.shadow_recent) == recent
     assert req.shadow_tokens == sum(recent)
-    assert accept_length([req]) == pytest.approx(sum(recent) / len(recent))
+    # Running alone, its accept length is its last RECENT_ALONE verifies'.
+    alone = recent[-shadow_mod.RECENT_ALONE:]
+    assert len(alone) < len(recent)
+    assert accept_length([req]) == pytest.approx(sum(alone) / len(alone))
     # Nothing new to judge: nothing more.
     assert ShadowVerify(draft, CHAIN).observe([req]) == []
 
@@ -137,8 +140,26 @@ def test_finish_prices_a_request_at_its_recent_shadow_verifies():
     assert f.verifies == (2,) and f.spec_tokens == (3,)
     for t in [1] * 40 + [3] * 8:
         _count(req, t)
+    other = _request(_tokens(1), 10)
+    f = Finish.of([req, other])
+    assert f.verifies == (RECENT, 0) and f.spec_tokens == (RECENT - 8 + 3 * 8, 0)
+
+
+def test_a_request_running_alone_is_priced_at_its_last_few_shadow_verifies():
+    """One request has no straggler to guard against: its choice follows its acceptance's
+    turns over its last RECENT_ALONE shadow verifies. After 40 verifies of nothing and 8 of
+    three tokens it reads 2.0 tokens a verify, where its last RECENT read 1.5."""
+    from specpcg.speculative.shadow import RECENT_ALONE
+
+    req = _request(_tokens(0), 10)
+    for t in [1] * 40 + [3] * 8:
+        _count(req, t)
     f = Finish.of([req])
-    assert f.verifies == (RECENT,) and f.spec_tokens == (RECENT - 8 + 3 * 8,)
+    assert RECENT_ALONE == 16 < RECENT
+    assert f.verifies == (RECENT_ALONE,) and f.spec_tokens == (8 + 3 * 8,)
+    assert accept_length([req]) == pytest.approx(2.0)
+    assert accept_length([req, _request(_tokens(1), 10)]) == pytest.approx(
+        (RECENT - 8 + 3 * 8) / RECENT)
 
 
 def _run(ctrl, steps: int, shadow_tokens=None, spec_s=0.0012, plain_s=0.001) -> int:

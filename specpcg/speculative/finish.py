@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from specpcg.speculative.shadow import recent_counts
+
 # A request's own accept length is shrunk toward a prior by this many verifies' worth: a young
 # request's few verifies would otherwise decide the batch's straggler by chance.
 PRIOR_VERIFIES = 4
@@ -100,7 +102,8 @@ class Finish:
         left). A request with shadow verifies (specpcg/speculative/shadow.py) is priced at its
         recent ones: they cover its plain steps too, where its real verifies cover only the
         looks, and they follow its acceptance along the answer."""
-        counts = [(len(r.shadow_recent), r.shadow_tokens) if r.shadow_recent
+        alone = len(reqs) == 1
+        counts = [recent_counts(r, alone) if r.shadow_recent
                   else (r.spec_verify_ct, r.spec_verify_ct + r.spec_accepted_drafts)
                   for r in reqs]
         if remaining is None:

@@ -53,11 +53,21 @@ of the faster side at batch 16 / 64).
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Optional
 
 EVALS_PER_STEP = 4
 MAX_LAG = 64
 RECENT = 32  # a request's accept length is measured over its last RECENT shadow verifies
+# Running alone, over its last RECENT_ALONE: one request has no straggler to guard against, only
+# its acceptance's turns to follow. NGRAM on a chat answer accepted nothing over its first 45
+# tokens, then 1.9 tokens a verify; 32 verifies of nothing held a batch of one plain for about
+# 90 tokens where pinned speculation ran 2.12x no-spec and adaptive 1.50x (H100, 3cf0971,
+# bench_alone.py; the choices traced on a CPU). Simulated at batch 1 (`sim_adaptive.py
+# --batches 1 --shadow --shadow-finish N`, 8 cells, 8 seeds), 16 against 32 ran 1.027 / 1.010
+# of the faster pinned side with acceptance rising along each answer (`--growth`) and steady,
+# against 1.011 / 1.006; 8 ran 1.035 / 0.996 (its worst steady cell 0.970).
+RECENT_ALONE = 16
 MIN_VERIFIES = 8  # the batch's accept length needs this many (else it is not known)
 
 
@@ -74,14 +84,24 @@ def _count(req, tokens: int, keep: int = RECENT) -> None:
     req.shadow_verifies += 1
 
 
+def recent_counts(req, alone: bool) -> tuple:
+    """(verifies, tokens) of a request's recent shadow verifies: its last RECENT, or running
+    alone its last RECENT_ALONE."""
+    recent = req.shadow_recent
+    if not alone or len(recent) <= RECENT_ALONE:
+        return len(recent), req.shadow_tokens
+    return RECENT_ALONE, sum(islice(reversed(recent), RECENT_ALONE))
+
+
 def accept_length(reqs: list) -> Optional[float]:
     """Tokens per verify of the requests' recent shadow verifies, pooled (None with fewer than
     MIN_VERIFIES of them)."""
     tokens = verifies = 0
+    alone = len(reqs) == 1
     for req in reqs:
         if req.shadow_recent:
-            tokens += req.shadow_tokens
-            verifies += len(req.shadow_recent)
+            n, t = recent_counts(req, alone)
+            tokens, verifies = tokens + t, verifies + n
     return tokens / verifies if verifies >= MIN_VERIFIES else None
 
 
