@@ -76,12 +76,11 @@ LOOK_PRICED_AHEAD = 0.5
 # 2-core CPU; with 256 (and LOOK_PRICED_AHEAD) 0.9 ms (`probe_controller_host.py`). Simulated
 # (32 cells, 6 seeds): 0.9826 of the faster pinned side either way; a batch moving into
 # another bucket still re-chooses at once. A bucket that shadow verifies price never doubles
-# the wait: they measure the draft on every step, and acceptance drifts along an answer. With
-# the doubling, NGRAM at batch 1 on chat prompts ran 72-80 of an answer's 256 tokens plain in
-# three of four timed batches, 1.54x no-spec where pinned speculation ran 2.13x (H100,
-# 0cc170d, `bench_alone.py`); simulated with acceptance rising along each answer
-# (`sim_adaptive.py --shadow --shadow-finish 32 --growth`, 24 cells), 1.010 of the faster
-# pinned side without it against 0.998 (worst cell 0.972 against 0.953).
+# the wait: they measure the draft on every step, and acceptance drifts along an answer.
+# Simulated with acceptance rising along each answer (`sim_adaptive.py --shadow
+# --shadow-finish 32 --growth`, 24 cells), 1.010 of the faster pinned side without the doubling
+# against 0.998 (worst cell 0.972 against 0.953); steady, 0.998 against 0.995. On an H100 NGRAM
+# on chat prompts ran as before (docs/PERFORMANCE.md, "Shadow-priced choices").
 REDECIDE_EVERY = 8
 REDECIDE_MAX_EVERY = 256
 SETTLED_LEAD = 0.20

@@ -20,12 +20,13 @@ The host's budget is EVALS_PER_STEP shadow verifies a decode step, shared round-
 running requests; a request the shadow falls MAX_LAG tokens behind skips ahead, starting a new
 run of verifies (one verify a run lands by chance rather than where speculation would).
 
-The running batch's accept length pools its requests' last RECENT shadow verifies
-(`accept_length`), not a window over the steps of a batch size: acceptance changes along an
-answer and from one prompt to the next (NGRAM on chat: 1.0 in an answer's first quarter, 2.2 in
-its last), and a window of a batch size's last 32 shadow verifies carried one answer's end into
-the next one's start at batch 1 (H200, default model: it measured 2.03 tokens a verify where
-the speculative steps it chose accepted the first draft 11% of the time, 0.965x no-spec).
+The running batch's accept length pools its requests' last RECENT shadow verifies (one
+request running alone: its last RECENT_ALONE; `accept_length`), not a window over the steps of
+a batch size: acceptance changes along an answer and from one prompt to the next (NGRAM on
+chat: 1.0 in an answer's first quarter, 2.2 in its last), and a window of a batch size's last
+32 shadow verifies carried one answer's end into the next one's start at batch 1 (H200, default
+model: it measured 2.03 tokens a verify where the speculative steps it chose accepted the first
+draft 11% of the time, 0.965x no-spec).
 
 How adaptive speculation uses them: NGRAM needs no looks to know its accept length. Shadow
 verifies judge what its draft would have accepted on the tokens plain steps emit anyway, so a
@@ -61,9 +62,9 @@ MAX_LAG = 64
 RECENT = 32  # a request's accept length is measured over its last RECENT shadow verifies
 # Running alone, over its last RECENT_ALONE: one request has no straggler to guard against, only
 # its acceptance's turns to follow. NGRAM on a chat answer accepted nothing over its first 45
-# tokens, then 1.9 tokens a verify; 32 verifies of nothing held a batch of one plain for about
-# 90 tokens where pinned speculation ran 2.12x no-spec and adaptive 1.50x (H100, 3cf0971,
-# bench_alone.py; the choices traced on a CPU). Simulated at batch 1 (`sim_adaptive.py
+# tokens, then 1.9 tokens a verify (traced on a CPU); 32 verifies of nothing held a batch of one
+# plain for 80 of its 256 tokens on an H100, 1.50x no-spec where pinned speculation ran 2.12x
+# (3cf0971, bench_alone.py). Simulated at batch 1 (`sim_adaptive.py
 # --batches 1 --shadow --shadow-finish N`, 8 cells, 8 seeds), 16 against 32 ran 1.027 / 1.010
 # of the faster pinned side with acceptance rising along each answer (`--growth`) and steady,
 # against 1.011 / 1.006; 8 ran 1.035 / 0.996 (its worst steady cell 0.970).
