@@ -1,0 +1,150 @@
+"""Adaptive speculation's finish estimate replayed over a pinned speculative run: how the batch's
+end it predicts compares with the end the run reached.
+
+With nothing waiting the adaptive engine compares the time to finish the running batch on each
+side (specpcg/speculative/finish.py): plain steps take the most tokens any request has left;
+speculative ones take each request's tokens left over its accept length, measured on its last
+shadow verifies, and the batch ends with its slowest request. This probe runs one batch pinned to
+speculation, logs every request's verifies in order (tokens each emitted), then at every
+--every-th step replays the estimate as the engine builds it (`Finish.spec_steps_each` over each
+running request's last RECENT verifies, shrunk toward the batch's pooled accept length) and
+prices both sides with --spec-ms / --plain-ms per batch-size bucket, as `finish_seconds` does.
+Beside it: the speculative side's true time, the same pricing over the steps each request then
+really took. A line per replayed step; the summary counts the steps where the estimate would
+have run plain steps that the run shows slower (`missed`), and the reverse (`wrong_spec`).
+
+    python benchmarks/probe_straggler.py [--model-path GGUF] [--algorithm NGRAM] [--batch 64]
+        [--max-new-tokens 256] [--setting 7,1,8] [--spec-ms 1=0.605 ... 64=1.595]
+        [--plain-ms 1=0.48 ... 64=1.399] [--out FILE]
+
+The default step times are one H100's (the default model, NGRAM (7, 1, 8), chat prompts, bucket
+by bucket, 0cc170d: docs/PERFORMANCE.md, "Shadow-priced choices that follow an answer").
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import common
+
+common.add_repo_to_path()
+
+from bench_adaptive import engine_kwargs, prompts_for  # noqa: E402
+from specpcg.speculative.bucket import bucket_of  # noqa: E402
+from specpcg.speculative.finish import Finish, finish_seconds  # noqa: E402
+from specpcg.speculative.shadow import RECENT  # noqa: E402
+
+H100_SPEC_MS = {1: 0.605, 2: 0.873, 4: 0.88, 8: 0.934, 16: 0.977, 64: 1.595}
+H100_PLAIN_MS = {1: 0.48, 2: 0.597, 4: 0.62, 8: 0.68, 16: 0.886, 64: 1.399}
+
+
+def record_verifies(engine) -> dict:
+    """Wraps the scheduler's append: {request id: [(call index, tokens), ...]} in call order,
+    a request's first entry its prefill's token."""
+    s, log, calls = engine.scheduler, {}, [0]
+    append = s._append_and_finish
+
+    def logged(reqs, new_tokens):
+        calls[0] += 1
+        for req, tokens in zip(reqs, new_tokens):
+            log.setdefault(req.rid, []).append((calls[0], len(tokens)))
+        return append(reqs, new_tokens)
+
+    s._append_and_finish = logged
+    return log
+
+
+def step_ms(table: dict):
+    """step_s(batch size) from per-bucket milliseconds: the size's bucket, else the nearest
+    larger one measured."""
+    keys = sorted(table)
+
+    def at(size: int) -> float:
+        key = bucket_of(size)
+        return table[next((k for k in keys if k >= key), keys[-1])] / 1e3
+    return at
+
+
+def replay_at(timelines: dict, call: int, max_new: int, spec_s, plain_s) -> dict:
+    """The estimate at scheduler call `call` (after it) against the run's own end."""
+    rem, tokens, verifies, true_steps = [], [], [], []
+    for entries in timelines.values():
+        done = [n for c, n in entries if c <= call]
+        produced = sum(done)
+        if produced >= max_new or len(done) == len(entries):
+            continue  # finished by this call
+        recent = done[1:][-RECENT:]  # its verifies (the first entry is its prefill's token)
+        rem.append(max_new - produced)
+        tokens.append(sum(recent))
+        verifies.append(len(recent))
+        true_steps.append(len(entries) - len(done))
+    if not rem:
+        return {}
+    pooled = sum(tokens) / max(sum(verifies), 1)
+    est = Finish(remaining=tuple(rem), spec_tokens=tuple(tokens), verifies=tuple(verifies))
+    return {"call": call, "running": len(rem), "pooled_accept": round(pooled, 3),
+            "least_accept": round(min(t / v if v else pooled for t, v in zip(tokens, verifies)),
+                                  3),
+            "est_spec_s": finish_seconds(est.spec_steps_each(pooled), spec_s),
+            "true_spec_s": finish_seconds(true_steps, spec_s),
+            "plain_s": finish_seconds(rem, plain_s)}
+
+
+def summary(lines: list, margin: float) -> dict:
+    """Replayed steps where the estimate's side and the run's faster side differ by more than
+    `margin` (missed: the estimate says plain, speculation was faster)."""
+    missed = sum(x["est_spec_s"] > x["plain_s"] and x["true_spec_s"] * (1 + margin) < x["plain_s"]
+                 for x in lines)
+    wrong = sum(x["est_spec_s"] < x["plain_s"] and x["plain_s"] * (1 + margin) < x["true_spec_s"]
+                for x in lines)
+    ratios = sorted(x["est_spec_s"] / x["true_spec_s"] for x in lines if x["true_spec_s"] > 0)
+    return {"probe": "straggler_summary", "replayed": len(lines), "missed": missed,
+            "wrong_spec": wrong, "margin": margin,
+            "est_over_true_median": round(ratios[len(ratios) // 2], 3) if ratios else None}
+
+
+def parse_ms(items: list, default: dict) -> dict:
+    return {int(k): float(v) for k, v in (i.split("=") for i in items)} if items else default
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--algorithm", default="NGRAM")
+    p.add_argument("--setting", default="7,1,8")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=128, help="without a tokenizer")
+    p.add_argument("--every", type=int, default=8)
+    p.add_argument("--spec-ms", nargs="*", default=[])
+    p.add_argument("--plain-ms", nargs="*", default=[])
+    p.add_argument("--margin", type=float, default=0.05)
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def run(a: argparse.Namespace, engine_args: dict = None) -> list:
+    """The replayed lines and the summary line (also printed, and written to --out)."""
+    from specpcg import Engine
+
+    engine = Engine(model_path=a.model_path, max_running_requests=a.batch, show_progress=False,
+                    **engine_kwargs("pinned", a.algorithm, None, common.parse_setting(a.setting)),
+                    **(engine_args or {}))
+    timelines = record_verifies(engine)
+    params = {"max_new_tokens": a.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    engine.generate(input_ids=prompts_for(engine, a.batch, a.prompt_len), sampling_params=params)
+    spec_s = step_ms(parse_ms(a.spec_ms, H100_SPEC_MS))
+    plain_s = step_ms(parse_ms(a.plain_ms, H100_PLAIN_MS))
+    last = max(c for entries in timelines.values() for c, _ in entries)
+    lines = [x for c in range(1, last, a.every)
+             if (x := replay_at(timelines, c, a.max_new_tokens, spec_s, plain_s))]
+    meta = {"probe": "straggler", "algorithm": a.algorithm, "batch": a.batch,
+            "setting": a.setting, **common.machine_info(engine.device)}
+    out = [{**meta, **x} for x in lines] + [{**meta, **summary(lines, a.margin)}]
+    for line in out:
+        common.emit_line(line, a.out)
+    return out
+
+
+if __name__ == "__main__":
+    run(parse())
