@@ -11,11 +11,13 @@ running request's last RECENT verifies, shrunk toward the batch's pooled accept 
 prices both sides with --spec-ms / --plain-ms per batch-size bucket, as `finish_seconds` does.
 Beside it: the speculative side's true time, the same pricing over the steps each request then
 really took. A line per replayed step; the summary counts the steps where the estimate would
-have run plain steps that the run shows slower (`missed`), and the reverse (`wrong_spec`).
+have run plain steps that the run shows slower (`missed`), and the reverse (`wrong_spec`). The
+replay leaves out what the engine adds to it: a switch's cost, and finished requests' accept
+lengths as priors (it shrinks toward the pooled accept length alone).
 
     python benchmarks/probe_straggler.py [--model-path GGUF] [--algorithm NGRAM] [--batch 64]
         [--max-new-tokens 256] [--setting 7,1,8] [--spec-ms 1=0.605 ... 64=1.595]
-        [--plain-ms 1=0.48 ... 64=1.399] [--out FILE]
+        [--plain-ms 1=0.48 ... 64=1.399] [--out FILE] [--plot-only FILE]
 
 The default step times are one H100's (the default model, NGRAM (7, 1, 8), chat prompts, bucket
 by bucket, 0cc170d: docs/PERFORMANCE.md, "Shadow-priced choices that follow an answer").
@@ -24,6 +26,7 @@ by bucket, 0cc170d: docs/PERFORMANCE.md, "Shadow-priced choices that follow an a
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import common
 
@@ -103,6 +106,18 @@ def summary(lines: list, margin: float) -> dict:
             "est_over_true_median": round(ratios[len(ratios) // 2], 3) if ratios else None}
 
 
+def plot(lines: list, path) -> None:
+    """Each side's seconds to finish the batch, by the step they were priced at."""
+    series = {"speculative, estimated": "est_spec_s", "speculative, as run": "true_spec_s",
+              "plain": "plain_s"}
+    panel = {"title": "time to finish the running batch", "xlabel": "scheduler call",
+             "ylabel": "ms", "series": {name: [(x["call"], x[key] * 1e3) for x in lines]
+                                        for name, key in series.items()}}
+    first = lines[0]
+    common.line_plot([panel], path, f"{first['algorithm']} ({first['setting']}), batch "
+                     f"{first['batch']}, {first['device']}, {first['git']}")
+
+
 def parse_ms(items: list, default: dict) -> dict:
     return {int(k): float(v) for k, v in (i.split("=") for i in items)} if items else default
 
@@ -119,7 +134,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--spec-ms", nargs="*", default=[])
     p.add_argument("--plain-ms", nargs="*", default=[])
     p.add_argument("--margin", type=float, default=0.05)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="JSON lines; a plot beside them (.png)")
+    p.add_argument("--plot-only", default=None, metavar="FILE",
+                   help="plot FILE's lines, measuring nothing")
     return p.parse_args(argv)
 
 
@@ -143,8 +160,15 @@ def run(a: argparse.Namespace, engine_args: dict = None) -> list:
     out = [{**meta, **x} for x in lines] + [{**meta, **summary(lines, a.margin)}]
     for line in out:
         common.emit_line(line, a.out)
+    if a.out:
+        plot(out[:-1], Path(a.out).with_suffix(".png"))
     return out
 
 
 if __name__ == "__main__":
-    run(parse())
+    args = parse()
+    if args.plot_only:
+        lines = [x for x in common.read_jsonl(args.plot_only) if x["probe"] == "straggler"]
+        plot(lines, Path(args.plot_only).with_suffix(".png"))
+    else:
+        run(args)

@@ -43,9 +43,12 @@ def test_a_missing_bucket_takes_the_nearest_larger_one():
 
 def test_a_pinned_run_logs_every_verify_of_every_request(tmp_path):
     save_tiny_checkpoint("llama", tmp_path)
-    a = probe_straggler.parse(["--model-path", str(tmp_path), "--batch", "3",
+    out = tmp_path / "straggler.jsonl"
+    a = probe_straggler.parse(["--model-path", str(tmp_path), "--batch", "3", "--out", str(out),
                                "--max-new-tokens", "24", "--prompt-len", "32", "--every", "2"])
     lines = probe_straggler.run(a, CPU)
+    assert len(out.read_text().splitlines()) == len(lines)
+    assert out.with_suffix(".png").stat().st_size > 0
     summary = lines[-1]
     assert summary["probe"] == "straggler_summary" and summary["replayed"] == len(lines) - 1 > 2
     for x in lines[:-1]:
