@@ -62,7 +62,7 @@ MAX_LAG = 64
 RECENT = 32  # a request's accept length is measured over its last RECENT shadow verifies
 # Running alone, over its last RECENT_ALONE: one request has no straggler to guard against, only
 # its acceptance's turns to follow. NGRAM on a chat answer accepted nothing over its first 45
-# tokens, then 1.9 tokens a verify (traced on a CPU); 32 verifies of nothing held a batch of one
+# tokens, then 1.7 a verify (traced on a CPU); 32 verifies of nothing held a batch of one
 # plain for 80 of its 256 tokens on an H100, 1.50x no-spec where pinned speculation ran 2.12x
 # (3cf0971, bench_alone.py). Simulated at batch 1 (`sim_adaptive.py
 # --batches 1 --shadow --shadow-finish N`, 8 cells, 8 seeds), 16 against 32 ran 1.027 / 1.010
