@@ -6,9 +6,9 @@ side (specpcg/speculative/finish.py): plain steps take the most tokens any reque
 speculative ones take each request's tokens left over its accept length, measured on its last
 shadow verifies, and the batch ends with its slowest request. This probe runs one batch pinned to
 speculation, logs every request's verifies in order (tokens each emitted), then at every
---every-th step replays the estimate as the engine builds it (`Finish.spec_steps_each` over each
-running request's last RECENT verifies, shrunk toward the batch's pooled accept length) and
-prices both sides with --spec-ms / --plain-ms per batch-size bucket, as `finish_seconds` does.
+--every-th step replays the estimate as the engine builds it (`Finish.of` over each running
+request's last shadow verifies, shrunk toward the batch's pooled accept length) and prices both
+sides with --spec-ms / --plain-ms per batch-size bucket, as `finish_seconds` does.
 Beside it: the speculative side's true time, the same pricing over the steps each request then
 really took. A line per replayed step; the summary counts the steps where the estimate would
 have run plain steps that the run shows slower (`missed`), and the reverse (`wrong_spec`). The
@@ -26,7 +26,9 @@ by bucket, 0cc170d: docs/PERFORMANCE.md, "Shadow-priced choices that follow an a
 from __future__ import annotations
 
 import argparse
+from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 import common
 
@@ -35,7 +37,7 @@ common.add_repo_to_path()
 from bench_adaptive import engine_kwargs, prompts_for  # noqa: E402
 from specpcg.speculative.bucket import bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish, finish_seconds  # noqa: E402
-from specpcg.speculative.shadow import RECENT  # noqa: E402
+from specpcg.speculative.shadow import RECENT, accept_length  # noqa: E402
 
 H100_SPEC_MS = {1: 0.605, 2: 0.873, 4: 0.88, 8: 0.934, 16: 0.977, 64: 1.595}
 H100_PLAIN_MS = {1: 0.48, 2: 0.597, 4: 0.62, 8: 0.68, 16: 0.886, 64: 1.399}
@@ -69,25 +71,27 @@ def step_ms(table: dict):
 
 
 def replay_at(timelines: dict, call: int, max_new: int, spec_s, plain_s) -> dict:
-    """The estimate at scheduler call `call` (after it) against the run's own end."""
-    rem, tokens, verifies, true_steps = [], [], [], []
+    """The estimate at scheduler call `call` (after it) against the run's own end: the running
+    requests' verifies so far stand in for their shadow verifies (`Finish.of` and
+    `accept_length` read them as the engine's requests carry them)."""
+    reqs, rem, true_steps = [], [], []
     for entries in timelines.values():
         done = [n for c, n in entries if c <= call]
         produced = sum(done)
         if produced >= max_new or len(done) == len(entries):
             continue  # finished by this call
-        recent = done[1:][-RECENT:]  # its verifies (the first entry is its prefill's token)
+        recent = deque(done[1:], maxlen=RECENT)  # its verifies (the first: its prefill's token)
+        reqs.append(SimpleNamespace(shadow_recent=recent, shadow_tokens=sum(recent),
+                                    spec_verify_ct=0, spec_accepted_drafts=0))
         rem.append(max_new - produced)
-        tokens.append(sum(recent))
-        verifies.append(len(recent))
         true_steps.append(len(entries) - len(done))
-    if not rem:
+    if not reqs:
         return {}
-    pooled = sum(tokens) / max(sum(verifies), 1)
-    est = Finish(remaining=tuple(rem), spec_tokens=tuple(tokens), verifies=tuple(verifies))
-    return {"call": call, "running": len(rem), "pooled_accept": round(pooled, 3),
-            "least_accept": round(min(t / v if v else pooled for t, v in zip(tokens, verifies)),
-                                  3),
+    est = Finish.of(reqs, tuple(rem))
+    pooled = accept_length(reqs) or 1.0
+    return {"call": call, "running": len(reqs), "pooled_accept": round(pooled, 3),
+            "least_accept": round(min(t / v if v else pooled
+                                      for t, v in zip(est.spec_tokens, est.verifies)), 3),
             "est_spec_s": finish_seconds(est.spec_steps_each(pooled), spec_s),
             "true_spec_s": finish_seconds(true_steps, spec_s),
             "plain_s": finish_seconds(rem, plain_s)}

@@ -97,12 +97,14 @@ def recent_counts(req, alone: bool) -> tuple:
 def accept_length(reqs: list) -> Optional[float]:
     """Tokens per verify of the requests' recent shadow verifies, pooled (None with fewer than
     MIN_VERIFIES of them)."""
-    tokens = verifies = 0
-    alone = len(reqs) == 1
-    for req in reqs:
-        if req.shadow_recent:
-            n, t = recent_counts(req, alone)
-            tokens, verifies = tokens + t, verifies + n
+    if len(reqs) == 1 and reqs[0].shadow_recent:
+        verifies, tokens = recent_counts(reqs[0], alone=True)
+    else:  # every step, every running request: sums kept as verifies come
+        tokens = verifies = 0
+        for req in reqs:
+            if req.shadow_recent:
+                tokens += req.shadow_tokens
+                verifies += len(req.shadow_recent)
     return tokens / verifies if verifies >= MIN_VERIFIES else None
 
 
