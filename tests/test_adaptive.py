@@ -671,8 +671,9 @@ def test_requests_that_ran_mostly_plain_steps_still_teach_the_priors():
 
     ctrl = AdaptiveSpeculation()
     for _ in range(MIN_ACCEPTS):  # a warm-up's three verifies, nothing accepted
-        ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=0))
-    ctrl.finished(SimpleNamespace(spec_verify_ct=2, spec_accepted_drafts=6))  # too few
+        ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=0, shadow_verifies=0))
+    ctrl.finished(SimpleNamespace(spec_verify_ct=2, spec_accepted_drafts=6,
+                                  shadow_verifies=0))  # too few
     assert list(ctrl.accepts) == [1.0] * MIN_ACCEPTS
     young = Finish(remaining=(128,) * 16, spec_tokens=(0,) * 16, verifies=(0,) * 16)
     assert young.spec_steps(2.0, ctrl.accepts) == pytest.approx(128.0)  # not 128 / 2.0

@@ -94,7 +94,8 @@ def test_a_young_batch_takes_its_priors_from_a_few_finished_requests(min_accepts
     ctrl = AdaptiveSpeculation()
     ctrl.min_accepts = min_accepts
     for accepted in (2, 5, 14, 16):  # over 10 verifies each
-        ctrl.finished(SimpleNamespace(spec_verify_ct=10, spec_accepted_drafts=accepted))
+        ctrl.finished(SimpleNamespace(spec_verify_ct=10, spec_accepted_drafts=accepted,
+                                     shadow_verifies=0))
     _warm(ctrl, 4, spec_step_s=1.8, accept=2.0, plain_step_s=1.0)
     young = Finish(remaining=(128,) * 4, spec_tokens=(0,) * 4, verifies=(0,) * 4)
     assert ctrl.use_spec(4, young) is (min_accepts == 16)

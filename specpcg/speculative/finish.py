@@ -125,7 +125,16 @@ def ends_within(finish, tokens: int) -> bool:
 
 def finished_accept(req) -> Optional[float]:
     """A finished request's accept length for `priors` (its verifies' tokens per verify), or
-    None with fewer than MIN_VERIFIES verifies."""
+    None with fewer than MIN_VERIFIES verifies. A request with shadow verifies
+    (specpcg/speculative/shadow.py) counts all of them: they span its whole answer, where its
+    real verifies span only the steps that speculated. NOTE: NGRAM's acceptance rises along a
+    chat answer, and priced at its last 32 verifies a young request of a batch of 64 seemed to
+    need twice the steps it then took (the median request at call 33: 182 against 90); with the
+    batch that ran before it as priors, the replayed estimate's time lost to a wrong side went
+    0.054 / 0.029 -> 0.014 / 0.007 of the faster side's in two batches of chat prompts
+    (benchmarks/probe_straggler.py)."""
+    if req.shadow_verifies >= MIN_VERIFIES:
+        return req.shadow_emitted / req.shadow_verifies
     n = req.spec_verify_ct
     return (n + req.spec_accepted_drafts) / n if n >= MIN_VERIFIES else None
 
