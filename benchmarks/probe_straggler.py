@@ -75,13 +75,14 @@ def step_ms(table: dict):
 
 def whole_accepts(timelines: dict, call: int) -> list:
     """The accept lengths the requests finished by scheduler call `call` teach the finish
-    estimate's priors (`finished_accept` over all their verifies, as over shadow ones)."""
+    estimate's priors (`finished_accept` over all their verifies, as a speculating engine's
+    requests carry them)."""
     out = []
     for entries in timelines.values():
         if entries[-1][0] <= call:
             tokens = [n for _, n in entries[1:]]
-            req = SimpleNamespace(shadow_verifies=len(tokens), shadow_emitted=sum(tokens),
-                                  spec_verify_ct=0, spec_accepted_drafts=0)
+            req = SimpleNamespace(spec_verify_ct=len(tokens),
+                                  spec_accepted_drafts=sum(tokens) - len(tokens))
             if (accept := finished_accept(req)) is not None:
                 out.append(accept)
     return out

@@ -117,7 +117,6 @@ class SimRequest:
     shadow_recent: object = None
     shadow_tokens: int = 0
     shadow_verifies: int = 0
-    shadow_emitted: int = 0
     unjudged: int = 0
     behind: int = 0  # positions its draft has not caught up on (--catch-up): PROMPT_LEN first
 

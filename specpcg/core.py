@@ -131,13 +131,11 @@ class Request:
     spec_histogram: Counter = field(default_factory=Counter)
     plain_decode_tokens: int = 0  # tokens from plain steps between speculative ones (adaptive)
     # adaptive speculation's shadow verifies (specpcg/speculative/shadow.py): where the next
-    # one judges (0: not started), how many ran, the tokens of the last few and their sum, and
-    # the tokens of all of them
+    # one judges (0: not started), how many ran, the tokens of the last few and their sum
     shadow_context: int = 0
     shadow_verifies: int = 0
     shadow_recent: Optional[deque] = None
     shadow_tokens: int = 0
-    shadow_emitted: int = 0
 
     @property
     def all_ids(self) -> list:

@@ -162,27 +162,6 @@ def test_a_request_running_alone_is_priced_at_its_last_few_shadow_verifies():
         (RECENT - 8 + 3 * 8) / RECENT)
 
 
-
-def test_a_finished_request_teaches_the_priors_its_whole_answers_shadow_accept_length():
-    """A request that ran plain steps but for a look at its answer's start (3 verifies, nothing
-    accepted) and whose shadow verifies accepted 1 token a verify over 40 and 3 over the last
-    20 joins the finish estimate's priors at (40 + 60) / 60, not at 1.0 nor at its last 32."""
-    from specpcg.speculative.finish import MIN_VERIFIES as MIN_FINISHED
-
-    req = _request(_tokens(0), 10)
-    req.spec_verify_ct, req.spec_accepted_drafts = 3, 0
-    for t in [1] * 40 + [3] * 20:
-        _count(req, t)
-    ctrl = AdaptiveSpeculation()
-    ctrl.finished(req)
-    assert list(ctrl.accepts) == [pytest.approx(100 / 60)]
-    few = _request(_tokens(1), 10)  # too few shadow verifies: its real ones count
-    few.spec_verify_ct, few.spec_accepted_drafts = 4, 4
-    for t in [5] * (MIN_FINISHED - 1):
-        _count(few, t)
-    ctrl.finished(few)
-    assert list(ctrl.accepts)[-1] == pytest.approx(2.0)
-
 def _run(ctrl, steps: int, shadow_tokens=None, spec_s=0.0012, plain_s=0.001) -> int:
     """Batch-1 steps (speculation emits 1 token a step when measured); returns those that
     speculated after the warm-up."""

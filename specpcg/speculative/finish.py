@@ -49,6 +49,15 @@ KEPT_ACCEPTS = 256
 # of the faster pinned side (0.963 / 0.951 -> 0.965 / 0.959 with catch-up switches); the default
 # grid 0.9725 -> 0.9733; no cell of the calibrated, grid or --shadow runs lost more than 0.01.
 MIN_VERIFIES = 3
+# A request that shadow verifies priced (NGRAM: specpcg/speculative/shadow.py) needs this many
+# real verifies: a batch of 64 that decoded plain verified only in its warm-up, at its answers'
+# starts, where NGRAM on chat prompts accepts least (1.0 in an answer's first quarter, 2.2 in its
+# last), and priced at those priors every batch of 64 decoded all its tokens plain: 0.98-0.99x
+# no-spec where pinned speculation ran 1.13x (H100, 747870e and 8f4f6fe, bench_alone.py).
+# NOTE: counted over all of its shadow verifies instead (8f4f6fe), batch 16 ran 1.11x against
+# 1.25x: the shadow's 4 verifies a step give each of 16 requests one every 4 steps, where a
+# speculating request verifies every step.
+SHADOWED_MIN_VERIFIES = 16
 
 
 def priors(n: int, accepts) -> list:
@@ -125,18 +134,11 @@ def ends_within(finish, tokens: int) -> bool:
 
 def finished_accept(req) -> Optional[float]:
     """A finished request's accept length for `priors` (its verifies' tokens per verify), or
-    None with fewer than MIN_VERIFIES verifies. A request with shadow verifies
-    (specpcg/speculative/shadow.py) counts all of them: they span its whole answer, where its
-    real verifies span only the steps that speculated. NOTE: NGRAM's acceptance rises along a
-    chat answer, and priced at its last 32 verifies a young request of a batch of 64 seemed to
-    need twice the steps it then took (the median request at call 33: 182 against 90); with the
-    batch that ran before it as priors, the replayed estimate's time lost to a wrong side went
-    0.054 / 0.029 -> 0.014 / 0.007 of the faster side's in two batches of chat prompts
-    (benchmarks/probe_straggler.py)."""
-    if req.shadow_verifies >= MIN_VERIFIES:
-        return req.shadow_emitted / req.shadow_verifies
+    None with fewer than MIN_VERIFIES verifies (SHADOWED_MIN_VERIFIES for a request that shadow
+    verifies priced)."""
     n = req.spec_verify_ct
-    return (n + req.spec_accepted_drafts) / n if n >= MIN_VERIFIES else None
+    least = SHADOWED_MIN_VERIFIES if req.shadow_verifies else MIN_VERIFIES
+    return (n + req.spec_accepted_drafts) / n if n >= least else None
 
 
 def finish_seconds(steps_each: list, step_s) -> float:

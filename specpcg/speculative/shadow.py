@@ -83,7 +83,6 @@ def _count(req, tokens: int, keep: int = RECENT) -> None:
     recent.append(tokens)
     req.shadow_tokens += tokens
     req.shadow_verifies += 1
-    req.shadow_emitted += tokens
 
 
 def recent_counts(req, alone: bool) -> tuple:
