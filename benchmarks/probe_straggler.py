@@ -81,7 +81,7 @@ def whole_accepts(timelines: dict, call: int) -> list:
     for entries in timelines.values():
         if entries[-1][0] <= call:
             tokens = [n for _, n in entries[1:]]
-            req = SimpleNamespace(spec_verify_ct=len(tokens),
+            req = SimpleNamespace(spec_verify_ct=len(tokens), shadow_verifies=0,
                                   spec_accepted_drafts=sum(tokens) - len(tokens))
             if (accept := finished_accept(req)) is not None:
                 out.append(accept)
