@@ -51,15 +51,15 @@ KEPT_ACCEPTS = 256
 MIN_VERIFIES = 3
 # A request that shadow verifies priced (NGRAM: specpcg/speculative/shadow.py) needs this many
 # real verifies: one that decoded plain verified only in a warm-up's or a look's few steps (a
-# batch's warm-up comes at its answers' starts, where NGRAM on chat prompts accepts least: 1.0
-# in an answer's first quarter, 2.2 in its last). With 3, every timed batch of 64 decoded all its tokens plain
-# (0.98x no-spec where pinned speculation ran 1.13x: H100, 747870e, bench_alone.py); with 16,
-# side by side on one H100 (ceead47 against 747870e, two passes), 1.03 / 1.26 / 1.00x at batch 4
-# / 16 / 64 against 0.94 / 1.20 / 0.96x (pinned 1.01 / 1.22 / 1.09x), its last batch of 64
-# speculating on 40% of its tokens (1.05x). NOTE: counted over all of its shadow verifies
-# instead (8f4f6fe), batch 16 ran 1.11x against 1.25x and batch 64 stayed plain: the shadow's 4
-# verifies a step give each of 16 requests one every 4 steps, where speculating, it verifies
-# every step.
+# batch's warm-up comes at its answers' starts, where NGRAM on chat prompts accepts least: 1.0 in
+# an answer's first quarter, 2.2 in its last). With 3, every timed batch of 64 decoded all its
+# tokens plain (0.96-0.98x no-spec where pinned speculation ran 1.09-1.13x: H100, 747870e in two
+# runs, bench_alone.py); with 16, side by side on one H100 (ceead47 against 747870e, two passes),
+# 1.03 / 1.26 / 1.00x at batch 4 / 16 / 64 against 0.94 / 1.20 / 0.96x (pinned 1.01 / 1.22 /
+# 1.09x), its last batch of 64 speculating on 40% of its tokens (1.05x). NOTE: counted over all of
+# its shadow verifies instead (8f4f6fe), batch 16 ran 1.11x against 1.25x and batch 64 stayed
+# plain: the shadow's 4 verifies a step give each of 16 requests one every 4 steps, where
+# speculating, it verifies every step.
 SHADOWED_MIN_VERIFIES = 16
 
 
