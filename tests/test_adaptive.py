@@ -660,25 +660,6 @@ def test_switch_costs_are_kept_per_direction_and_fall_back_to_every_bucket():
     assert here.cost(True) == pytest.approx(0.001)  # the last KEPT only
 
 
-def test_a_request_shadow_verifies_priced_teaches_the_priors_only_from_many_real_verifies():
-    """NGRAM's requests that decoded plain verified only at their answers' starts (a warm-up's
-    3 steps), where it accepts least: with shadow verifies, such a request joins the priors
-    only with SHADOWED_MIN_VERIFIES real ones."""
-    from types import SimpleNamespace
-
-    from specpcg.speculative.finish import MIN_VERIFIES, SHADOWED_MIN_VERIFIES
-
-    ctrl = AdaptiveSpeculation()
-    ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=0, shadow_verifies=20))
-    ctrl.finished(SimpleNamespace(spec_verify_ct=SHADOWED_MIN_VERIFIES - 1,
-                                  spec_accepted_drafts=30, shadow_verifies=20))
-    assert list(ctrl.accepts) == [] and MIN_VERIFIES < SHADOWED_MIN_VERIFIES
-    ctrl.finished(SimpleNamespace(spec_verify_ct=SHADOWED_MIN_VERIFIES,
-                                  spec_accepted_drafts=SHADOWED_MIN_VERIFIES, shadow_verifies=20))
-    ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=3, shadow_verifies=0))
-    assert list(ctrl.accepts) == [2.0, 2.0]
-
-
 def test_requests_that_ran_mostly_plain_steps_still_teach_the_priors():
     """A batch that chose plain steps speculated only in its warm-up and looks (3 steps each):
     its requests' accept lengths still join the priors, so the next young batch expects its

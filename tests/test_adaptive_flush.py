@@ -99,3 +99,22 @@ def test_a_young_batch_takes_its_priors_from_a_few_finished_requests(min_accepts
     _warm(ctrl, 4, spec_step_s=1.8, accept=2.0, plain_step_s=1.0)
     young = Finish(remaining=(128,) * 4, spec_tokens=(0,) * 4, verifies=(0,) * 4)
     assert ctrl.use_spec(4, young) is (min_accepts == 16)
+
+
+def test_a_request_shadow_verifies_priced_teaches_the_priors_only_from_many_real_verifies():
+    """A request that decoded plain verified only in a warm-up's 3 steps (NGRAM's, at its
+    answer's start, where it accepts least): with shadow verifies pricing it, it joins the
+    priors only with SHADOWED_MIN_VERIFIES real verifies; without, with 3 as before."""
+    from types import SimpleNamespace
+
+    from specpcg.speculative.finish import MIN_VERIFIES, SHADOWED_MIN_VERIFIES
+
+    ctrl = AdaptiveSpeculation()
+    ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=0, shadow_verifies=20))
+    ctrl.finished(SimpleNamespace(spec_verify_ct=SHADOWED_MIN_VERIFIES - 1,
+                                  spec_accepted_drafts=30, shadow_verifies=20))
+    assert list(ctrl.accepts) == [] and MIN_VERIFIES < SHADOWED_MIN_VERIFIES
+    ctrl.finished(SimpleNamespace(spec_verify_ct=SHADOWED_MIN_VERIFIES,
+                                  spec_accepted_drafts=SHADOWED_MIN_VERIFIES, shadow_verifies=20))
+    ctrl.finished(SimpleNamespace(spec_verify_ct=3, spec_accepted_drafts=3, shadow_verifies=0))
+    assert list(ctrl.accepts) == [2.0, 2.0]
