@@ -31,6 +31,7 @@ them adds; cProfile's seconds are several times the real ones).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from collections import Counter, defaultdict
@@ -185,6 +186,13 @@ def summary(log: list, wall: float, tokens: int) -> dict:
             "recorded": dict(rec), "plain_spec_switches": switches}
 
 
+def output_digest(ids: list) -> str:
+    """A short digest of one request's output ids: two systems' outputs for the same prompt are
+    the same text exactly where their digests match (in bf16 a near tie can turn a speculative
+    step's token from a plain step's, and the rest of the answer with it)."""
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:12]
+
+
 def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, params: dict,
                  out) -> None:
     """One batch with every scheduler call logged: its summary line printed, and with `out`
@@ -205,6 +213,8 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
             "outside": gaps(log, t0, end),
             "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
                                      for o in outs),
+            "output_digests": [output_digest(o["output_ids"]) for o in outs],
+            **({"output_ids": [o["output_ids"] for o in outs]} if args.log_outputs else {}),
             **common.machine_info(engine.device)}
     print(json.dumps(line), flush=True)
     if out:
@@ -277,6 +287,9 @@ def main(argv=None) -> None:
     p.add_argument("--log-untimed", action="store_true",
                    help="log the untimed batch too (round -1), with the Triton compiles, "
                         "collections and captures in it (stalls.StallWatch)")
+    p.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bf16 on CUDA)")
+    p.add_argument("--log-outputs", action="store_true",
+                   help="each request's output ids in its round's summary line")
     args = p.parse_args(argv)
     from bench_accept import close
     from bench_adaptive import HOLDS, engine_kwargs, prompts_for, untrained_drafts
@@ -291,7 +304,7 @@ def main(argv=None) -> None:
     watch = None
     for system in args.systems:
         most = max(args.batches)  # as bench_adaptive sizes its engines
-        engine = Engine(model_path=args.model_path, show_progress=False,
+        engine = Engine(model_path=args.model_path, show_progress=False, dtype=args.dtype,
                         max_running_requests=most, cuda_graph_max_bs=most,
                         **engine_kwargs(system, args.algorithm, args.draft, setting))
         if system in HOLDS:

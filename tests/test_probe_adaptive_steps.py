@@ -29,7 +29,7 @@ def test_a_hold_holds_after_the_first_logged_round(tmp_path, capsys):
     held = engine.scheduler.adaptive.use_spec
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6]] * 2
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
-    args = SimpleNamespace(algorithm="NGRAM", script=None)
+    args = SimpleNamespace(algorithm="NGRAM", script=None, log_outputs=False)
     for rnd in range(2):
         probe.logged_round(engine, args, "plain", 2, rnd, prompts, params, None)
         assert engine.scheduler.adaptive.use_spec is held  # the hold, back in place
@@ -106,7 +106,7 @@ def test_the_untimed_round_is_logged_as_round_minus_one_with_its_stalls(tmp_path
 
     engine = _ngram_engine(tmp_path)
     out = tmp_path / "steps.jsonl"
-    args = SimpleNamespace(algorithm="NGRAM", script=None)
+    args = SimpleNamespace(algorithm="NGRAM", script=None, log_outputs=False)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     with open(out, "w") as f:
         probe.untimed_round(engine, args, "adaptive", 2, [[5, 6, 7, 5, 6]] * 2, params, f,
@@ -122,4 +122,26 @@ def test_the_untimed_round_is_logged_as_round_minus_one_with_its_stalls(tmp_path
     with open(out, "w") as f:  # without a watch: not logged
         probe.untimed_round(engine, args, "adaptive", 2, [[5, 6, 7]] * 2, params, f, None)
     assert out.read_text() == ""
+    engine.shutdown()
+
+
+def test_a_rounds_line_names_each_outputs_digest_and_with_log_outputs_its_ids(tmp_path, capsys):
+    import json
+
+    import probe_adaptive_steps as probe
+
+    engine = _ngram_engine(tmp_path)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 7, 9]]
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    for log_outputs in (False, True):
+        args = SimpleNamespace(algorithm="NGRAM", script=None, log_outputs=log_outputs)
+        probe.logged_round(engine, args, "adaptive", 2, 0, prompts, params, None)
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"round"' in x]
+    assert "output_ids" not in lines[0]
+    ids = lines[1]["output_ids"]
+    assert [len(x) for x in ids] == [6, 6]
+    # The same greedy outputs both rounds, and a digest per request that tells them apart.
+    assert lines[0]["output_digests"] == lines[1]["output_digests"]
+    assert lines[1]["output_digests"] == [probe.output_digest(x) for x in ids]
+    assert probe.output_digest(ids[0]) != probe.output_digest(ids[0][:-1] + [ids[0][-1] + 1])
     engine.shutdown()
