@@ -35,6 +35,7 @@ import hashlib
 import json
 import time
 from collections import Counter, defaultdict
+from statistics import median
 
 import common
 
@@ -156,6 +157,20 @@ def gaps(log: list, start: float, end: float) -> dict:
             "largest": [[round(g, 5), i, calls[i]["kind"]] for g, i in largest]}
 
 
+def periods(log: list, width: int = 8) -> dict:
+    """Per side ("plain", "spec"), a step's period (the start of its call to the start of the
+    next call of the same side) by running batch size in bins of `width`: [steps, median ms].
+    A step's time includes the host's work after its call; a side whose batch thins (a
+    speculating batch of 64) runs its later steps cheaper, which its bucket's one price misses."""
+    calls = [e for e in log if "t" in e]
+    by = defaultdict(lambda: defaultdict(list))
+    for a, b in zip(calls, calls[1:]):
+        if a["kind"] in ("plain", "spec") and b["kind"] == a["kind"]:
+            by[a["kind"]][a["bs"] // width * width].append((b["t"] - a["t"]) * 1e3)
+    return {kind: {size: [len(v), round(median(v), 3)] for size, v in sorted(bins.items())}
+            for kind, bins in by.items()}
+
+
 def summary(log: list, wall: float, tokens: int) -> dict:
     """Per call kind: calls, seconds, tokens; per recorded side: steps, tokens per request and
     step, and the rate the controller saw against the side's calls' own."""
@@ -210,7 +225,7 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
     line = {"probe": "adaptive_steps", "system": system, "algorithm": args.algorithm,
             "script": args.script if system == "adaptive" else None,
             "batch": bs, "round": rnd, **summary(log, wall, tokens),
-            "outside": gaps(log, t0, end),
+            "outside": gaps(log, t0, end), "period_ms_by_size": periods(log),
             "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
                                      for o in outs),
             "output_digests": [output_digest(o["output_ids"]) for o in outs],

@@ -145,3 +145,20 @@ def test_a_rounds_line_names_each_outputs_digest_and_with_log_outputs_its_ids(tm
     assert lines[1]["output_digests"] == [probe.output_digest(x) for x in ids]
     assert probe.output_digest(ids[0]) != probe.output_digest(ids[0][:-1] + [ids[0][-1] + 1])
     engine.shutdown()
+
+
+def test_periods_bin_each_sides_steps_by_batch_size_from_one_call_to_the_next():
+    import probe_adaptive_steps as probe
+
+    log = [{"kind": "spec", "bs": 64, "t": 0.0, "s": 0.001},
+           {"kind": "spec", "bs": 60, "t": 0.002, "s": 0.001},
+           {"kind": "record", "bs": 60, "spec": True, "tokens": 3, "s": 0.001},
+           {"kind": "spec", "bs": 33, "t": 0.0035, "s": 0.001},
+           {"kind": "flush-spec", "bs": 33, "t": 0.0045, "s": 0.0005},
+           {"kind": "plain", "bs": 33, "t": 0.005, "s": 0.001},
+           {"kind": "plain", "bs": 33, "t": 0.006, "s": 0.001}]
+    got = probe.periods(log)
+    # 64 and 60 share a bin of 8 (56-63 holds 60 only: 64 opens its own); a flush between
+    # two calls ends the side's run, so the spec call at 33 has no period.
+    assert got["spec"] == {56: [1, 1.5], 64: [1, 2.0]}
+    assert got["plain"] == {32: [1, 1.0]}
