@@ -83,7 +83,7 @@ def prompts_for(engine, num: int, prompt_len: int) -> list:
 
 
 def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int,
-                      watch=None) -> tuple:
+                      watch=None, alone: bool = False) -> tuple:
     """({system: tok/s of each of `repeats` timed batches}, {system: each timed batch's
     outputs, in the same order}, {system: what `watch` (a stalls.StallWatch) counted in each}).
 
@@ -92,16 +92,24 @@ def interleaved_rates(engines: dict, prompts: list, params: dict, repeats: int,
     fifth of a second on a GPU, too short alone). Then the timed batches take turns, one per
     engine per round, the order rotated each round: engines measured one after the other
     drifted apart with the device (engines held to plain steps measured 0.95-1.02x of a
-    no-spec run minutes earlier; two H200 runs of one tree differed by up to 0.17x in a cell)."""
+    no-spec run minutes earlier; two H200 runs of one tree differed by up to 0.17x in a cell).
+
+    alone: a batch is its prompts one after another, each running alone (timed together)."""
+    def generate(engine):
+        if not alone:
+            return engine.generate(input_ids=prompts, sampling_params=params)
+        return [out for p in prompts for out in engine.generate(input_ids=[p],
+                                                                 sampling_params=params)]
+
     for engine in engines.values():
-        engine.generate(input_ids=prompts, sampling_params=params)
+        generate(engine)
     names = list(engines)
     rates, outs, stalls = ({s: [] for s in engines} for _ in range(3))
     for r in range(repeats):
         for system in names[r % len(names):] + names[:r % len(names)]:
             before = watch.counts() if watch is not None else None
             t0 = time.perf_counter()
-            out = engines[system].generate(input_ids=prompts, sampling_params=params)
+            out = generate(engines[system])
             dt = time.perf_counter() - t0
             outs[system].append(out)
             rates[system].append(sum(o["meta_info"]["completion_tokens"] for o in out) / dt)

@@ -17,7 +17,13 @@ them, each worker's result is written as it ends ("bench": "adaptive_alone_worke
     python benchmarks/bench_alone.py [--skip-ngram] [--drafts STANDALONE=DIR]
         [--untrained EAGLE3] [--systems no-spec pinned adaptive] [--batches 1 4 16 64]
         [--setting 3,1,4] [--repeats 3] [--passes 2] [--tree NAME=DIR [--tree-systems ...]]
-        [--out FILE]
+        [--alone-prompts N] [--out FILE]
+
+Each line says how many of a system's outputs are the text no-spec's are for the same prompt
+(`texts_as_no_spec`): in bf16 a near tie can turn a speculative step's token from a plain one's
+and the answer with it, and a draft accepts more on one answer than on another, so rates
+compare like for like only over the same texts. With --alone-prompts N a batch of one is N
+prompts one after another, each alone, rather than the first prompt's answer alone.
 
 With --tree old=DIR the systems also run from another checkout at DIR (its own worker and
 code), as `plain@old` and so on: a change measured against the commit before it, side by side.
@@ -58,15 +64,21 @@ def worker(spec: dict) -> dict:
     if system in HOLDS:
         HOLDS[system](engine)
     watch = StallWatch(engine.device)
-    prompts = prompts_for(engine, max(batches), spec["prompt_len"])
+    alone = spec.get("alone_prompts", 1)
+    prompts = prompts_for(engine, max(*batches, alone), spec["prompt_len"])
     params = {"max_new_tokens": spec["max_new_tokens"], "temperature": 0, "ignore_eos": True}
     out = {"machine": common.machine_info(engine.device), "batches": {}}
     for bs in batches:
         before = switch_counts(engine)
-        rates, rounds, stalls = interleaved_rates({system: engine}, prompts[:bs], params,
-                                                  spec["repeats"], watch)
+        solo = bs == 1 and alone > 1  # a batch of one: --alone-prompts prompts, one at a time
+        rates, rounds, stalls = interleaved_rates({system: engine},
+                                                  prompts[:alone if solo else bs], params,
+                                                  spec["repeats"], watch, alone=solo)
         info = engine.get_server_info().get("speculative") or {}
         out["batches"][str(bs)] = {
+            "alone_prompts": alone if bs == 1 else None,
+            "digests_per_round": [[common.output_digest(o["output_ids"]) for o in r]
+                                  for r in rounds[system]],
             "rates": rates[system], "stalls_per_round": stalls[system],
             "plain_decode_tokens_per_round": [plain_tokens(o) for o in rounds[system]],
             "switches_by_why": dict(switch_counts(engine) - before),
@@ -90,7 +102,7 @@ def run_passes(args, label: str, draft, run=common.run_json_worker, keep=None) -
                     "model_path": args.model_path, "device": args.device,
                     "batches": args.batches, "setting": list(common.parse_setting(args.setting)),
                     "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
-                    "prompt_len": args.prompt_len}
+                    "prompt_len": args.prompt_len, "alone_prompts": args.alone_prompts}
             code = _tree(args)[1] if tree else None
             script = Path(code or Path(__file__).resolve().parents[1], "benchmarks", SCRIPT)
             more = {"code": code} if code else {}  # the other checkout's worker, on its path
@@ -130,6 +142,21 @@ def _tree(args) -> tuple:
     return tuple(tree.split("=", 1)) if tree else (None, None)
 
 
+def texts_as(results: dict, system: str, bs: str):
+    """[outputs the same text as no-spec's for the same prompt, outputs] over a system's timed
+    batches of size bs, or None where a worker did not name its outputs (another checkout's).
+    Tokens per second compare like for like only over the same texts: in bf16 a near tie can
+    turn a speculative step's token from a plain step's (a batch of one's chat prompt, on an
+    H100, at its 9th token), and NGRAM accepts more on one answer than on another."""
+    cells = [res["batches"][bs] for res in results[system]]
+    base = results["no-spec"][0]["batches"][bs].get("digests_per_round")
+    if not base or any("digests_per_round" not in c for c in cells):
+        return None
+    rounds = [r for c in cells for r in c["digests_per_round"]]
+    same = sum(d == b for r in rounds for d, b in zip(r, base[0]))
+    return [same, sum(len(r) for r in rounds)]
+
+
 def lines_of(args, label: str, draft, results: dict) -> list:
     """bench_adaptive's lines from run_passes' results: rates over every pass."""
     lines = []
@@ -154,9 +181,12 @@ def lines_of(args, label: str, draft, results: dict) -> list:
                 "switches_by_why": [c["switches_by_why"] for c in cells],
                 "adaptive_buckets": cells[-1]["adaptive_buckets"], "draft": draft,
                 "chain_depth": cells[-1]["chain_depth"],
+                "alone_prompts": cells[-1].get("alone_prompts"),
+                "texts_as_no_spec": texts_as(results, system, bs),
                 **_machine(results, system)})
             print(f"[bench_alone] {label:8} {system:8} bs {bs:>3} {lines[-1]['tok_s']:9.1f} "
-                  f"tok/s  {lines[-1]['speedup']:.2f}x no-spec", flush=True)
+                  f"tok/s  {lines[-1]['speedup']:.2f}x no-spec, texts as no-spec's "
+                  f"{lines[-1]['texts_as_no_spec']}", flush=True)
     return lines
 
 
@@ -182,6 +212,9 @@ def main(argv=None) -> None:
     add_run_args(p, "adaptive_alone.jsonl")
     p.add_argument("--passes", type=int, default=2,
                    help="workers per system, the order reversed every other pass")
+    p.add_argument("--alone-prompts", type=int, default=1, metavar="N",
+                   help="a batch of one: N prompts one after another, each alone (one "
+                        "prompt's answer can favour a draft or not)")
     p.add_argument("--tree", default=None, metavar="NAME=DIR",
                    help="also run --tree-systems from the checkout at DIR (SYSTEM@NAME)")
     p.add_argument("--tree-systems", nargs="*", default=[], metavar="SYSTEM",

@@ -11,6 +11,7 @@ import collections
 import datetime
 import gc
 import gzip
+import hashlib
 import importlib.util
 import json
 import os
@@ -75,6 +76,13 @@ def replay_us(graph, replays: int) -> float:
 
 def median(values: Iterable[float]) -> float:
     return float(statistics.median(list(values)))
+
+
+def output_digest(ids: list) -> str:
+    """A short digest of one request's output ids: two engines' outputs for the same prompt are
+    the same text exactly where their digests match (in bf16 a near tie can turn a speculative
+    step's token from a plain step's, and the rest of the answer with it)."""
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:12]
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

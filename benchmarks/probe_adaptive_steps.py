@@ -31,7 +31,6 @@ them adds; cProfile's seconds are several times the real ones).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from collections import Counter, defaultdict
@@ -201,13 +200,6 @@ def summary(log: list, wall: float, tokens: int) -> dict:
             "recorded": dict(rec), "plain_spec_switches": switches}
 
 
-def output_digest(ids: list) -> str:
-    """A short digest of one request's output ids: two systems' outputs for the same prompt are
-    the same text exactly where their digests match (in bf16 a near tie can turn a speculative
-    step's token from a plain step's, and the rest of the answer with it)."""
-    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:12]
-
-
 def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, params: dict,
                  out) -> None:
     """One batch with every scheduler call logged: its summary line printed, and with `out`
@@ -228,7 +220,7 @@ def logged_round(engine, args, system: str, bs: int, rnd: int, prompts: list, pa
             "outside": gaps(log, t0, end), "period_ms_by_size": periods(log),
             "accept_lengths": sorted(round(o["meta_info"].get("spec_accept_length", 0), 3)
                                      for o in outs),
-            "output_digests": [output_digest(o["output_ids"]) for o in outs],
+            "output_digests": [common.output_digest(o["output_ids"]) for o in outs],
             **({"output_ids": [o["output_ids"] for o in outs]} if args.log_outputs else {}),
             **common.machine_info(engine.device)}
     print(json.dumps(line), flush=True)

@@ -14,7 +14,7 @@ from bench_adaptive import render_table  # noqa: E402
 def _args(**kw):
     base = dict(systems=["no-spec", "pinned", "adaptive"], passes=3, model_path=None,
                 device="cpu", batches=[1, 4], setting="3,1,4", repeats=2, max_new_tokens=8,
-                prompt_len=16)
+                prompt_len=16, alone_prompts=1)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -78,6 +78,42 @@ def test_the_worker_times_one_engine_alone(tmp_path):
         assert all(0 <= p <= 6 * int(bs) for p in cell["plain_decode_tokens_per_round"])
         assert cell["adaptive_buckets"]  # the adaptive engine's buckets, by size
     assert out["machine"]["git"] is not None
+
+
+def test_a_batch_of_one_runs_alone_prompts_one_after_another_each_named_by_its_text(tmp_path):
+    from tests.tiny_models import save_tiny_checkpoint
+
+    save_tiny_checkpoint("llama", tmp_path)
+    out = bench_alone.worker({"system": "no-spec", "algorithm": "NGRAM", "draft": None,
+                              "model_path": str(tmp_path), "device": "cpu",
+                              "batches": [1, 2], "setting": [3, 1, 4], "repeats": 2,
+                              "max_new_tokens": 6, "prompt_len": 16, "alone_prompts": 3,
+                              "engine_options": {"skip_tokenizer_init": True,
+                                                 "dtype": "float32"}})
+    one, two = out["batches"]["1"], out["batches"]["2"]
+    assert one["alone_prompts"] == 3 and two["alone_prompts"] is None
+    # three prompts a timed batch of one, two in a batch of two; greedy: the same each round
+    assert [len(r) for r in one["digests_per_round"]] == [3, 3]
+    assert [len(r) for r in two["digests_per_round"]] == [2, 2]
+    assert one["digests_per_round"][0] == one["digests_per_round"][1]
+
+
+def test_a_line_counts_the_outputs_whose_text_is_no_specs():
+    def run(script, flag, spec):
+        texts = {"no-spec": ["a", "b"], "pinned": ["a", "c"], "adaptive": ["a", "b"]}
+        cell = {"rates": [100.0, 100.0], "stalls_per_round": [{}, {}],
+                "plain_decode_tokens_per_round": [0, 0], "switches_by_why": {},
+                "adaptive_buckets": None, "chain_depth": None, "alone_prompts": None,
+                "digests_per_round": [texts[spec["system"]]] * 2}
+        if spec["system"] == "adaptive":  # a worker of a checkout that names no outputs
+            del cell["digests_per_round"]
+        return {"machine": {"device": "fake"}, "batches": {"2": cell}}
+
+    args = _args(batches=[2], passes=2)
+    lines = bench_alone.lines_of(args, "NGRAM", None, bench_alone.run_passes(args, "NGRAM",
+                                                                             None, run=run))
+    texts = {x["system"]: x["texts_as_no_spec"] for x in lines}
+    assert texts == {"pinned": [4, 8], "adaptive": None}  # 2 passes x 2 rounds x 2 requests
 
 
 def test_each_workers_result_is_kept_as_it_ends_so_a_cut_run_keeps_the_finished_ones():

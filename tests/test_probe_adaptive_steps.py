@@ -128,6 +128,7 @@ def test_the_untimed_round_is_logged_as_round_minus_one_with_its_stalls(tmp_path
 def test_a_rounds_line_names_each_outputs_digest_and_with_log_outputs_its_ids(tmp_path, capsys):
     import json
 
+    import common
     import probe_adaptive_steps as probe
 
     engine = _ngram_engine(tmp_path)
@@ -142,8 +143,8 @@ def test_a_rounds_line_names_each_outputs_digest_and_with_log_outputs_its_ids(tm
     assert [len(x) for x in ids] == [6, 6]
     # The same greedy outputs both rounds, and a digest per request that tells them apart.
     assert lines[0]["output_digests"] == lines[1]["output_digests"]
-    assert lines[1]["output_digests"] == [probe.output_digest(x) for x in ids]
-    assert probe.output_digest(ids[0]) != probe.output_digest(ids[0][:-1] + [ids[0][-1] + 1])
+    assert lines[1]["output_digests"] == [common.output_digest(x) for x in ids]
+    assert common.output_digest(ids[0]) != common.output_digest(ids[0][:-1] + [ids[0][-1] + 1])
     engine.shutdown()
 
 
