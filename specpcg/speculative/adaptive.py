@@ -78,7 +78,7 @@ from typing import Optional
 from specpcg.speculative.bucket import (EXPLORE_EVERY, EXPLORE_MAX_EVERY, EXPLORE_STEPS,
                                         LOOK_CLOSE, LOOK_PRICED_AHEAD, LOOK_PRICED_EVERY,
                                         REDECIDE_EVERY, REDECIDE_MAX_EVERY, SETTLED_LEAD,
-                                        SPEC_HOME, Bucket, bucket_of)
+                                        SPEC_HOME, Bucket, bucket_of, measured_step_s)
 from specpcg.speculative.finish import KEPT_ACCEPTS, MIN_ACCEPTS, ends_within, finished_accept
 from specpcg.speculative.rates import WINDOW
 from specpcg.speculative.switches import KEPT_EVERYWHERE, SwitchCosts
@@ -294,7 +294,7 @@ class AdaptiveSpeculation:
     def _pricing(self, b: "Bucket") -> tuple:
         """prefer_spec's step seconds by side and batch size, and finished accept lengths."""
         accepts = self.accepts if len(self.accepts) >= self.min_accepts else ()
-        return lambda side, size: self._step_s(side, size, b), accepts
+        return lambda side, size: measured_step_s(self._buckets, side, size, b), accepts
 
     def _borrowed(self, key: int) -> bool:
         """The choice for a step that will not be measured (the one after a prefill): the side
@@ -305,15 +305,6 @@ class AdaptiveSpeculation:
         chosen = [(abs(k.bit_length() - key.bit_length()), k, b.spec_chosen)
                   for k, b in self._buckets.items() if b.spec_chosen is not None]
         return min(chosen)[2] if chosen else True
-
-    def _step_s(self, spec: bool, batch_size: int, current: "Bucket") -> float:
-        """A step's seconds at `batch_size` on one side: its bucket's measure, else (not
-        measured there yet) the current bucket's, which ran at least as many requests."""
-        b = self._buckets.get(bucket_of(batch_size))
-        rate = b.side(spec) if b is not None else None
-        if rate is None or not rate.recent:
-            rate = current.side(spec)
-        return rate.step_s
 
     def record(self, batch_size: int, spec: bool, tokens: int, seconds: float) -> None:
         """A step of `batch_size` requests emitted `tokens` in `seconds` (host wall clock,
