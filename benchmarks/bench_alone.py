@@ -19,7 +19,7 @@ them, each worker's result is written as it ends ("bench": "adaptive_alone_worke
         [--setting 3,1,4] [--repeats 3] [--passes 2] [--tree NAME=DIR [--tree-systems ...]]
         [--alone-prompts N] [--out FILE]
 
-Each line says how many of a system's outputs are the text no-spec's are for the same prompt
+Each line says how many of a system's outputs have no-spec's text for the same prompt
 (`texts_as_no_spec`): in bf16 a near tie can turn a speculative step's token from a plain one's
 and the answer with it, and a draft accepts more on one answer than on another, so rates
 compare like for like only over the same texts. With --alone-prompts N a batch of one is N
