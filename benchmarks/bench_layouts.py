@@ -53,13 +53,7 @@ def _decode(engine, ids: list, new: int, repeats: int) -> dict:
                      "outputs": [o["output_ids"] for o in outs]})
     best = {k: common.median(r[k] for r in runs) for k in ("e2e_tok_s", "decode_tok_s",
                                                             "accept_length")}
-    return {**best, "output_sha": [_sha(ids) for ids in runs[-1]["outputs"]]}
-
-
-def _sha(ids: list) -> str:
-    import hashlib
-
-    return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:12]
+    return {**best, "output_sha": [common.output_digest(ids) for ids in runs[-1]["outputs"]]}
 
 
 def _ttft_ms(engine, ids: list, repeats: int) -> float:

@@ -81,8 +81,9 @@ def median(values: Iterable[float]) -> float:
 def output_digest(ids: list) -> str:
     """A short digest of one request's output ids: two engines' outputs for the same prompt are
     the same text exactly where their digests match (in bf16 a near tie can turn a speculative
-    step's token from a plain step's, and the rest of the answer with it)."""
-    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:12]
+    step's token from a plain step's, and the rest of the answer with it). bench_layouts.py
+    compares its lines' digests with recorded ones: the encoding stays as it wrote them."""
+    return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()[:12]
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

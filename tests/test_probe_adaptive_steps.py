@@ -159,7 +159,7 @@ def test_periods_bin_each_sides_steps_by_batch_size_from_one_call_to_the_next():
            {"kind": "plain", "bs": 33, "t": 0.005, "s": 0.001},
            {"kind": "plain", "bs": 33, "t": 0.006, "s": 0.001}]
     got = probe.periods(log)
-    # 64 and 60 share a bin of 8 (56-63 holds 60 only: 64 opens its own); a flush between
-    # two calls ends the side's run, so the spec call at 33 has no period.
+    # Bins of 8: 60 falls in 56-63, 64 in a bin of its own; a flush between two calls ends
+    # the side's run, so the spec call at 33 has no period.
     assert got["spec"] == {56: [1, 1.5], 64: [1, 2.0]}
     assert got["plain"] == {32: [1, 1.0]}
