@@ -1,5 +1,6 @@
 """The finish estimate's price of a step at a batch size whose bucket never measured that side:
-the nearest bucket above it that did (a step of more requests costs no less)."""
+the nearest bucket above it that did (a step of more requests costs no less), brought down
+toward the nearest one below that did, linearly in the buckets' log."""
 
 import pytest
 
@@ -30,9 +31,22 @@ def test_an_unmeasured_side_takes_the_nearest_measure_above_its_bucket():
     assert measured_step_s(buckets, True, 8, current) == pytest.approx(0.9e-3)  # its own
     assert measured_step_s(buckets, True, 3, current) == pytest.approx(0.9e-3)  # 4 -> 8
     assert measured_step_s(buckets, True, 1, current) == pytest.approx(0.9e-3)  # 1, 2, 4 -> 8
-    assert measured_step_s(buckets, True, 20, current) == pytest.approx(1.7e-3)  # 32 -> 64
-    assert measured_step_s(buckets, False, 20, current) == pytest.approx(1.0e-3)
-    assert measured_step_s(buckets, False, 2, current) == pytest.approx(0.6e-3)  # 2 -> 4
+    assert measured_step_s(buckets, False, 20, current) == pytest.approx(1.0e-3)  # its own
+
+
+def test_between_two_measures_the_price_is_on_the_line_through_them_in_log_batch():
+    buckets = _buckets()
+    current = buckets[64]
+    # Speculative steps measured at 8 and 64: 32 is two doublings of three from 8.
+    assert measured_step_s(buckets, True, 20, current) == pytest.approx(0.9e-3 + 0.8e-3 * 2 / 3)
+    assert measured_step_s(buckets, True, 9, current) == pytest.approx(0.9e-3 + 0.8e-3 / 3)
+    assert measured_step_s(buckets, False, 2, current) == pytest.approx(0.55e-3)  # 1 and 4
+    # Measured at 1 and 64 only, as a batch of 64 after batches of one: the tail's buckets
+    # cost less than the full batch's and more than one request's, rising with the batch.
+    ends = {64: _bucket(1.69e-3, 1.39e-3), 1: _bucket(0.59e-3, 0.48e-3)}
+    prices = [measured_step_s(ends, True, n, ends[64]) for n in (2, 4, 8, 16, 32)]
+    assert all(0.59e-3 < p < 1.69e-3 for p in prices)
+    assert prices == sorted(prices)
 
 
 def test_with_no_measure_at_or_above_the_current_buckets_price_stands():

@@ -340,19 +340,44 @@ def _per_bucket(step_s):
 
 
 def measured_step_s(buckets: dict, spec: bool, batch_size: int, current: Bucket) -> float:
-    """A step's seconds at `batch_size` on one side (the finish estimate's price): the measure
-    of the nearest bucket at or above its own that measured that side (a step of more requests
-    costs no less), else the current bucket's. NOTE: with its own bucket's or else the current
-    one's, NGRAM at batch 64 priced the straggler's speculative steps at 1-4 requests, a side
-    those buckets never measured, as steps of 64 (1.71 ms, where bucket 8 measured 0.91): the
-    steps pinned speculation took then cost 0.334 s against 0.291 run (H100, 3ca0b67)."""
-    key, top = bucket_of(batch_size), max(buckets, default=0)
-    while key <= top:
+    """A step's seconds at `batch_size` on one side (the finish estimate's price): its own
+    bucket's measure, else the nearest bucket above that measured the side (a step of more
+    requests costs no less), brought down toward the nearest measure below where there is one
+    (`_between`); with none above, the current bucket's. NOTE: with its own bucket's or else the
+    current one's, NGRAM at batch 64 priced the straggler's speculative steps at 1-4 requests, a
+    side those buckets never measured, as steps of 64 (1.71 ms, where bucket 8 measured 0.91):
+    the steps pinned speculation took then cost 0.334 s against 0.291 run (H100, 3ca0b67)."""
+    key = bucket_of(batch_size)
+    above = _nearest(buckets, spec, key, up=True)
+    if above is None:
+        return current.side(spec).step_s
+    below = _nearest(buckets, spec, key, up=False) if above[0] != key else None
+    return above[1] if below is None else _between(below, above, key)
+
+
+def _nearest(buckets: dict, spec: bool, key: int, up: bool):
+    """(bucket, step seconds) of the nearest bucket from `key` (itself included), up or down,
+    that measured the side; None if none did."""
+    top = max(buckets, default=0)
+    while 0 < key <= top:
         rate = buckets[key].side(spec) if key in buckets else None
         if rate is not None and rate.recent:
-            return rate.step_s
-        key <<= 1
-    return current.side(spec).step_s
+            return key, rate.step_s
+        key = key << 1 if up else key >> 1
+    return None
+
+
+def _between(below: tuple, above: tuple, key: int) -> float:
+    """A price at bucket `key` between two measured buckets, linear in the buckets' log: a GPU
+    step's seconds are flat over small batches and rise over large ones, so this line lies above
+    them. NOTE: a batch of 64 after batches of one (NGRAM on chat prompts, H100, c1a2a8b,
+    bench_alone.py) measured speculative steps at 1 (0.59 ms) and 64 (1.69) only; priced at 64's,
+    the straggler's tail at 2-32 requests cost about twice what pinned speculation measured there
+    (0.88-1.28 ms at 3ca0b67), and every step of four timed batches ran plain: 0.97x no-spec
+    where pinned speculation ran 1.13x."""
+    (k0, s0), (k1, s1) = below, above
+    steps_up = key.bit_length() - k0.bit_length()  # doublings from the measure below
+    return s0 + (s1 - s0) * steps_up / (k1.bit_length() - k0.bit_length())
 
 
 def place_of(position: int) -> int:
