@@ -7,7 +7,7 @@ prices a side's steps as the batch shrinks.
 
 Each side's time to finish counts the batch shrinking as its requests finish (`finish_seconds`):
 a step of b requests costs what that side's steps measured in b's bucket (where they never ran
-there, in the nearest bucket above: bucket.measured_step_s). When it costed every
+there, between the nearest measures above and below: bucket.measured_step_s). When it costed every
 step at the full batch's price, EAGLE3 at batch 16 ran 375 of its 418 steps in bucket 16 plain,
 70% of its tokens (H100, 02575f1: 1.04x no-spec), where speculating at every step ran 1.14x: the
 straggler's last steps run in a batch of a few requests, which speculates cheaply. On the GPU
