@@ -372,7 +372,7 @@ def _between(below: tuple, above: tuple, key: int) -> float:
     step's seconds are flat over small batches and rise over large ones, so this line lies above
     them. NOTE: a batch of 64 after batches of one (NGRAM on chat prompts, H100, c1a2a8b,
     bench_alone.py) measured speculative steps at 1 (0.59 ms) and 64 (1.69) only; priced at 64's,
-    the straggler's tail at 2-32 requests cost about twice what pinned speculation measured there
+    the straggler's tail at 2-32 requests cost up to twice what pinned speculation measured there
     (0.88-1.28 ms at 3ca0b67), and every step of four timed batches ran plain: 0.97x no-spec
     where pinned speculation ran 1.13x."""
     (k0, s0), (k1, s1) = below, above
