@@ -48,6 +48,7 @@ from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa:
 from specpcg.speculative.finish import Finish  # noqa: E402
 from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
 from sim_rates import MEAN_ACCEPT, PLAIN_RATE, RATES, SPEC_RATE  # noqa: E402
+from sim_report import render_plot, render_table  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 POLICIES = ("spec", "plain", "adaptive")
@@ -216,6 +217,17 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
     return seconds
 
 
+def _kept(shadow: bool, shadow_finish: int) -> int:
+    """The shadow verifies each request keeps (0: the controller gets none)."""
+    return (shadow_finish or RECENT) if shadow or shadow_finish else 0
+
+
+def _controller(shadow_finish: int) -> AdaptiveSpeculation:
+    ctrl = AdaptiveSpeculation()
+    ctrl.shadow_rates_only = not shadow_finish  # with shadow verifies: on rates alone
+    return ctrl
+
+
 def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
              hiccup: tuple = (0.0, 1.0), mean_alpha: float = 0.7, growth: bool = False,
              shadow: bool = False, shadow_finish: int = 0) -> dict:
@@ -223,13 +235,12 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
     {policy + "_seed0": [seconds of each batch of seed 0]} (a controller's warm-up shows in its
     first batch). shadow_finish: shadow verifies priced by the finish estimate over each
     request's last `shadow_finish` (0: on rates alone, over the engine's RECENT)."""
-    keep = (shadow_finish or RECENT) if shadow or shadow_finish else 0
+    keep = _kept(shadow, shadow_finish)
     out = {"switches": Counter()}
     for policy in POLICIES:
         total = 0.0
         for seed in range(seeds):
-            ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
-            ctrl.shadow_rates_only = not shadow_finish
+            ctrl, rng = _controller(shadow_finish), random.Random(seed)
             each = []
             for _ in range(batches):
                 each.append(run_batch(policy, ctrl, rng, batch, spread, hiccup=hiccup,
@@ -244,63 +255,27 @@ def simulate(batch: int, spread: float, seeds: int, batches: int = 5,
 
 
 def simulate_sequence(sizes: list, spread: float, seeds: int, mean_alpha: float = 0.7,
-                      timed: int = 2) -> dict:
+                      timed: int = 2, growth: bool = False, shadow: bool = False,
+                      shadow_finish: int = 0) -> dict:
     """--sequence: batch sizes in order on one controller per seed, as bench_adaptive runs one
     engine (one untimed batch of each size, then `timed` timed ones): {size: {policy: timed
-    seconds over all seeds}}. Priors and switch costs carry over from the sizes before."""
+    seconds over all seeds}}. Priors and switch costs carry over from the sizes before.
+    growth, shadow, shadow_finish: as `simulate`'s."""
+    keep = _kept(shadow, shadow_finish)
     out = {b: {**dict.fromkeys(POLICIES, 0.0), "switches": Counter()} for b in sizes}
     for policy in POLICIES:
         for seed in range(seeds):
-            ctrl, rng = AdaptiveSpeculation(), random.Random(seed)
+            ctrl, rng = _controller(shadow_finish), random.Random(seed)
             for b in sizes:
                 for i in range(1 + timed):
                     before = ctrl.switches()
-                    seconds = run_batch(policy, ctrl, rng, b, spread, mean_alpha=mean_alpha)
+                    seconds = run_batch(policy, ctrl, rng, b, spread, mean_alpha=mean_alpha,
+                                        growth=growth, shadow=keep)
                     ctrl.interrupt()
                     out[b][policy] += seconds if i else 0.0
                     if i:  # the timed batches' switches, the tail's smaller buckets included
                         out[b]["switches"] += ctrl.switches() - before
     return out
-
-
-def _hiccup(record: dict) -> str:
-    prob, factor = record.get("hiccup", (0.0, 1.0))
-    return f"{prob:.0%} {factor:g}x" if prob > 0 else "none"
-
-
-def _last_run(records: list) -> list:
-    """The lines of the last run: its commit and look budget."""
-    key = lambda r: (r.get("git"), r.get("look_budget"), r.get("max_every"),  # noqa: E731
-                     r.get("rounds"), r.get("growth"),
-                     r.get("shadow", False), r.get("shadow_finish", 0), r.get("sequence", False))
-    return [r for r in records if key(r) == key(records[-1])] if records else []
-
-
-def render_table(records: list) -> str:
-    latest = _last_run(records)
-    rows = [[_hiccup(r), f"{r.get('alpha', 0.7):.2f}" + (" rising" if r.get("growth") else "")
-             + (", shadow verifies" if r.get("shadow") else "")
-             + (f", finish over {r['shadow_finish']}" if r.get("shadow_finish") else ""),
-             f"{r['spread']:.2f}", str(r["batch"]),
-             f"{r['plain_s'] / r['spec_s']:.2f}x", f"{r['plain_s'] / r['adaptive_s']:.2f}x",
-             f"{r['vs_best']:.3f}"] for r in latest]
-    return common.markdown_table(["hiccups (share of steps, slowdown)", "mean accept chance",
-                                  "accept spread", "batch", "pinned spec vs plain",
-                                  "adaptive vs plain", "adaptive vs the faster pinned side"],
-                                 rows)
-
-
-def render_plot(records: list, path) -> None:
-    latest = _last_run(records)
-    spreads = sorted({r["spread"] for r in latest})
-    panels = [{"title": f"accept spread {s:.2f}", "ylabel": "speed",
-               "labels": [f"bs {r['batch']}\n{_hiccup(r)}" for r in latest
-                          if r["spread"] == s],
-               "values": {"adaptive vs the faster pinned side":
-                          [r["vs_best"] for r in latest if r["spread"] == s]}}
-              for s in spreads]
-    common.grouped_bar_plot(panels, ["adaptive vs the faster pinned side"], path,
-                            "simulated adaptive speculation (1.0: as fast as the better side)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -366,8 +341,9 @@ def main(argv=None) -> None:
     for alpha, spread, batch in itertools.product(args.alphas, args.spreads, args.batches):
         if args.sequence:
             if (alpha, spread) not in sequences:
-                sequences[alpha, spread] = simulate_sequence(args.batches, spread, args.seeds,
-                                                             alpha)
+                sequences[alpha, spread] = simulate_sequence(
+                    args.batches, spread, args.seeds, alpha, growth=args.growth,
+                    shadow=args.shadow, shadow_finish=args.shadow_finish)
             t = {**sequences[alpha, spread][batch], **{p + "_seed0": None for p in POLICIES}}
         else:
             t = simulate(batch, spread, args.seeds, hiccup=tuple(args.hiccup), mean_alpha=alpha,

@@ -48,3 +48,22 @@ def test_calibrate_takes_each_sides_median_call_and_the_pinned_accept_lengths(tm
     path.write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(ValueError, match="no-spec"):
         sim.calibrate(str(path))
+
+
+def test_a_sequence_runs_the_acceptance_and_shadow_verifies_it_is_given(monkeypatch):
+    """--sequence --growth --shadow: the batches take acceptance rising along each answer, and
+    the controller gets shadow verifies (each request keeps them), as without --sequence."""
+    kept = []
+    real = sim.run_batch
+
+    def run_batch(*args, **kwargs):
+        kept.append((kwargs.get("growth"), kwargs.get("shadow")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim, "run_batch", run_batch)
+    steady = sim.simulate_sequence([4], 0.0, seeds=1)
+    assert set(kept) == {(False, 0)}
+    kept.clear()
+    rising = sim.simulate_sequence([4], 0.0, seeds=1, growth=True, shadow=True, shadow_finish=32)
+    assert set(kept) == {(True, 32)}
+    assert rising[4]["spec"] != steady[4]["spec"]
