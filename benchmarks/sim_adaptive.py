@@ -28,7 +28,7 @@ from plain steps costs C ms more, once (a first catch-up's one-time costs).
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
         [--shadow-finish N] [--catch-up A_MS B_US [C_MS] [--untold-lag] [--prompt-len N]]
-        [--rates h100-nextn|h200-weak-eagle3] [--sequence] [--unplaced] [--rounds 5] [--max-every N]
+        [--rates h100-nextn|h100-ngram-chat|...] [--sequence] [--unplaced] [--rounds 5] [--max-every N]
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ from specpcg.speculative import adaptive, bucket  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish  # noqa: E402
 from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
-from sim_rates import MEAN_ACCEPT, PLAIN_RATE, RATES, SPEC_RATE  # noqa: E402
+from sim_rates import CHAIN_TOKENS, MEAN_ACCEPT, PLAIN_RATE, RATES, SPEC_RATE  # noqa: E402
 from sim_report import render_plot, render_table  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 POLICIES = ("spec", "plain", "adaptive")
 PROMPT_LEN = 100  # --catch-up: the positions a request's draft misses before its first step
-DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify
+DRAFT_TOKENS = 4  # the chain (3, 1, 4): at most 4 tokens a verify (--rates may change it)
 
 # --calibrate: step seconds per (speculative?, bucket) and the requests' accept chances,
 # measured on a GPU (`calibrate`); None: sim_rates.py's H100 rates and a normal spread of chances.
@@ -321,10 +321,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
+    global DRAFT_TOKENS
     args = _parser().parse_args(argv)
     if args.catch_up and len(args.catch_up) not in (2, 3):  # before any global is set
         raise SystemExit(f"--catch-up takes A_MS B_US [C_MS], got {args.catch_up}")
     MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
+    DRAFT_TOKENS = CHAIN_TOKENS.get(args.rates, DRAFT_TOKENS)
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
         a_ms, b_us, c_ms = (args.catch_up + [0.0])[:3]

@@ -22,3 +22,22 @@ RATES = {
                                     64: 713},
                              {1: 1827, 2: 1550, 4: 1353, 8: 1225, 16: 1097, 32: 900, 64: 731}),
 }
+# A rate set's chain, where it is not (3, 1, 4): at most this many tokens a verify.
+CHAIN_TOKENS = {"h100-ngram-chat": 8}
+
+
+def _per_request(accept: float, step_ms: dict) -> dict:
+    """Tok/s a request by bucket of steps taking step_ms[bucket] and emitting `accept` tokens."""
+    return {b: round(accept * 1e3 / ms) for b, ms in step_ms.items()}
+
+
+# NGRAM (7, 1, 8) on the default model's chat prompts, batch 64 (H100, 3ca0b67: pinned
+# speculation's step period by running batch size, docs/PERFORMANCE.md "Batch 64: why the
+# estimate stays plain"; bucket 1 from c1a2a8b's batch-1 runs). Across 64 answers NGRAM accepted
+# 1.10-7.1 tokens a verify, median 2.3 (about --alphas 0.57 --spreads 0.25 with --growth). A
+# plain step costs a speculative one / 1.22, as measured at batch 1 (0.48 against 0.59 ms) and
+# 64 (1.34 against 1.65).
+_NGRAM_SPEC_MS = {1: 0.59, 2: 0.88, 4: 0.88, 8: 1.00, 16: 1.07, 32: 1.53, 64: 1.65}
+RATES["h100-ngram-chat"] = (2.3, _per_request(2.3, _NGRAM_SPEC_MS),
+                            _per_request(1.22, _NGRAM_SPEC_MS))
+

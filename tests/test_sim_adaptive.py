@@ -1,6 +1,7 @@
 """benchmarks/sim_adaptive.py's cold first look and its calibration from a probe's log."""
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -67,3 +68,19 @@ def test_a_sequence_runs_the_acceptance_and_shadow_verifies_it_is_given(monkeypa
     rising = sim.simulate_sequence([4], 0.0, seeds=1, growth=True, shadow=True, shadow_finish=32)
     assert set(kept) == {(True, 32)}
     assert rising[4]["spec"] != steady[4]["spec"]
+
+
+def test_the_ngram_rates_take_their_own_chain(monkeypatch, tmp_path):
+    """--rates h100-ngram-chat: NGRAM's (7, 1, 8) chain, up to 8 tokens a verify, and steps
+    priced at its measured milliseconds (a plain step 1 / 1.22 of a speculative one)."""
+    monkeypatch.setattr(sim, "DRAFT_TOKENS", sim.DRAFT_TOKENS)
+    for name in ("MEAN_ACCEPT", "SPEC_RATE", "PLAIN_RATE", "STEP_S"):
+        monkeypatch.setattr(sim, name, getattr(sim, name))
+    sim.main(["--rates", "h100-ngram-chat", "--batches", "1", "--alphas", "0.9", "--spreads", "0",
+              "--seeds", "1", "--rounds", "1", "--out", str(tmp_path / "sim.jsonl")])
+    assert sim.DRAFT_TOKENS == 8
+    assert sim.step_seconds(True, 64) == pytest.approx(1.65e-3, rel=0.01)
+    ratio = sim.step_seconds(True, 64) / sim.step_seconds(False, 64)
+    assert ratio == pytest.approx(1.22, rel=0.01)
+    rng = random.Random(0)
+    assert max(sim._accepted(rng, 0.97) for _ in range(50)) == 8
