@@ -28,7 +28,8 @@ from plain steps costs C ms more, once (a first catch-up's one-time costs).
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
         [--shadow-finish N] [--catch-up A_MS B_US [C_MS] [--untold-lag] [--prompt-len N]]
-        [--rates h100-nextn|h100-ngram-chat|...] [--sequence] [--unplaced] [--rounds 5] [--max-every N]
+        [--rates h100-nextn|h100-ngram-chat|...] [--sequence] [--unplaced] [--rounds 5]
+        [--max-every N]
 """
 
 from __future__ import annotations
