@@ -19,26 +19,28 @@ and 0.7 us); a switch out of it still costs SWITCH_STEPS plain steps. --alphas s
 that a draft token is accepted: 0.05 is an untrained draft, where speculating never pays. --shadow
 gives the controller shadow verifies as NGRAM's engine does (specpcg/speculative/shadow.py): each
 request's new tokens are covered by verifies drawn at its accept chance of the moment, whichever
-side ran, and the controller reads the batch's pooled recent accept length every step (all of them:
-the engine's budget of 4 a step is not modelled), on rates alone (adaptive-shadow-rates);
+side ran, and the controller reads the batch's pooled recent accept length every step (every new
+token judged; --shadow-budget N: N verifies a step, shared as the engine's ShadowVerify shares its
+4), on rates alone (adaptive-shadow-rates);
 --shadow-finish N prices them by the finish estimate when nothing waits, over each request's
 last N: the engine's default with N = 32 (RECENT). --catch-up A B C: an engine's first look
 from plain steps costs C ms more, once (a first catch-up's one-time costs).
 
     python benchmarks/sim_adaptive.py [--spreads 0 0.1 0.2] [--alphas 0.7] [--batches 4 16 64]
         [--seeds 6] [--hiccup PROB X] [--look-budget 0.03] [--growth] [--shadow]
-        [--shadow-finish N] [--catch-up A_MS B_US [C_MS] [--untold-lag] [--prompt-len N]]
+        [--shadow-finish N] [--shadow-budget N] [--catch-up A_MS B_US [C_MS] [--untold-lag]
+        [--prompt-len N]]
         [--rates h100-nextn|h100-ngram-chat|...] [--sequence] [--unplaced] [--rounds 5]
         [--max-every N]
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Optional
 
 import common
 
@@ -47,9 +49,9 @@ common.add_repo_to_path()
 from specpcg.speculative import adaptive, bucket  # noqa: E402
 from specpcg.speculative.adaptive import AdaptiveSpeculation, bucket_of  # noqa: E402
 from specpcg.speculative.finish import Finish  # noqa: E402
-from specpcg.speculative.shadow import RECENT, _count, accept_length  # noqa: E402
+from specpcg.speculative.shadow import MAX_LAG, RECENT, _count, accept_length  # noqa: E402
 from sim_rates import CHAIN_TOKENS, MEAN_ACCEPT, PLAIN_RATE, RATES, SPEC_RATE  # noqa: E402
-from sim_report import render_plot, render_table  # noqa: E402
+from sim_cli import parser, render_plot, render_table  # noqa: E402
 
 SWITCH_STEPS = 1.0  # a switch's cost in plain steps at the batch's size
 POLICIES = ("spec", "plain", "adaptive")
@@ -63,6 +65,9 @@ CATCH_UP = None  # --catch-up: seconds a switch into speculation, per position, 
 # With --catch-up the controller is told the positions a switch catches up on, as the engine
 # tells it (`catch_up_positions`); --untold-lag: only the plain steps since the last speculative.
 TELL_LAG = True
+# --shadow-budget N: shadow verifies a step, as the engine shares them (0: every new token is
+# judged, as before this option)
+SHADOW_BUDGET = 0
 PLACE = True  # a batch of one's output position told, as by the engine (--unplaced: not)
 
 
@@ -135,6 +140,25 @@ def _shadow(rng: random.Random, r: SimRequest, got: int, new_tokens: int, growth
         r.unjudged -= tokens
 
 
+def _shadow_budgeted(rng: random.Random, running: list, new_tokens: int, growth: bool,
+                     keep: int, start: int) -> int:
+    """--shadow-budget N: the engine's way, N shadow verifies a step shared round-robin from
+    running[start], each request's unjudged tokens capped at MAX_LAG (it skips ahead); returns
+    where the next step starts (the request whose verifies may go on)."""
+    budget, n = SHADOW_BUDGET, len(running)
+    for k in range(n):
+        r = running[(start + k) % n]
+        r.unjudged = min(r.unjudged, MAX_LAG)
+        while budget and r.unjudged >= DRAFT_TOKENS - 1:
+            tokens = _accepted(rng, _alpha_at(r, new_tokens, growth, r.out - r.unjudged))
+            _count(r, tokens, keep)
+            r.unjudged -= tokens
+            budget -= 1
+        if not budget:
+            return (start + k) % n
+    return start
+
+
 def _accepted(rng: random.Random, alpha: float) -> int:
     tokens = 1  # the verify's own token
     while tokens < DRAFT_TOKENS and rng.random() < alpha:
@@ -164,13 +188,14 @@ def switch_seconds(spec: bool, last, running: list, ctrl=None) -> float:
     return SWITCH_STEPS * step_seconds(False, len(running)) if last and not spec else 0.0
 
 
-def _alpha_at(r: SimRequest, new_tokens: int, growth: bool) -> float:
+def _alpha_at(r: SimRequest, new_tokens: int, growth: bool, at: Optional[int] = None) -> float:
     """A request's accept chance at its next token: its own, or with `growth` rising from 0
     at its first output token to twice its own at its last (capped): NGRAM's drafts are copies
     of earlier text, and a chat answer repeats itself more the longer it gets (on the CPU, the
     default model's first chat prompt at (7, 1, 8): accept length 1.00 / 1.04 / 1.26 / 2.17 by
     quarter of its verifies)."""
-    return min(r.alpha * 2 * r.out / new_tokens, 0.97) if growth else r.alpha
+    at = r.out if at is None else at  # the output position (default: the request's next)
+    return min(r.alpha * 2 * at / new_tokens, 0.97) if growth else r.alpha
 
 
 def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
@@ -185,7 +210,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
                           else min(max(rng.gauss(mean_alpha, spread), 0.05), 0.97),
                           behind=PROMPT_LEN)
                for _ in range(batch)]
-    seconds, last = 0.0, None
+    seconds, last, first = 0.0, None, 0  # first: where --shadow-budget's round starts
     while running:
         spec = _choose(policy, ctrl, running, new_tokens)
         step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
@@ -204,7 +229,12 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
                 r.spec_verify_ct += 1
                 r.spec_accepted_drafts += got - 1
             if shadow and policy == "adaptive":
-                _shadow(rng, r, got, new_tokens, growth, shadow)
+                if SHADOW_BUDGET:
+                    r.unjudged += got
+                else:
+                    _shadow(rng, r, got, new_tokens, growth, shadow)
+        if shadow and policy == "adaptive" and SHADOW_BUDGET:
+            first = _shadow_budgeted(rng, running, new_tokens, growth, shadow, first)
         if policy == "adaptive":
             ctrl.record(len(running), spec, emitted, step)
             if shadow:
@@ -279,55 +309,15 @@ def simulate_sequence(sizes: list, spread: float, seeds: int, mean_alpha: float 
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2])
-    p.add_argument("--alphas", type=float, nargs="+", default=[0.7],
-                   help="mean chance that a draft token is accepted (0.05: an untrained draft)")
-    p.add_argument("--batches", type=int, nargs="+", default=[4, 16, 64])
-    p.add_argument("--seeds", type=int, default=6)
-    p.add_argument("--hiccup", type=float, nargs=2, default=[0.0, 1.0], metavar=("PROB", "X"),
-                   help="a step of either side takes X times as long with probability PROB")
-    p.add_argument("--growth", action="store_true",
-                   help="acceptance rising along each output, from 0 to twice the mean")
-    p.add_argument("--shadow", action="store_true",
-                   help="the controller gets shadow verifies, as NGRAM's engine does")
-    p.add_argument("--shadow-finish", type=int, default=0, metavar="N",
-                   help="shadow verifies priced by the finish estimate over each request's last N")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="batches each simulated engine runs, one after another")
-    p.add_argument("--max-every", type=int, default=None,
-                   help="the controller's EXPLORE_MAX_EVERY for this run (default: the engine's)")
-    p.add_argument("--look-budget", type=float, default=None,
-                   help="the controller's LOOK_BUDGET for this run (default: the engine's)")
-    p.add_argument("--calibrate", default=None, metavar="JSONL",
-                   help="step times and accept chances from a probe_adaptive_steps.py log "
-                        "(pinned and no-spec systems); --alphas and --spreads are then unused")
-    p.add_argument("--catch-up", type=float, nargs="+", default=None, metavar="A_MS B_US",
-                   help="a switch into speculation costs A ms and B us per missed position; "
-                        "C: ms more, once, at an engine's first look")
-    p.add_argument("--rates", choices=sorted(RATES), default="h100-nextn",
-                   help="measured step rates the simulated steps take (RATES)")
-    p.add_argument("--prompt-len", type=int, default=PROMPT_LEN,
-                   help="with --catch-up, the positions a new request's draft misses")
-    p.add_argument("--untold-lag", action="store_true",
-                   help="with --catch-up, the controller counts only plain steps' positions")
-    p.add_argument("--unplaced", action="store_true", help="a batch of one's position untold")
-    p.add_argument("--sequence", action="store_true",
-                   help="--batches in order on one controller, one untimed and two timed "
-                        "batches each (bench_adaptive's engine)")
-    p.add_argument("--out", default=str(common.RESULTS_DIR / "sim_adaptive.jsonl"))
-    return p
-
-
 def main(argv=None) -> None:
     global STEP_S, ALPHAS, CATCH_UP, TELL_LAG, MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE, PROMPT_LEN, PLACE
-    global DRAFT_TOKENS
-    args = _parser().parse_args(argv)
+    global DRAFT_TOKENS, SHADOW_BUDGET
+    args = parser(PROMPT_LEN, __doc__).parse_args(argv)
     if args.catch_up and len(args.catch_up) not in (2, 3):  # before any global is set
         raise SystemExit(f"--catch-up takes A_MS B_US [C_MS], got {args.catch_up}")
     MEAN_ACCEPT, SPEC_RATE, PLAIN_RATE = RATES[args.rates]
     DRAFT_TOKENS = CHAIN_TOKENS.get(args.rates, DRAFT_TOKENS)
+    SHADOW_BUDGET = args.shadow_budget
     PROMPT_LEN = args.prompt_len
     if args.catch_up:
         a_ms, b_us, c_ms = (args.catch_up + [0.0])[:3]
@@ -358,7 +348,8 @@ def main(argv=None) -> None:
                       "rates": args.rates, "prompt_len": PROMPT_LEN, "placed": PLACE,
                       "hiccup": args.hiccup, "growth": args.growth,
                       "shadow": args.shadow or bool(args.shadow_finish),
-                      "shadow_finish": args.shadow_finish, "look_budget": bucket.LOOK_BUDGET,
+                      "shadow_finish": args.shadow_finish,
+                      "shadow_budget": args.shadow_budget, "look_budget": bucket.LOOK_BUDGET,
                       "calibrated": args.calibrate, "max_every": bucket.EXPLORE_MAX_EVERY,
                       "rounds": args.rounds, "spec_s": t["spec"], "plain_s": t["plain"],
                       "adaptive_s": t["adaptive"],

@@ -84,3 +84,17 @@ def test_the_ngram_rates_take_their_own_chain(monkeypatch, tmp_path):
     assert ratio == pytest.approx(1.22, rel=0.01)
     rng = random.Random(0)
     assert max(sim._accepted(rng, 0.97) for _ in range(50)) == 8
+
+
+def test_a_shadow_budget_spends_n_verifies_a_step_where_the_last_step_left_off(monkeypatch):
+    """--shadow-budget N: as the engine's ShadowVerify, N verifies a step over the running
+    requests' unjudged tokens, a request kept first while it has tokens left to judge, and one
+    fallen more than MAX_LAG behind skipping ahead."""
+    monkeypatch.setattr(sim, "SHADOW_BUDGET", 4)
+    reqs = [sim.SimRequest(0.0, out=100, unjudged=100) for _ in range(3)]
+    reqs[2].unjudged = 3  # too few tokens after it for a verify to be judged
+    nxt = sim._shadow_budgeted(random.Random(0), reqs, 128, False, 32, start=1)
+    assert [r.shadow_verifies for r in reqs] == [0, 4, 0]  # accept chance 0: a token each
+    assert nxt == 1 and reqs[1].unjudged == sim.MAX_LAG - 4
+    nxt = sim._shadow_budgeted(random.Random(0), reqs, 128, False, 32, start=nxt)
+    assert [r.shadow_verifies for r in reqs] == [0, 8, 0]
