@@ -166,10 +166,11 @@ def _accepted(rng: random.Random, alpha: float) -> int:
     return tokens
 
 
-def _choose(policy: str, ctrl, running: list, new_tokens: int) -> bool:
+def _choose(policy: str, ctrl, running: list, new_tokens: int, shadowed: bool) -> bool:
     if policy != "adaptive":
         return policy == "spec"
-    finish = Finish.of(running, remaining=tuple(new_tokens - r.out for r in running))
+    finish = Finish.of(running, remaining=tuple(new_tokens - r.out for r in running),
+                       shadowed=shadowed)
     behind = sum(r.behind for r in running) if CATCH_UP is not None and TELL_LAG else None
     position = running[0].out if len(running) == 1 and PLACE else None
     return ctrl.use_spec(len(running), finish, behind, position)
@@ -212,7 +213,7 @@ def run_batch(policy: str, ctrl, rng: random.Random, batch: int, spread: float,
                for _ in range(batch)]
     seconds, last, first = 0.0, None, 0  # first: where --shadow-budget's round starts
     while running:
-        spec = _choose(policy, ctrl, running, new_tokens)
+        spec = _choose(policy, ctrl, running, new_tokens, bool(shadow))
         step = step_seconds(spec, len(running)) * rng.uniform(0.95, 1.05)
         step += switch_seconds(spec, last, running, ctrl)
         last = spec

@@ -158,7 +158,7 @@ class Scheduler:
         unmeasured bucket warmed it up at its tail every batch (`probe_controller_host.py`)."""
         checker, reqs = self.stop_checker, self.running
         left = None if checker is None else tuple(max(checker.tokens_left(r), 1) for r in reqs)
-        return Finish.of(reqs, left)
+        return Finish.of(reqs, left, shadowed=self.shadow is not None)
 
     def _draft_lag(self):
         """The positions the draft would catch up on (use_spec's `behind`)."""
