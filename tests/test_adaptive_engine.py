@@ -2,6 +2,8 @@
 speculative ones keeps every greedy token, hands its draft what it needs, and times only the
 steps that resolved tokens."""
 
+import statistics
+
 import pytest
 
 from specpcg.speculative.adaptive import AdaptiveSpeculation
@@ -121,9 +123,12 @@ def test_a_switch_step_is_timed_from_the_step_before_the_launch(world):
     sides = [side for _, side, _ in steps_of(rec)]
     first_plain = sides.index(False)
     assert sides[:first_plain] == [True, True], sides
-    # Two pauses (before the launch, before the resolving call) in the switch step; one after.
-    assert rec.seconds[first_plain] >= 0.06, rec.seconds
-    assert all(0.03 <= s < rec.seconds[first_plain] for s in rec.seconds[first_plain + 1:])
+    # Two pauses (before the launch, before the resolving call) in the switch step; one after
+    # (a later step's own hiccup on a busy host may double one: the median is compared).
+    later = rec.seconds[first_plain + 1:]
+    shown = f"{[round(s, 4) for s in rec.seconds]}"
+    assert rec.seconds[first_plain] >= 0.06, shown
+    assert min(later) >= 0.03 and statistics.median(later) < rec.seconds[first_plain], shown
 
 
 class Alternating(AdaptiveSpeculation):
