@@ -137,9 +137,13 @@ def systems_of(args) -> list:
 
 
 def _tree(args) -> tuple:
-    """(NAME, DIR) of --tree NAME=DIR, or (None, None)."""
+    """(NAME, DIR) of --tree NAME=DIR, DIR made absolute, or (None, None). NOTE: a relative DIR
+    was read again from inside the other checkout, where its worker runs, and not found."""
     tree = getattr(args, "tree", None)
-    return tuple(tree.split("=", 1)) if tree else (None, None)
+    if not tree:
+        return None, None
+    name, _, code = tree.partition("=")
+    return name, str(Path(code).resolve())
 
 
 def texts_as(results: dict, system: str, bs: str):
@@ -195,6 +199,9 @@ def run_all(args) -> None:
 
     if args.systems[0] != "no-spec":
         raise SystemExit(f"--systems must start with no-spec (the baseline), got {args.systems}")
+    code = _tree(args)[1]
+    if code is not None and not Path(code, "benchmarks", SCRIPT).is_file():
+        raise SystemExit(f"--tree {args.tree}: no benchmarks/{SCRIPT} in {code}")
     for label, draft in drafts_of(args).items():
         results = run_passes(args, label, draft,
                              keep=lambda line: common.append_jsonl(args.out, [line]))

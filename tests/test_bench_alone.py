@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_alone  # noqa: E402
@@ -165,3 +167,16 @@ def test_a_tree_runs_its_systems_from_the_other_checkout_named_system_at_tree():
     table = render_table(lines, bench="adaptive_alone")
     assert "| adaptive bs 1 | adaptive bs 4 | adaptive@old bs 1 | adaptive@old bs 4 |" in table
     assert bench_alone.systems_of(_args()) == ["no-spec", "pinned", "adaptive"]  # no tree
+
+
+def test_a_relative_tree_is_read_from_here_and_a_tree_without_the_bench_is_refused(
+        tmp_path, monkeypatch):
+    """--tree NAME=DIR with DIR relative names a checkout from where the bench was started (its
+    worker runs inside that checkout, where the relative path would name another); one without
+    benchmarks/bench_alone.py is refused before any worker runs."""
+    (tmp_path / "old" / "benchmarks").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    args = _args(tree="old=old", tree_systems=["adaptive"])
+    assert bench_alone._tree(args) == ("old", str(tmp_path / "old"))
+    with pytest.raises(SystemExit, match="--tree old=old: no benchmarks/bench_alone.py"):
+        bench_alone.run_all(args)
