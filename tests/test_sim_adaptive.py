@@ -98,3 +98,23 @@ def test_a_shadow_budget_spends_n_verifies_a_step_where_the_last_step_left_off(m
     assert nxt == 1 and reqs[1].unjudged == sim.MAX_LAG - 4
     nxt = sim._shadow_budgeted(random.Random(0), reqs, 128, False, 32, start=nxt)
     assert [r.shadow_verifies for r in reqs] == [0, 8, 0]
+
+
+def test_every_policy_meets_the_same_requests_whatever_its_steps_draw(monkeypatch):
+    """A seed's requests (their accept chances) come from a stream of their own: pinned
+    speculation draws every request's acceptance each step and plain decoding draws none, yet
+    both meet the same requests batch after batch."""
+    met = []
+
+    class Recorded(sim.SimRequest):
+        def __init__(self, alpha, **kw):
+            super().__init__(alpha, **kw)
+            met[-1].append(alpha)
+
+    monkeypatch.setattr(sim, "SimRequest", Recorded)
+    for policy in ("spec", "plain"):
+        rng, requests = sim._rngs(3)
+        for _ in range(3):
+            met.append([])
+            sim.run_batch(policy, None, rng, 4, 0.25, new_tokens=16, requests=requests)
+    assert met[:3] == met[3:] and len(set(met[0] + met[1])) == 8
