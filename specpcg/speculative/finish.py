@@ -136,7 +136,10 @@ def _counts(req, alone: bool, shadowed: bool) -> tuple:
     --shadow-budget 4 --growth --sequence`), requests were priced at about 1.0 a verify and
     batches of 64 decoded plain where pinned speculation ran 1.11x / 1.09x plain (0.896 / 0.919
     of pinned), as on the GPU after batches of one; priced at their prior alone, 1.001 / 1.023
-    (sim_prior_ngram_rising_b4_{before,after}.jsonl; the grid's mean 0.9875 -> 0.9987)."""
+    (sim_prior_ngram_rising_b4_{before,after}.jsonl; the grid's mean 0.9875 -> 0.9987, and
+    0.9685 -> 0.9824 with each seed's requests drawn apart: sim_crn_prior_*). On one H100 a
+    batch of 64 after batches of one then ran 1.11-1.13x no-spec against 1.06x, every step
+    plain, before (pinned 1.15x; docs/PERFORMANCE.md)."""
     if req.shadow_recent:
         return recent_counts(req, alone)
     if shadowed:
